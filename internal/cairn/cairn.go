@@ -82,3 +82,16 @@ type StoreUsage struct {
 	Bytes   int64 // bytes of live objects
 	Disk    int64 // bytes used on the medium, including garbage not yet compacted
 }
+
+// MarshalText encodes the ID as hex (so JSON records carry readable IDs).
+func (id ID) MarshalText() ([]byte, error) { return []byte(id.String()), nil }
+
+// UnmarshalText parses the hex form.
+func (id *ID) UnmarshalText(b []byte) error {
+	v, err := ParseID(string(b))
+	if err != nil {
+		return err
+	}
+	*id = v
+	return nil
+}

@@ -1,0 +1,90 @@
+package keyring
+
+import (
+	"encoding/base64"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"cairn.dev/cairn/internal/cairn"
+)
+
+func TestSealedRoundTrip(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "keyring")
+	k, err := Create(p, []byte("correct horse"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMaster()
+	k.Add("vol1", m)
+	if err := k.Save(); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(p)
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", st.Mode())
+	}
+	raw, _ := os.ReadFile(p)
+	if containsBytes(raw, m[:]) || containsBytes(raw, []byte(base64.StdEncoding.EncodeToString(m[:]))) {
+		t.Fatal("sealed keyring contains the raw key")
+	}
+	k2, err := Open(p, func() ([]byte, error) { return []byte("correct horse"), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := k2.Key("vol1", "home")
+	if err != nil || got != m {
+		t.Fatalf("Key = %x, %v", got, err)
+	}
+	if _, err := k2.Key("other", "x"); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("missing key err = %v", err)
+	}
+	_, err = Open(p, func() ([]byte, error) { return []byte("wrong"), nil })
+	if !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("wrong passphrase err = %v, want Permission", err)
+	}
+}
+
+func TestUnprotected(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "keyring")
+	k, _ := Create(p, nil)
+	m := NewMaster()
+	k.Add("v", m)
+	if err := k.Save(); err != nil {
+		t.Fatal(err)
+	}
+	if raw, _ := os.ReadFile(p); !containsBytes(raw, []byte(base64.StdEncoding.EncodeToString(m[:]))) {
+		t.Fatal("unprotected keyring does not hold the key in the clear (test would not tell sealed from unsealed)")
+	}
+	k2, err := Open(p, func() ([]byte, error) { t.Fatal("asked for a passphrase"); return nil, nil })
+	if err != nil || k2.Protected() {
+		t.Fatal(err)
+	}
+	if got, _ := k2.Key("v", "v"); got != m {
+		t.Fatal("key changed")
+	}
+	if _, err := Create(p, nil); !errors.Is(err, cairn.ErrExist) {
+		t.Fatalf("Create over existing = %v", err)
+	}
+}
+
+func TestCorruptKeyring(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "keyring")
+	os.WriteFile(p, []byte("{not json"), 0o600)
+	if _, err := Open(p, nil); !errors.Is(err, cairn.ErrCorrupt) {
+		t.Fatalf("err = %v", err)
+	}
+	if _, err := Open(filepath.Join(t.TempDir(), "none"), nil); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func containsBytes(h, n []byte) bool {
+	for i := 0; i+len(n) <= len(h); i++ {
+		if string(h[i:i+len(n)]) == string(n) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,110 @@
+// Package meta is cairn's namespace on etcd: volumes, directories, files,
+// symlinks, their attributes and versions, the trash, writer locks and the
+// garbage-collection fence. etcd is the consistency anchor (SCFS §2.4): the
+// only place where "which version of a file is current" is decided. Chunks and
+// manifests live in stores; a file record only names its manifest.
+//
+// The key layout is written down in doc/format.md ("Metadata keys, version 1").
+package meta
+
+import (
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+)
+
+// FormatVersion is the version of the metadata key layout and record encoding.
+const FormatVersion = 1
+
+// Type is the type of a namespace entry.
+type Type string
+
+// Entry types.
+const (
+	TypeDir     Type = "d"
+	TypeFile    Type = "f"
+	TypeSymlink Type = "l"
+)
+
+// RootIno is the inode number of every volume's root directory.
+const RootIno uint64 = 1
+
+// Volume is a volume's configuration, stored at vol/<name>.
+type Volume struct {
+	Name    string `json:"name"`
+	ID      string `json:"id"`      // random, never reused; keys live under v/<ID>/
+	Created int64  `json:"created"` // unix ns
+	// KeyCheck is a value derived from the volume master key, so a device can
+	// tell "wrong key for this volume" from corruption.
+	KeyCheck string `json:"key_check"`
+	// Chunking parameters, fixed at creation.
+	ChunkMin int `json:"chunk_min"`
+	ChunkAvg int `json:"chunk_avg"`
+	ChunkMax int `json:"chunk_max"`
+	// KeepVersions is V: how many versions of each file are kept.
+	KeepVersions int `json:"keep_versions"`
+	// TrashTTL is how long removed entries stay restorable.
+	TrashTTL time.Duration `json:"trash_ttl"`
+}
+
+// Source identifies the local file a version was read from, so that `put`
+// can skip a file whose size, mtime and inode are unchanged.
+type Source struct {
+	Dev   uint64 `json:"dev,omitempty"`
+	Ino   uint64 `json:"ino,omitempty"`
+	Size  int64  `json:"size,omitempty"`
+	Mtime int64  `json:"mtime,omitempty"` // unix ns
+}
+
+// Version is one committed version of a regular file.
+type Version struct {
+	N         uint64   `json:"n"`         // 1, 2, 3, ... per file, never reused
+	Manifest  cairn.ID `json:"manifest"`  // the sealed manifest object
+	Size      int64    `json:"size"`      // plaintext bytes
+	Mtime     int64    `json:"mtime"`     // file mtime at this version, unix ns
+	Committed int64    `json:"committed"` // commit time, unix ns
+	Stores    []string `json:"stores,omitempty"`
+	Chunks    int      `json:"chunks,omitempty"`
+	Src       Source   `json:"src,omitempty"`
+}
+
+// Entry is a directory entry with its inode: cairn has no hard links, so the
+// entry *is* the inode. Stored at v/<volID>/e/<parent ino>/<name>.
+type Entry struct {
+	Name   string `json:"name"`
+	Parent uint64 `json:"parent"`
+	Ino    uint64 `json:"ino"`
+	Type   Type   `json:"type"`
+	Mode   uint32 `json:"mode"` // permission bits (and setuid/setgid/sticky)
+	UID    uint32 `json:"uid"`
+	GID    uint32 `json:"gid"`
+	Size   int64  `json:"size"`
+	Mtime  int64  `json:"mtime"` // unix ns
+	Ctime  int64  `json:"ctime"` // unix ns: last change of the record
+	Target string `json:"target,omitempty"`
+	// Versions of a regular file, oldest first; the last is current.
+	Versions []Version `json:"versions,omitempty"`
+
+	// Rev is the etcd ModRevision the entry was read at (not stored).
+	Rev int64 `json:"-"`
+}
+
+// Current returns the current version of a file, or nil.
+func (e *Entry) Current() *Version {
+	if len(e.Versions) == 0 {
+		return nil
+	}
+	return &e.Versions[len(e.Versions)-1]
+}
+
+// IsDir reports whether e is a directory.
+func (e *Entry) IsDir() bool { return e.Type == TypeDir }
+
+// TrashItem is a removed entry (with, for a directory, its whole subtree
+// still attached below it). Stored at v/<volID>/trash/<ID>.
+type TrashItem struct {
+	ID      string `json:"id"`
+	Path    string `json:"path"` // where it was, for people and for restore
+	Deleted int64  `json:"deleted"`
+	Entry   Entry  `json:"entry"`
+}

@@ -1,0 +1,573 @@
+package meta
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"cairn.dev/cairn/internal/cairn"
+)
+
+// Vol is a handle on one volume's namespace.
+type Vol struct {
+	s    *Service
+	V    Volume
+	base string // <prefix>v/<volID>/
+}
+
+func inoHex(ino uint64) string { return fmt.Sprintf("%016x", ino) }
+
+// entryKey is where the entry named name in directory parent lives.
+func (v *Vol) entryKey(parent uint64, name string) string {
+	if parent == 0 {
+		return v.base + "root"
+	}
+	return v.base + "e/" + inoHex(parent) + "/" + name
+}
+
+// dirPrefix is the prefix of all entries in directory ino.
+func (v *Vol) dirPrefix(ino uint64) string { return v.base + "e/" + inoHex(ino) + "/" }
+
+func (v *Vol) keyOf(e *Entry) string { return v.entryKey(e.Parent, e.Name) }
+
+func (v *Vol) decode(op string, k, val []byte, rev int64) (*Entry, error) {
+	var e Entry
+	if err := json.Unmarshal(val, &e); err != nil {
+		return nil, cairn.E(op, cairn.Corrupt, strings.TrimPrefix(string(k), v.s.opts.Prefix), err)
+	}
+	e.Rev = rev
+	return &e, nil
+}
+
+// Root returns the root directory's entry.
+func (v *Vol) Root(ctx context.Context) (*Entry, error) { return v.Get(ctx, 0, "") }
+
+// Get returns the entry name in directory parent (parent 0: the root).
+func (v *Vol) Get(ctx context.Context, parent uint64, name string) (*Entry, error) {
+	ctx, cancel := v.s.opCtx(ctx)
+	defer cancel()
+	k := v.entryKey(parent, name)
+	resp, err := v.s.cli.Get(ctx, k)
+	if err != nil {
+		return nil, etcdErr("lookup", name, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, cairn.E("lookup", cairn.NotFound, name, nil)
+	}
+	return v.decode("lookup", resp.Kvs[0].Key, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
+}
+
+// Lookup walks parts from the root. Errors name the path walked so far.
+func (v *Vol) Lookup(ctx context.Context, parts []string) (*Entry, error) {
+	e, err := v.Root(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i, name := range parts {
+		p := v.V.Name + ":/" + strings.Join(parts[:i+1], "/")
+		if !e.IsDir() {
+			return nil, cairn.E("lookup", cairn.NotDir, v.V.Name+":/"+strings.Join(parts[:i], "/"), nil)
+		}
+		e, err = v.Get(ctx, e.Ino, name)
+		if err != nil {
+			if errors.Is(err, cairn.ErrNotFound) {
+				return nil, cairn.E("lookup", cairn.NotFound, p, nil)
+			}
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
+// ReadDir returns the entries of directory ino, sorted by name.
+func (v *Vol) ReadDir(ctx context.Context, ino uint64) ([]Entry, error) {
+	var out []Entry
+	err := v.s.scan(ctx, "read dir", v.dirPrefix(ino), func(k, val []byte, rev int64) error {
+		e, err := v.decode("read dir", k, val, rev)
+		if err != nil {
+			return err
+		}
+		out = append(out, *e)
+		return nil
+	})
+	sortEntries(out)
+	return out, err
+}
+
+// Create adds a new directory, symlink or (empty, versionless) file named
+// e.Name in directory parent. It assigns e.Ino and fails with Exist if the
+// name is taken. The parent must still be where the caller found it.
+func (v *Vol) Create(ctx context.Context, parent *Entry, e Entry) (*Entry, error) {
+	if !parent.IsDir() {
+		return nil, cairn.E("create", cairn.NotDir, parent.Name, nil)
+	}
+	now := time.Now().UnixNano()
+	e.Parent = parent.Ino
+	if e.Ctime == 0 {
+		e.Ctime = now
+	}
+	if e.Mtime == 0 {
+		e.Mtime = now
+	}
+	e.Ino = randomIno()
+	b, _ := json.Marshal(e)
+	k := v.keyOf(&e)
+	ctx, cancel := v.s.opCtx(ctx)
+	defer cancel()
+	resp, err := v.s.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0),
+	).Then(clientv3.OpPut(k, string(b))).Else(clientv3.OpGet(k)).Commit()
+	if err != nil {
+		return nil, etcdErr("create", e.Name, err)
+	}
+	if !resp.Succeeded {
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			old, derr := v.decode("create", kvs[0].Key, kvs[0].Value, kvs[0].ModRevision)
+			if derr != nil {
+				return nil, derr
+			}
+			return old, cairn.E("create", cairn.Exist, e.Name, nil)
+		}
+		return nil, cairn.E("create", cairn.NotFound, parent.Name, errors.New("parent directory was removed"))
+	}
+	e.Rev = resp.Header.Revision
+	return &e, nil
+}
+
+// MkdirAll makes sure every directory of parts exists and returns the last.
+// Existing directories are kept as they are; a file in the way is NotDir.
+func (v *Vol) MkdirAll(ctx context.Context, parts []string, mode, uid, gid uint32) (*Entry, error) {
+	e, err := v.Root(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i, name := range parts {
+		p := v.V.Name + ":/" + strings.Join(parts[:i+1], "/")
+		next, err := v.Get(ctx, e.Ino, name)
+		if errors.Is(err, cairn.ErrNotFound) {
+			next, err = v.Create(ctx, e, Entry{Name: name, Type: TypeDir, Mode: mode, UID: uid, GID: gid})
+			if errors.Is(err, cairn.ErrExist) && next != nil {
+				err = nil // someone else made it first
+			}
+		}
+		if err != nil {
+			return nil, relabel(err, p)
+		}
+		if !next.IsDir() {
+			return nil, cairn.E("mkdir", cairn.NotDir, p, nil)
+		}
+		e = next
+	}
+	return e, nil
+}
+
+// relabel sets the path of a cairn error to p when it names only a bare name.
+func relabel(err error, p string) error {
+	var ce *cairn.Error
+	if errors.As(err, &ce) {
+		return cairn.E(ce.Op, ce.Kind, p, ce.Err)
+	}
+	return err
+}
+
+// Commit describes a new version of a regular file.
+type Commit struct {
+	Version Version
+	Mode    uint32
+	UID     uint32
+	GID     uint32
+	// Gen is the GC fence generation read (with Service.WriteGen) before any
+	// of the version's objects were written. If a garbage collection ran
+	// since, the commit fails with ErrFenced and the caller must write its
+	// objects again.
+	Gen int64
+	// Lock, if not nil, must still be held for the commit to succeed.
+	Lock *Lock
+}
+
+// ErrFenced is returned (wrapped) by CommitVersion when a garbage collection
+// ran after the writer read its generation: the objects it wrote may have
+// been collected, so it must write them again and retry.
+var ErrFenced = errors.New("a garbage collection ran during the write")
+
+// CommitVersion makes c.Version the current version of the file name in
+// directory parent, creating the file if needed, atomically (compare-and-swap
+// on the file's record). It keeps the newest KeepVersions versions and
+// returns the ones it dropped. Directories and symlinks are refused.
+func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c Commit) (*Entry, []Version, error) {
+	if !parent.IsDir() {
+		return nil, nil, cairn.E("commit", cairn.NotDir, parent.Name, nil)
+	}
+	for attempt := 0; ; attempt++ {
+		cur, err := v.Get(ctx, parent.Ino, name)
+		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+			return nil, nil, err
+		}
+		now := time.Now().UnixNano()
+		var next Entry
+		var cmps []clientv3.Cmp
+		k := v.entryKey(parent.Ino, name)
+		if cur == nil {
+			next = Entry{Name: name, Parent: parent.Ino, Ino: randomIno(), Type: TypeFile,
+				Mode: c.Mode, UID: c.UID, GID: c.GID, Ctime: now}
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
+				clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0))
+		} else {
+			if cur.Type != TypeFile {
+				kind := cairn.IsDir
+				if cur.Type == TypeSymlink {
+					kind = cairn.Exist
+				}
+				return nil, nil, cairn.E("commit", kind, name, errors.New("not a regular file"))
+			}
+			next = *cur
+			next.Versions = append([]Version(nil), cur.Versions...)
+			next.Mode, next.UID, next.GID, next.Ctime = c.Mode, c.UID, c.GID, now
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", cur.Rev))
+		}
+		ver := c.Version
+		ver.N = 1
+		if last := next.Current(); last != nil {
+			ver.N = last.N + 1
+		}
+		if ver.Committed == 0 {
+			ver.Committed = now
+		}
+		next.Versions = append(next.Versions, ver)
+		var dropped []Version
+		if keep := v.V.KeepVersions; keep > 0 && len(next.Versions) > keep {
+			dropped = append(dropped, next.Versions[:len(next.Versions)-keep]...)
+			next.Versions = next.Versions[len(next.Versions)-keep:]
+		}
+		next.Size, next.Mtime = ver.Size, ver.Mtime
+		cmps = append(cmps, v.s.fenceCmps(c.Gen)...)
+		if c.Lock != nil {
+			cmps = append(cmps, c.Lock.m.IsOwner())
+		}
+		b, _ := json.Marshal(next)
+		cctx, cancel := v.s.opCtx(ctx)
+		resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(clientv3.OpPut(k, string(b))).Commit()
+		cancel()
+		if err != nil {
+			return nil, nil, etcdErr("commit", name, err)
+		}
+		if resp.Succeeded {
+			next.Rev = resp.Header.Revision
+			return &next, dropped, nil
+		}
+		// Find out which condition failed.
+		if gen, err := v.s.currentGen(ctx); err == nil && gen != c.Gen {
+			return nil, nil, cairn.E("commit", cairn.Conflict, name, ErrFenced)
+		}
+		if c.Lock != nil && c.Lock.Lost() {
+			return nil, nil, cairn.E("commit", cairn.Conflict, name, errors.New("writer lock lost (lease expired)"))
+		}
+		if parent.Parent != 0 {
+			if pe, perr := v.Get(ctx, parent.Parent, parent.Name); perr != nil || pe.Ino != parent.Ino {
+				return nil, nil, cairn.E("commit", cairn.NotFound, name, errors.New("parent directory was removed or moved"))
+			}
+		}
+		if attempt > 50 {
+			return nil, nil, cairn.E("commit", cairn.Conflict, name, errors.New("too many concurrent changes"))
+		}
+		// A concurrent attribute change or commit won: read again and retry.
+	}
+}
+
+// Update replaces an entry's attributes (mode, uid, gid, mtime, target)
+// with a compare-and-swap on the revision it was read at.
+func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
+	n := *e
+	n.Ctime = time.Now().UnixNano()
+	b, _ := json.Marshal(n)
+	k := v.keyOf(e)
+	ctx, cancel := v.s.opCtx(ctx)
+	defer cancel()
+	resp, err := v.s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev)).
+		Then(clientv3.OpPut(k, string(b))).Commit()
+	if err != nil {
+		return nil, etcdErr("update", e.Name, err)
+	}
+	if !resp.Succeeded {
+		return nil, cairn.E("update", cairn.Conflict, e.Name, errors.New("changed concurrently"))
+	}
+	n.Rev = resp.Header.Revision
+	return &n, nil
+}
+
+// ---- remove, trash, restore ----
+
+// Remove moves the entry name of directory parent to the trash. A non-empty
+// directory needs recursive. path is recorded for people and restore.
+func (v *Vol) Remove(ctx context.Context, parent *Entry, name, path string, recursive bool) (*TrashItem, error) {
+	e, err := v.Get(ctx, parent.Ino, name)
+	if err != nil {
+		return nil, relabel(err, path)
+	}
+	item := TrashItem{ID: fmt.Sprintf("%016x-%s", time.Now().UnixNano(), randomID()[:8]), Path: path, Deleted: time.Now().UnixNano(), Entry: *e}
+	b, _ := json.Marshal(item)
+	k := v.keyOf(e)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev)}
+	if e.IsDir() && !recursive {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(v.dirPrefix(e.Ino)), "=", 0).WithPrefix())
+	}
+	cctx, cancel := v.s.opCtx(ctx)
+	defer cancel()
+	resp, err := v.s.cli.Txn(cctx).If(cmps...).
+		Then(clientv3.OpDelete(k), clientv3.OpPut(v.base+"trash/"+item.ID, string(b))).Commit()
+	if err != nil {
+		return nil, etcdErr("remove", path, err)
+	}
+	if !resp.Succeeded {
+		if e.IsDir() && !recursive {
+			if kids, err := v.ReadDir(ctx, e.Ino); err == nil && len(kids) > 0 {
+				return nil, cairn.E("remove", cairn.NotEmpty, path, errors.New("use -r to remove a directory and its contents"))
+			}
+		}
+		return nil, cairn.E("remove", cairn.Conflict, path, errors.New("changed concurrently; try again"))
+	}
+	return &item, nil
+}
+
+// Trash lists the removed entries, oldest first.
+func (v *Vol) Trash(ctx context.Context) ([]TrashItem, error) {
+	var out []TrashItem
+	err := v.s.scan(ctx, "list trash", v.base+"trash/", func(k, val []byte, _ int64) error {
+		var t TrashItem
+		if err := json.Unmarshal(val, &t); err != nil {
+			return cairn.E("list trash", cairn.Corrupt, string(k), err)
+		}
+		out = append(out, t)
+		return nil
+	})
+	return out, err
+}
+
+// RestoreTrash puts trash item id back as name in directory parent.
+func (v *Vol) RestoreTrash(ctx context.Context, id string, parent *Entry, name string) (*Entry, error) {
+	var item TrashItem
+	tk := v.base + "trash/" + id
+	trev, err := v.s.getJSON(ctx, "restore", tk, &item)
+	if err != nil {
+		return nil, err
+	}
+	if !parent.IsDir() {
+		return nil, cairn.E("restore", cairn.NotDir, parent.Name, nil)
+	}
+	e := item.Entry
+	e.Parent, e.Name, e.Ctime = parent.Ino, name, time.Now().UnixNano()
+	b, _ := json.Marshal(e)
+	k := v.keyOf(&e)
+	cctx, cancel := v.s.opCtx(ctx)
+	defer cancel()
+	resp, err := v.s.cli.Txn(cctx).If(
+		clientv3.Compare(clientv3.ModRevision(tk), "=", trev),
+		clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0),
+	).Then(clientv3.OpDelete(tk), clientv3.OpPut(k, string(b))).Commit()
+	if err != nil {
+		return nil, etcdErr("restore", item.Path, err)
+	}
+	if !resp.Succeeded {
+		if _, err := v.Get(ctx, parent.Ino, name); err == nil {
+			return nil, cairn.E("restore", cairn.Exist, item.Path, errors.New("a file of that name exists; restore to another name"))
+		}
+		return nil, cairn.E("restore", cairn.Conflict, item.Path, errors.New("changed concurrently; try again"))
+	}
+	e.Rev = resp.Header.Revision
+	return &e, nil
+}
+
+// PurgeTrash deletes trash items removed before cutoff, with their whole
+// subtrees. It returns how many items it purged. Subtrees go first and the
+// trash record last, so a crash part way leaves the item to purge again.
+func (v *Vol) PurgeTrash(ctx context.Context, cutoff time.Time) (int, error) {
+	items, err := v.Trash(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, it := range items {
+		if it.Deleted >= cutoff.UnixNano() {
+			continue
+		}
+		if it.Entry.IsDir() {
+			if err := v.deleteSubtree(ctx, it.Entry.Ino); err != nil {
+				return n, err
+			}
+		}
+		cctx, cancel := v.s.opCtx(ctx)
+		_, err := v.s.cli.Delete(cctx, v.base+"trash/"+it.ID)
+		cancel()
+		if err != nil {
+			return n, etcdErr("purge trash", it.Path, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+func (v *Vol) deleteSubtree(ctx context.Context, ino uint64) error {
+	kids, err := v.ReadDir(ctx, ino)
+	if err != nil {
+		return err
+	}
+	for _, k := range kids {
+		if k.IsDir() {
+			if err := v.deleteSubtree(ctx, k.Ino); err != nil {
+				return err
+			}
+		}
+	}
+	cctx, cancel := v.s.opCtx(ctx)
+	defer cancel()
+	_, err = v.s.cli.Delete(cctx, v.dirPrefix(ino), clientv3.WithPrefix())
+	return etcdErr("purge trash", "", err)
+}
+
+// ---- rename ----
+
+// Rename moves src (name srcName in srcParent) to dstName in dstParent. An
+// existing destination file is replaced and goes to the trash; an existing
+// destination directory must be empty and is replaced by a directory only.
+// The caller checks that a directory is not moved below itself.
+func (v *Vol) Rename(ctx context.Context, srcParent *Entry, srcName string, dstParent *Entry, dstName, dstPath string) error {
+	if !dstParent.IsDir() {
+		return cairn.E("rename", cairn.NotDir, dstPath, nil)
+	}
+	src, err := v.Get(ctx, srcParent.Ino, srcName)
+	if err != nil {
+		return err
+	}
+	dst, err := v.Get(ctx, dstParent.Ino, dstName)
+	if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+		return err
+	}
+	if dst != nil && dst.Ino == src.Ino {
+		return nil
+	}
+	n := *src
+	n.Parent, n.Name, n.Ctime = dstParent.Ino, dstName, time.Now().UnixNano()
+	b, _ := json.Marshal(n)
+	sk, dk := v.keyOf(src), v.entryKey(dstParent.Ino, dstName)
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(sk), "=", src.Rev),
+		clientv3.Compare(clientv3.CreateRevision(v.keyOf(dstParent)), ">", 0),
+	}
+	ops := []clientv3.Op{clientv3.OpDelete(sk), clientv3.OpPut(dk, string(b))}
+	if dst == nil {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(dk), "=", 0))
+	} else {
+		switch {
+		case dst.IsDir() && !src.IsDir():
+			return cairn.E("rename", cairn.IsDir, dstPath, nil)
+		case !dst.IsDir() && src.IsDir():
+			return cairn.E("rename", cairn.NotDir, dstPath, nil)
+		case dst.IsDir():
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(v.dirPrefix(dst.Ino)), "=", 0).WithPrefix())
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(dk), "=", dst.Rev))
+		item := TrashItem{ID: fmt.Sprintf("%016x-%s", time.Now().UnixNano(), randomID()[:8]), Path: dstPath, Deleted: time.Now().UnixNano(), Entry: *dst}
+		tb, _ := json.Marshal(item)
+		ops = append(ops, clientv3.OpPut(v.base+"trash/"+item.ID, string(tb)))
+	}
+	cctx, cancel := v.s.opCtx(ctx)
+	defer cancel()
+	resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return etcdErr("rename", dstPath, err)
+	}
+	if !resp.Succeeded {
+		if dst != nil && dst.IsDir() {
+			if kids, err := v.ReadDir(ctx, dst.Ino); err == nil && len(kids) > 0 {
+				return cairn.E("rename", cairn.NotEmpty, dstPath, nil)
+			}
+		}
+		return cairn.E("rename", cairn.Conflict, dstPath, errors.New("changed concurrently; try again"))
+	}
+	return nil
+}
+
+// ---- walking everything (gc, stats, fsck) ----
+
+// Walk calls fn for every entry of the volume: the root, every entry
+// reachable or inside a trashed directory, and every trash item's own entry
+// (with trashed true). Order is unspecified.
+func (v *Vol) Walk(ctx context.Context, fn func(e *Entry, trashed bool) error) error {
+	root, err := v.Root(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(root, false); err != nil {
+		return err
+	}
+	if err := v.s.scan(ctx, "walk", v.base+"e/", func(k, val []byte, rev int64) error {
+		e, err := v.decode("walk", k, val, rev)
+		if err != nil {
+			return err
+		}
+		return fn(e, false)
+	}); err != nil {
+		return err
+	}
+	items, err := v.Trash(ctx)
+	if err != nil {
+		return err
+	}
+	for i := range items {
+		if err := fn(&items[i].Entry, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ---- writer locks ----
+
+// Lock is an ephemeral writer lock on one name, held through the Service's
+// lease: if the holder dies, it disappears after LockTTL.
+type Lock struct {
+	m    *concurrency.Mutex
+	sess *concurrency.Session
+}
+
+// Lost reports whether the lease behind the lock has expired.
+func (l *Lock) Lost() bool {
+	select {
+	case <-l.sess.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// Unlock releases the lock.
+func (l *Lock) Unlock(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	return etcdErr("unlock", "", l.m.Unlock(ctx))
+}
+
+// Lock waits (until ctx ends) for the writer lock on name in directory
+// parent and returns it.
+func (v *Vol) Lock(ctx context.Context, parent uint64, name string) (*Lock, error) {
+	sess, err := v.s.sess(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := concurrency.NewMutex(sess, v.base+"lock/"+inoHex(parent)+"/"+name)
+	if err := m.Lock(ctx); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, cairn.E("lock", cairn.Conflict, name, errors.New("another writer holds this file; timed out waiting"))
+		}
+		return nil, etcdErr("lock", name, err)
+	}
+	return &Lock{m: m, sess: sess}, nil
+}
