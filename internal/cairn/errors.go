@@ -11,19 +11,19 @@ type Kind uint8
 
 // The kinds of error. Keep the numbering stable: it crosses the network.
 const (
-	Other      Kind = iota // unclassified
-	NotFound               // the object, file, volume or key does not exist
-	Exist                  // the thing being created already exists
-	Invalid                // bad input: malformed path, argument or request
-	Corrupt                // stored data fails verification (hash, AEAD tag, format)
-	Permission             // wrong passphrase, missing key, refused by policy
-	IO                     // the medium or network failed
-	Unavailable            // a service (etcd, a store) cannot be reached now
-	Conflict               // a concurrent change won (CAS failed, lock held)
-	IsDir                  // a directory where a file was expected
-	NotDir                 // a file where a directory was expected
-	NotEmpty               // a non-empty directory where an empty one was required
-	Canceled               // the context was canceled or timed out
+	Other       Kind = iota // unclassified
+	NotFound                // the object, file, volume or key does not exist
+	Exist                   // the thing being created already exists
+	Invalid                 // bad input: malformed path, argument or request
+	Corrupt                 // stored data fails verification (hash, AEAD tag, format)
+	Permission              // wrong passphrase, missing key, refused by policy
+	IO                      // the medium or network failed
+	Unavailable             // a service (etcd, a store) cannot be reached now
+	Conflict                // a concurrent change won (CAS failed, lock held)
+	IsDir                   // a directory where a file was expected
+	NotDir                  // a file where a directory was expected
+	NotEmpty                // a non-empty directory where an empty one was required
+	Canceled                // the context was canceled or timed out
 )
 
 var kindNames = [...]string{
