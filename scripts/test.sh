@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The whole cairn test suite: the one command the README documents and .ci/run calls.
+#
+#   scripts/test.sh
+#
+# Steps: gofmt check, go vet, go test -race, then a short fuzz pass over every
+# `func FuzzXxx` found in the repository (new targets are picked up automatically).
+# Environment knobs:
+#   FUZZTIME      per-target fuzz time (default 10s; 0 skips fuzzing)
+#   TEST_TIMEOUT  go test -timeout (default 30m)
+#   RACE          1 (default) runs the test suite with -race, 0 without
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+FUZZTIME=${FUZZTIME:-10s}
+TEST_TIMEOUT=${TEST_TIMEOUT:-30m}
+RACE=${RACE:-1}
+
+declare -a SUMMARY=()
+FAILED=0
+step() { # step NAME RC SECONDS
+	local status=ok
+	if [[ $2 -ne 0 ]]; then status="FAIL (exit $2)"; FAILED=1; fi
+	SUMMARY+=("$(printf '%-44s %-14s %5ss' "$1" "$status" "$3")")
+}
+now() { date +%s; }
+
+echo "== gofmt"
+t0=$(now)
+# Every .go file git knows about or that is new and not ignored.
+mapfile -t gofiles < <(git ls-files --cached --others --exclude-standard -- '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*')
+unformatted=""
+if ((${#gofiles[@]})); then
+	unformatted=$(gofmt -l "${gofiles[@]}" 2>&1)
+fi
+if [[ -n $unformatted ]]; then
+	echo "gofmt: these files need 'gofmt -w':"
+	printf '  %s\n' $unformatted
+	step "gofmt" 1 $(($(now) - t0))
+else
+	echo "gofmt: ${#gofiles[@]} files ok"
+	step "gofmt" 0 $(($(now) - t0))
+fi
+
+echo "== go vet ./..."
+t0=$(now)
+go vet ./...
+step "go vet ./..." $? $(($(now) - t0))
+
+# Race detector: on 2 cores the whole suite under -race was measured at
+# (see bench/README.md "CI timing"); it fits the 90-minute CI budget, so all packages
+# run with -race. Set RACE=0 to run without it locally.
+race=()
+if [[ $RACE == 1 ]]; then race=(-race); fi
+echo "== go test ${race[*]} -count=1 -timeout $TEST_TIMEOUT ./..."
+t0=$(now)
+go test "${race[@]}" -count=1 -timeout "$TEST_TIMEOUT" ./...
+step "go test ${race[*]} ./..." $? $(($(now) - t0))
+
+# Fuzz: go test -fuzz takes one target in one package at a time.
+if [[ $FUZZTIME != 0 ]]; then
+	mapfile -t fuzzfiles < <(grep -rlE --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*\(' . 2>/dev/null | grep -v '/\.git/' | sort)
+	nfuzz=0
+	for f in "${fuzzfiles[@]}"; do
+		pkg="./$(dirname "${f#./}")"
+		while read -r name; do
+			[[ -n $name ]] || continue
+			nfuzz=$((nfuzz + 1))
+			echo "== fuzz $pkg $name ($FUZZTIME)"
+			t0=$(now)
+			go test -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg"
+			step "fuzz $pkg $name" $? $(($(now) - t0))
+		done < <(grep -oE '^func Fuzz[A-Za-z0-9_]*\(' "$f" | sed -E 's/^func (Fuzz[A-Za-z0-9_]*)\(/\1/')
+	done
+	if ((nfuzz == 0)); then
+		echo "== fuzz: no Fuzz targets found"
+		SUMMARY+=("fuzz: no targets found")
+	fi
+fi
+
+echo
+echo "== summary"
+printf '%s\n' "${SUMMARY[@]}"
+if ((FAILED)); then
+	echo "scripts/test.sh: FAIL"
+	exit 1
+fi
+echo "scripts/test.sh: PASS"
