@@ -1,0 +1,41 @@
+// Package store holds what every cairn.Store implementation shares: the
+// optional abilities a store may offer (found by type assertion, like
+// cairn.StoreStats) and small helpers. Implementations live in
+// subpackages (memstore, localstore); the conformance suite in storetest.
+package store
+
+import (
+	"context"
+
+	"cairn.dev/cairn/internal/cairn"
+)
+
+// Verifier is an optional ability of a Store: read every stored object and
+// check that it hashes to its ID, without any key.
+//
+// Verify calls fn once per damaged object, from the caller's goroutine, with
+// an error of Kind Corrupt (or IO when the object could not be read). It
+// returns nil when it checked everything, whatever it found; it returns an
+// error only when it could not finish (ctx canceled: Kind Canceled, or the
+// medium failed).
+type Verifier interface {
+	Verify(ctx context.Context, fn func(id cairn.ID, err error)) error
+}
+
+// Compacter is an optional ability of a Store: reclaim the space of deleted
+// objects. It is crash-safe (a crash during Compact loses no live object and
+// resurrects no deleted one) and may run while other methods are in use.
+// It returns the number of bytes freed on the medium.
+type Compacter interface {
+	Compact(ctx context.Context) (freed int64, err error)
+}
+
+// CtxErr returns nil if ctx is live, or an error of Kind Canceled wrapping
+// ctx.Err(), so that both errors.Is(err, cairn.ErrCanceled) and
+// errors.Is(err, context.Canceled) (or context.DeadlineExceeded) hold.
+func CtxErr(ctx context.Context, op, path string) error {
+	if err := ctx.Err(); err != nil {
+		return cairn.E(op, cairn.Canceled, path, err)
+	}
+	return nil
+}
