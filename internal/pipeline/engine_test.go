@@ -1,0 +1,435 @@
+package pipeline
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/chunker"
+	"cairn.dev/cairn/internal/manifest"
+)
+
+var testGear = [32]byte{0x6e, 0xa2}
+
+func newEngine(t testing.TB, st cairn.Store, mod func(*Config)) *Engine {
+	t.Helper()
+	cfg := Config{Conv: testConv, Gear: testGear}
+	if mod != nil {
+		mod(&cfg)
+	}
+	e, err := New(cfg, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func readAll(t testing.TB, e *Engine, refs []manifest.Ref) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := e.Read(context.Background(), refs, &buf); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func checkStats(t testing.TB, s WriteStats, refs []manifest.Ref, n int) {
+	t.Helper()
+	if s.LogicalBytes != int64(n) || s.Chunks != len(refs) || s.NewChunks+s.DupChunks != s.Chunks {
+		t.Fatalf("stats %+v for %d bytes in %d refs", s, n, len(refs))
+	}
+	var sum int64
+	for _, r := range refs {
+		sum += int64(r.Size)
+	}
+	if sum != int64(n) {
+		t.Fatalf("refs sum to %d bytes, input had %d", sum, n)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	bad := []Config{
+		{Params: chunker.Params{Avg: 3000}},
+		{Workers: -1},
+		{HasBatch: -5},
+		{Params: chunker.Params{Min: 1 << 20, Avg: 4 << 20, Max: 128 << 20}},
+	}
+	for _, c := range bad {
+		if _, err := New(c, newMapStore()); !errors.Is(err, cairn.ErrInvalid) {
+			t.Errorf("New(%+v) = %v, want Invalid", c, err)
+		}
+	}
+	if _, err := New(Config{}, nil); !errors.Is(err, cairn.ErrInvalid) {
+		t.Errorf("New(nil store) = %v, want Invalid", err)
+	}
+}
+
+func TestWriteReadRoundTrip(t *testing.T) {
+	st := newMapStore()
+	e := newEngine(t, st, nil)
+	max := e.Params().Max
+	cases := map[string][]byte{
+		"empty":        nil,
+		"one byte":     {7},
+		"exactly max":  randomBytes(max, 1),
+		"max plus one": randomBytes(max+1, 2),
+		"random 8M":    randomBytes(8<<20, 3),
+		"text 8M":      textBytes(8<<20, 4),
+	}
+	for name, data := range cases {
+		refs, stats, err := e.Write(context.Background(), bytes.NewReader(data))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		checkStats(t, stats, refs, len(data))
+		if got := readAll(t, e, refs); !bytes.Equal(got, data) {
+			t.Fatalf("%s: read back %d bytes that differ", name, len(got))
+		}
+		// WriteBytes cuts the same chunks.
+		refs2, _, err := e.WriteBytes(context.Background(), data)
+		if err != nil {
+			t.Fatalf("%s: WriteBytes: %v", name, err)
+		}
+		if fmt.Sprint(refs2) != fmt.Sprint(refs) {
+			t.Fatalf("%s: WriteBytes and Write gave different refs", name)
+		}
+		switch name {
+		case "random 8M":
+			if stats.CompressedChunks != 0 || stats.StoredBytes != stats.LogicalBytes+int64(Overhead*stats.Chunks) {
+				t.Fatalf("random data: %+v", stats)
+			}
+		case "text 8M":
+			if stats.CompressedChunks != stats.Chunks || stats.StoredBytes > stats.LogicalBytes/2 {
+				t.Fatalf("text: %+v", stats)
+			}
+		}
+	}
+}
+
+func TestWriteDedup(t *testing.T) {
+	st := newMapStore()
+	e := newEngine(t, st, nil)
+	data := randomBytes(6<<20, 5)
+	refs, s1, err := e.Write(context.Background(), bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s1.NewChunks != s1.Chunks || s1.NewStoredBytes != s1.StoredBytes || st.puts.Load() != int64(s1.Chunks) {
+		t.Fatalf("first write: %+v, %d puts", s1, st.puts.Load())
+	}
+	puts, hasIDs := st.puts.Load(), st.hasIDs.Load()
+
+	// The same data again through the same engine: nothing put, and the
+	// store is not even asked (the engine remembers what it put).
+	refs2, s2, err := e.Write(context.Background(), bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(refs2) != fmt.Sprint(refs) {
+		t.Fatal("same data, different refs")
+	}
+	if s2.NewChunks != 0 || s2.DupChunks != s2.Chunks || s2.DupBytes != int64(len(data)) || st.puts.Load() != puts {
+		t.Fatalf("second write: %+v, %d new puts", s2, st.puts.Load()-puts)
+	}
+	if st.hasIDs.Load() != hasIDs {
+		t.Fatalf("second write asked the store about %d ids", st.hasIDs.Load()-hasIDs)
+	}
+
+	// A fresh engine (another process) asks the store, in batches, and
+	// puts nothing.
+	e2 := newEngine(t, st, func(c *Config) { c.HasBatch = 64 })
+	calls := st.hasCall.Load()
+	_, s3, err := e2.Write(context.Background(), bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s3.NewChunks != 0 || st.puts.Load() != puts {
+		t.Fatalf("fresh engine: %+v", s3)
+	}
+	if got, max := st.hasCall.Load()-calls, int64((s3.Chunks+63)/64); got > max {
+		t.Fatalf("fresh engine made %d Has calls for %d chunks, want <= %d", got, s3.Chunks, max)
+	}
+
+	// An edit in the middle puts only the chunks near it.
+	edited := append(append(bytes.Clone(data[:3<<20]), "an insertion"...), data[3<<20:]...)
+	_, s4, err := e.Write(context.Background(), bytes.NewReader(edited))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s4.NewChunks == 0 || s4.NewChunks > 3 {
+		t.Fatalf("edit: %d new chunks of %d", s4.NewChunks, s4.Chunks)
+	}
+
+	// Repeated content inside one Write is put once.
+	block := randomBytes(256<<10, 6)
+	var rep []byte
+	for range 8 {
+		rep = append(rep, block...)
+	}
+	st2 := newMapStore()
+	e3 := newEngine(t, st2, nil)
+	_, s5, err := e3.Write(context.Background(), bytes.NewReader(rep))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s5.NewChunks >= s5.Chunks/4 || int(st2.puts.Load()) != s5.NewChunks || st2.len() != s5.NewChunks {
+		t.Fatalf("repeated blocks: %+v, %d puts, %d objects", s5, st2.puts.Load(), st2.len())
+	}
+}
+
+func TestReadDetectsDamage(t *testing.T) {
+	st := newMapStore()
+	e := newEngine(t, st, nil)
+	data := textBytes(1<<20, 7)
+	refs, _, err := e.Write(context.Background(), bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := refs[len(refs)/2]
+	orig, _ := st.Get(context.Background(), victim.ID)
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		bad := bytes.Clone(orig)
+		bad[r.IntN(len(bad))] ^= byte(1 + r.IntN(255))
+		st.set(victim.ID, bad)
+		err := e.Read(context.Background(), refs, io.Discard)
+		if !errors.Is(err, cairn.ErrCorrupt) || !strings.Contains(err.Error(), victim.ID.Short()) {
+			t.Fatalf("damaged chunk: %v, want Corrupt naming %s", err, victim.ID.Short())
+		}
+	}
+	st.set(victim.ID, orig[:len(orig)-1])
+	if err := e.Read(context.Background(), refs, io.Discard); !errors.Is(err, cairn.ErrCorrupt) {
+		t.Fatalf("truncated chunk: %v", err)
+	}
+	st.Delete(context.Background(), victim.ID)
+	err = e.Read(context.Background(), refs, io.Discard)
+	if !errors.Is(err, cairn.ErrNotFound) || !strings.Contains(err.Error(), victim.ID.Short()) {
+		t.Fatalf("missing chunk: %v, want NotFound naming %s", err, victim.ID.Short())
+	}
+	// The ranges that do not touch the missing chunk still read.
+	var off int64
+	for _, r := range refs[:len(refs)/2] {
+		off += int64(r.Size)
+	}
+	var buf bytes.Buffer
+	if err := e.ReadRange(context.Background(), refs, 0, off, &buf); err != nil || !bytes.Equal(buf.Bytes(), data[:off]) {
+		t.Fatalf("range before the missing chunk: %v", err)
+	}
+}
+
+func TestReadRange(t *testing.T) {
+	st := newMapStore()
+	e := newEngine(t, st, func(c *Config) { c.Params = chunker.Params{Avg: 4 << 10} })
+	data := randomBytes(1<<20, 8)
+	refs, _, err := e.WriteBytes(context.Background(), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	n := int64(len(data))
+	cases := [][2]int64{{0, 0}, {0, n}, {0, 1}, {n - 1, 1}, {n, 10}, {n + 5, 10}, {n - 3, 100}, {5, 1<<63 - 1}}
+	for range 100 {
+		cases = append(cases, [2]int64{r.Int64N(n), r.Int64N(64 << 10)})
+	}
+	for _, c := range cases {
+		gets := st.gets.Load()
+		var buf bytes.Buffer
+		if err := e.ReadRange(context.Background(), refs, c[0], c[1], &buf); err != nil {
+			t.Fatalf("ReadRange(%d, %d): %v", c[0], c[1], err)
+		}
+		lo, hi := min(c[0], n), min(n, c[0]+min(c[1], n))
+		if !bytes.Equal(buf.Bytes(), data[lo:hi]) {
+			t.Fatalf("ReadRange(%d, %d): %d bytes, want data[%d:%d]", c[0], c[1], buf.Len(), lo, hi)
+		}
+		// Only overlapping chunks are fetched.
+		want, pos := 0, int64(0)
+		for _, ref := range refs {
+			if pos < hi && pos+int64(ref.Size) > lo {
+				want++
+			}
+			pos += int64(ref.Size)
+		}
+		if got := st.gets.Load() - gets; got != int64(want) {
+			t.Fatalf("ReadRange(%d, %d) fetched %d chunks, want %d", c[0], c[1], got, want)
+		}
+	}
+	if err := e.ReadRange(context.Background(), refs, -1, 5, io.Discard); !errors.Is(err, cairn.ErrInvalid) {
+		t.Fatalf("negative offset: %v", err)
+	}
+}
+
+func TestConcurrentWrites(t *testing.T) {
+	st := newMapStore()
+	e := newEngine(t, st, func(c *Config) { c.Params = chunker.Params{Avg: 1 << 10} })
+	shared := randomBytes(64<<10, 9)
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for g := range 32 {
+		wg.Go(func() {
+			// Each file: a private part and a part every file shares.
+			data := append(randomBytes(10<<10+g*997, uint64(100+g)), shared...)
+			if g%2 == 0 {
+				data = append(textBytes(20<<10, uint64(g)), data...)
+			}
+			refs, stats, err := e.Write(context.Background(), bytes.NewReader(data))
+			if err != nil {
+				errs <- err
+				return
+			}
+			if stats.LogicalBytes != int64(len(data)) {
+				errs <- fmt.Errorf("writer %d: %+v", g, stats)
+				return
+			}
+			var buf bytes.Buffer
+			if err := e.Read(context.Background(), refs, &buf); err != nil {
+				errs <- err
+				return
+			}
+			if !bytes.Equal(buf.Bytes(), data) {
+				errs <- fmt.Errorf("writer %d: read back differs", g)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+func TestWriteErrors(t *testing.T) {
+	// A failing reader.
+	e := newEngine(t, newMapStore(), nil)
+	r := io.MultiReader(bytes.NewReader(randomBytes(1<<20, 10)), iotestErrReader{errors.New("disk on fire")})
+	if _, _, err := e.Write(context.Background(), r); !errors.Is(err, cairn.ErrIO) || !strings.Contains(err.Error(), "disk on fire") {
+		t.Fatalf("failing reader: %v, want IO", err)
+	}
+
+	// A failing store.
+	st := newMapStore()
+	st.putErr = cairn.E("put", cairn.Unavailable, "", errors.New("store down"))
+	e2 := newEngine(t, st, nil)
+	if _, _, err := e2.Write(context.Background(), bytes.NewReader(randomBytes(4<<20, 11))); !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("failing store: %v, want Unavailable", err)
+	}
+
+	// A canceled context.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := e.Write(ctx, bytes.NewReader(randomBytes(4<<20, 12))); !errors.Is(err, cairn.ErrCanceled) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled: %v, want Canceled", err)
+	}
+	if err := e.Read(ctx, []manifest.Ref{{}}, io.Discard); !errors.Is(err, cairn.ErrCanceled) {
+		t.Fatalf("canceled read: %v, want Canceled", err)
+	}
+
+	// A closed engine.
+	e.Close()
+	if _, _, err := e.Write(context.Background(), bytes.NewReader([]byte("x"))); !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("closed engine: %v, want Unavailable", err)
+	}
+}
+
+type iotestErrReader struct{ err error }
+
+func (r iotestErrReader) Read([]byte) (int, error) { return 0, r.err }
+
+// nullStore keeps only IDs, so a large Write's memory is the pipeline's own.
+type nullStore struct {
+	mapStore
+	mu  sync.Mutex
+	ids map[cairn.ID]bool
+	n   atomic.Int64
+}
+
+func (s *nullStore) Put(ctx context.Context, id cairn.ID, data []byte) error {
+	time.Sleep(10 * time.Microsecond) // a store slower than the pipeline
+	s.mu.Lock()
+	s.ids[id] = true
+	s.mu.Unlock()
+	s.n.Add(int64(len(data)))
+	return nil
+}
+
+func (s *nullStore) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	found := make([]bool, len(ids))
+	for i, id := range ids {
+		found[i] = s.ids[id]
+	}
+	return found, nil
+}
+
+// genReader yields n pseudo-random bytes without holding them.
+type genReader struct {
+	r *rand.ChaCha8
+	n int64
+}
+
+func (g *genReader) Read(p []byte) (int, error) {
+	if g.n <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > g.n {
+		p = p[:g.n]
+	}
+	g.r.Read(p)
+	g.n -= int64(len(p))
+	return len(p), nil
+}
+
+func TestWriteMemoryBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 256 MiB")
+	}
+	st := &nullStore{ids: map[cairn.ID]bool{}}
+	e := newEngine(t, st, nil)
+	runtime.GC()
+	var base runtime.MemStats
+	runtime.ReadMemStats(&base)
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		var m runtime.MemStats
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			runtime.ReadMemStats(&m)
+			if m.HeapInuse > peak.Load() {
+				peak.Store(m.HeapInuse)
+			}
+		}
+	}()
+	const size = 256 << 20
+	_, stats, err := e.Write(context.Background(), &genReader{r: rand.NewChaCha8([32]byte{1}), n: size})
+	close(stop)
+	<-sampled
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.LogicalBytes != size || st.n.Load() != stats.NewStoredBytes {
+		t.Fatalf("stats %+v, store got %d bytes", stats, st.n.Load())
+	}
+	grew := int64(peak.Load()) - int64(base.HeapInuse)
+	t.Logf("peak heap in use grew by %d MiB while writing %d MiB", grew>>20, size>>20)
+	if grew > 128<<20 {
+		t.Fatalf("heap grew by %d MiB while writing %d MiB: the window does not bound memory", grew>>20, size>>20)
+	}
+}
