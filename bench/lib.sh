@@ -1,0 +1,141 @@
+# Shared helpers for the bench/*.sh harnesses. Source it; do not run it.
+# shellcheck shell=bash
+#
+# Environment (all optional):
+#   RUNS          runs per tool, medians reported (default 3)
+#   CAIRN         a cairn binary to use (default: go build ./cmd/cairn into the work dir)
+#   BENCH_CACHE   generated/downloaded inputs, kept between runs
+#                 (default ${XDG_CACHE_HOME:-~/.cache}/cairn-bench)
+#   BENCH_TMP     where fresh realms and restic repos are made (default /var/tmp)
+#   BENCH_RESULTS file the dated section is appended to (default bench/RESULTS.md;
+#                 /dev/null to record nothing)
+#   KEEP=1        keep the work dir for inspection
+#   TOOLS         which tools to run (default "cairn restic"); TOOLS=restic measures the
+#                 baseline alone (no acceptance check, exit 0)
+
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(dirname "$BENCH_DIR")
+RUNS=${RUNS:-3}
+CACHE=${BENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cairn-bench}
+RESULTS=${BENCH_RESULTS:-$BENCH_DIR/RESULTS.md}
+BENCH_CMD="$(basename "$0")${*:+ $*}"
+TOOLS=${TOOLS:-cairn restic}
+want() { [[ " $TOOLS " == *" $1 "* ]]; }
+mkdir -p "$CACHE"
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+WORK=$(mktemp -d "${BENCH_TMP:-/var/tmp}/cairn-bench.XXXXXX")
+
+cleanup() {
+	if [[ ${KEEP:-0} == 1 ]]; then
+		echo "work dir kept: $WORK" >&2
+		return
+	fi
+	chmod -R u+w "$WORK" 2>/dev/null || true
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+export RESTIC_PASSWORD=cairn-bench
+export RESTIC_CACHE_DIR=$WORK/restic-cache # restic's cache stays on (its default), but private
+
+die() {
+	echo "$(basename "$0"): $*" >&2
+	exit 2
+}
+
+for c in restic jq rsync /usr/bin/time; do
+	command -v "$c" >/dev/null || die "missing $c: run scripts/test-deps.sh"
+done
+
+# build_cairn: sets CAIRN to a binary built from this checkout (unless CAIRN is set).
+build_cairn() {
+	CAIRN_COMMIT=-
+	want cairn || return 0
+	if [[ -n ${CAIRN:-} ]]; then
+		CAIRN=$(command -v "$CAIRN") || die "CAIRN=$CAIRN not found"
+	else
+		mkdir -p "$WORK/bin"
+		echo "building cairn from $REPO_ROOT" >&2
+		(cd "$REPO_ROOT" && go build -o "$WORK/bin/cairn" ./cmd/cairn) || die "go build ./cmd/cairn failed"
+		CAIRN=$WORK/bin/cairn
+	fi
+	CAIRN_COMMIT=$(cd "$REPO_ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+	if [[ -n $(cd "$REPO_ROOT" && git status --porcelain -- cmd internal go.mod go.sum 2>/dev/null) ]]; then
+		CAIRN_COMMIT="$CAIRN_COMMIT+dirty"
+	fi
+}
+
+# new_realm DIR: a fresh cairn realm in DIR (not timed).
+new_realm() {
+	rm -rf "$1"
+	mkdir -p "$1"
+	CAIRN_HOME=$1 "$CAIRN" init --no-passphrase >"$1.init.log" 2>&1 </dev/null ||
+		{ cat "$1.init.log" >&2; die "cairn init failed"; }
+}
+
+# new_restic_repo DIR: a fresh local restic repository (not timed).
+new_restic_repo() {
+	rm -rf "$1"
+	restic init --repo "$1" -q >/dev/null </dev/null || die "restic init $1 failed"
+}
+
+now() { date +%s.%N; }
+
+# timed PREFIX CMD...: runs CMD under /usr/bin/time -v, stdout to PREFIX.out, stderr to
+# PREFIX.err. Sets T_WALL (seconds, wall clock around the whole process) and T_RSS_MB
+# (peak RSS of the process tree's largest process, from time -v). Dies if CMD fails.
+timed() {
+	local prefix=$1
+	shift
+	local t0 t1 rc=0
+	t0=$(now)
+	/usr/bin/time -v -o "$prefix.time" "$@" >"$prefix.out" 2>"$prefix.err" </dev/null || rc=$?
+	t1=$(now)
+	if ((rc != 0)); then
+		echo "command failed (exit $rc): $*" >&2
+		tail -n 20 "$prefix.err" >&2
+		exit 2
+	fi
+	T_WALL=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+	T_RSS_MB=$(awk -F': ' '/Maximum resident set size/ { printf "%.1f", $2 / 1024 }' "$prefix.time")
+}
+
+# median N...: the median of the numbers given.
+median() {
+	printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END {
+		if (NR == 0) exit 1
+		if (NR % 2) printf "%.6g\n", v[(NR + 1) / 2]
+		else printf "%.6g\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# calc EXPR: floating-point arithmetic via awk, e.g. calc "2048 / 3.1".
+calc() { awk "BEGIN { printf \"%.6g\n\", $1 }"; }
+
+# ge A B: true when A >= B (floats).
+ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
+lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+
+machine() {
+	local cpu mem
+	cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
+	mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
+	echo "nproc $(nproc), kernel $(uname -r), $cpu, $mem, $(. /etc/os-release && echo "$PRETTY_NAME"), $(go version 2>/dev/null | awk '{print $3}'), $(restic version | awk '{print $1, $2}'), cairn $CAIRN_COMMIT"
+}
+
+# record TITLE: appends a dated section with TITLE, the command, the machine and the
+# body read from stdin to $RESULTS, and echoes it.
+record() {
+	local title=$1 body
+	body=$(cat)
+	if [[ ! -s $RESULTS && $RESULTS != /dev/null ]]; then
+		printf '# cairn benchmark results\n\nAppended by the harnesses in bench/ (see bench/README.md); newest at the end.\n' >"$RESULTS"
+	fi
+	{
+		printf '\n## %s — %s\n\n' "$(date -u '+%Y-%m-%d %H:%M UTC')" "$title"
+		printf -- '- command: `%s` (RUNS=%s, TOOLS="%s")\n' "bench/$BENCH_CMD" "$RUNS" "$TOOLS"
+		printf -- '- machine: %s\n\n' "$(machine)"
+		printf '%s\n' "$body"
+	} | tee -a "$RESULTS"
+}
