@@ -121,7 +121,7 @@ machine() {
 	local cpu mem
 	cpu=$(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)
 	mem=$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
-	echo "nproc $(nproc), kernel $(uname -r), $cpu, $mem, $(. /etc/os-release && echo "$PRETTY_NAME"), $(go version 2>/dev/null | awk '{print $3}'), $(restic version | awk '{print $1, $2}'), cairn $CAIRN_COMMIT"
+	echo "nproc $(nproc), kernel $(uname -r), $cpu, $mem, $(. /etc/os-release && echo "$PRETTY_NAME"), $(go version 2>/dev/null | awk '{print $3}'), $(restic version | awk '{print $1, $2}'), cairn $CAIRN_COMMIT; load average at start $LOAD_START, at end $(cut -d" " -f1-3 /proc/loadavg)"
 }
 
 # record TITLE: appends a dated section with TITLE, the command, the machine and the
