@@ -5,8 +5,9 @@
 set -euo pipefail
 
 # Debian packages: restic/rsync are peers the benchmarks compare against, fuse3 gives
-# fusermount3 for mount tests, time gives /usr/bin/time -v (peak RSS).
-PKGS=(restic rsync fuse3 time)
+# fusermount3 for mount tests, time gives /usr/bin/time -v (peak RSS), jq reads
+# the --json output of cairn and restic in bench/.
+PKGS=(restic rsync fuse3 time jq)
 
 missing=()
 for p in "${PKGS[@]}"; do
