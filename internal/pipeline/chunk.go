@@ -130,29 +130,36 @@ func (hp *hasherPool) chunkKey(plain []byte) (k [32]byte) {
 // version 1 chunk under the convergence key conv and returns its Ref and
 // its stored bytes.
 func EncodeChunk(conv [32]byte, plain []byte) (manifest.Ref, []byte) {
-	ref, stored, _ := encodeChunk(newHasherPool(conv), plain, make([]byte, 0, len(plain)+Overhead))
+	ref, stored, _ := encodeChunk(newHasherPool(conv), plain, 0, make([]byte, 0, len(plain)+Overhead))
 	return ref, stored
 }
 
-// encodeChunk encodes plain into dst's storage when its capacity suffices
-// (len(plain)+Overhead; more if compression does not pay), reporting whether
-// the payload is compressed.
-func encodeChunk(hp *hasherPool, plain, dst []byte) (ref manifest.Ref, stored []byte, compressed bool) {
+// encodeChunk encodes the plaintext buf[head:] into dst's storage when its
+// capacity suffices (len(plain)+Overhead; more if compression does not pay),
+// reporting whether the payload is compressed. With head == 1 the byte
+// buf[0] is scratch: the raw inner message is built in place there and
+// encrypted straight from buf, saving a copy of the plaintext.
+func encodeChunk(hp *hasherPool, buf []byte, head int, dst []byte) (ref manifest.Ref, stored []byte, compressed bool) {
+	plain := buf[head:]
 	ref.Key = hp.chunkKey(plain)
 	ref.Size = uint32(len(plain))
 
-	stored = append(dst[:0], ChunkVersion, flagRaw)
+	stored = append(dst[:0], ChunkVersion, flagZstd)
 	if shouldCompress(plain, stored[2:]) {
 		z := encoder().EncodeAll(plain, stored)
 		if len(z)-2 < len(plain) {
 			stored, compressed = z, true
-			stored[1] = flagZstd
 		}
 	}
-	if !compressed {
-		stored = append(stored[:2], plain...)
+	if compressed {
+		stored = sealInPlace(ref.Key, stored)
+	} else if head == 1 {
+		buf[0] = flagRaw
+		stored = newAEAD(ref.Key).Seal(stored[:1], zeroNonce[:], buf, stored[:1])
+	} else {
+		stored[1] = flagRaw
+		stored = sealInPlace(ref.Key, append(stored[:2], plain...))
 	}
-	stored = sealInPlace(ref.Key, stored)
 	ref.ID = blake3.Sum256(stored)
 	return ref, stored, compressed
 }

@@ -170,7 +170,7 @@ func (e *Engine) Params() chunker.Params { return e.cfg.Params }
 
 // job is one chunk going through a worker.
 type job struct {
-	plain  []byte  // input; aliases plainB when the Write copied it
+	plain  []byte  // input; with plainB, one scratch byte and the plaintext
 	plainB *[]byte // pooled copy of the plaintext, or nil
 	stored *[]byte // pooled output buffer
 	ref    manifest.Ref
@@ -184,9 +184,13 @@ var jobPool = sync.Pool{New: func() any { return &job{done: make(chan struct{}, 
 func (e *Engine) worker() {
 	defer e.workers.Done()
 	for j := range e.jobs {
-		j.stored = getBuf(len(j.plain) + Overhead)
+		head := 0
+		if j.plainB != nil {
+			head = 1
+		}
+		j.stored = getBuf(len(j.plain) - head + Overhead)
 		var out []byte
-		j.ref, out, j.zstd = encodeChunk(e.hp, j.plain, *j.stored)
+		j.ref, out, j.zstd = encodeChunk(e.hp, j.plain, head, *j.stored)
 		*j.stored = out
 		putBuf(j.plainB)
 		j.plainB, j.plain = nil, nil
@@ -263,7 +267,7 @@ func (e *Engine) write(parent context.Context, next func() ([]byte, error), copy
 		ctx:    ctx,
 		cancel: cancel,
 		window: semaphore.NewWeighted(int64(e.cfg.WindowBytes)),
-		queue:  make(chan *job, e.cfg.WindowBytes/(2*e.cfg.Params.Min)+1),
+		queue:  make(chan *job, queueLen),
 	}
 	collected := make(chan struct{})
 	go func() {
@@ -293,8 +297,8 @@ func (e *Engine) write(parent context.Context, next func() ([]byte, error), copy
 			break
 		}
 		if copyChunks {
-			j.plainB = getBuf(len(b))
-			copy(*j.plainB, b)
+			j.plainB = getBuf(1 + len(b))
+			copy((*j.plainB)[1:], b)
 			j.plain = *j.plainB
 		} else {
 			j.plain = b
@@ -306,7 +310,7 @@ func (e *Engine) write(parent context.Context, next func() ([]byte, error), copy
 			jobPool.Put(j)
 			break
 		}
-		w.queue <- j // never blocks: the window bounds the queued jobs
+		w.queue <- j
 	}
 	if err != nil {
 		cancel(err)
@@ -323,6 +327,10 @@ func (e *Engine) write(parent context.Context, next func() ([]byte, error), copy
 		"new", w.stats.NewChunks, "newStored", w.stats.NewStoredBytes, "dup", w.stats.DupChunks)
 	return w.refs, w.stats, nil
 }
+
+// queueLen is how many encoded or encoding chunks a Write queues for its
+// collector before the producer waits; the window bounds the bytes.
+const queueLen = 64
 
 // writeRun is the state of one Write.
 type writeRun struct {
@@ -415,10 +423,12 @@ func (w *writeRun) collect() {
 				continue
 			}
 			puts.Go(func() error {
-				// The stored buffer goes to the store and is not reused:
-				// the Store contract does not say Put stops using it
-				// when it returns.
-				data := *j.stored
+				// The store gets its own exact-size copy (append does not
+				// zero it first): the Store contract does not say Put stops
+				// using data when it returns, so the pooled buffer must
+				// not be handed over and then reused.
+				data := append([]byte(nil), *j.stored...)
+				putBuf(j.stored)
 				j.stored = nil
 				id := j.ref.ID
 				err := e.st.Put(w.ctx, id, data)
