@@ -1,0 +1,197 @@
+// Package fs is cairn's file layer: whole-file writes that commit atomically
+// at close, reads that verify every byte, and the walk-everything jobs (gc,
+// fsck, stats). It joins the namespace (meta), the chunk pipeline and a
+// store; it knows nothing about command lines or mounts.
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/zeebo/blake3"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/chunker"
+	"cairn.dev/cairn/internal/manifest"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/pipeline"
+	"cairn.dev/cairn/internal/volkey"
+)
+
+// KeyCheck is the value recorded in a volume's metadata so a device can tell
+// a wrong key from damage: a BLAKE3 derivation of the master key, which
+// reveals nothing about it.
+func KeyCheck(m volkey.Master) string {
+	var out [16]byte
+	blake3.DeriveKey("cairn v1 volume key check", m[:], out[:])
+	return fmt.Sprintf("%x", out)
+}
+
+// Volume is an open volume: namespace, keys, pipeline and store.
+type Volume struct {
+	Meta  *meta.Vol
+	svc   *meta.Service
+	store cairn.Store
+	eng   *pipeline.Engine
+	wrap  [32]byte
+	// StoreName is recorded in each version as where its chunks live.
+	storeName string
+	log       *slog.Logger
+}
+
+// Options for Open.
+type Options struct {
+	StoreName string // recorded in versions; default "local"
+	Workers   int    // pipeline workers; 0 = all cores
+	Logger    *slog.Logger
+}
+
+// Open joins a volume's namespace handle with its master key and a store.
+// A key that does not match the volume gives a Permission error.
+func Open(svc *meta.Service, mv *meta.Vol, master volkey.Master, st cairn.Store, opts Options) (*Volume, error) {
+	if mv.V.KeyCheck != "" && mv.V.KeyCheck != KeyCheck(master) {
+		return nil, cairn.E("open volume", cairn.Permission, mv.V.Name, errors.New("wrong key for this volume"))
+	}
+	if opts.StoreName == "" {
+		opts.StoreName = "local"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	eng, err := pipeline.New(pipeline.Config{
+		Conv:    master.Convergence(),
+		Gear:    master.Gear(),
+		Params:  chunker.Params{Min: mv.V.ChunkMin, Avg: mv.V.ChunkAvg, Max: mv.V.ChunkMax},
+		Workers: opts.Workers,
+		Logger:  opts.Logger,
+	}, st)
+	if err != nil {
+		return nil, err
+	}
+	return &Volume{Meta: mv, svc: svc, store: st, eng: eng, wrap: master.ManifestWrap(), storeName: opts.StoreName, log: opts.Logger}, nil
+}
+
+// Close stops the volume's pipeline workers.
+func (v *Volume) Close() error { return v.eng.Close() }
+
+// Name returns the volume's name.
+func (v *Volume) Name() string { return v.Meta.V.Name }
+
+// Attrs are the attributes a new file version gets.
+type Attrs struct {
+	Mode  uint32
+	UID   uint32
+	GID   uint32
+	Mtime time.Time
+	Src   meta.Source
+}
+
+// WriteStats reports what one WriteFile did.
+type WriteStats = pipeline.WriteStats
+
+// WriteFile stores the content open() yields as a new version of name in
+// directory dir, and commits it atomically: readers see the old version until
+// the commit, the new one after it; a crash at any point leaves the old one.
+// While it writes it holds the file's writer lock (an etcd lease).
+// open may be called more than once: when a garbage collection ran during the
+// write, the content is written again (only missing chunks are stored).
+func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, open func() (io.ReadCloser, error), a Attrs) (*meta.Entry, WriteStats, error) {
+	path := v.Name() + ":" + name
+	lock, err := v.Meta.Lock(ctx, dir.Ino, name)
+	if err != nil {
+		return nil, WriteStats{}, err
+	}
+	defer lock.Unlock(ctx)
+	var total WriteStats
+	for attempt := 0; ; attempt++ {
+		gen, err := v.svc.WriteGen(ctx)
+		if err != nil {
+			return nil, total, err
+		}
+		r, err := open()
+		if err != nil {
+			return nil, total, err
+		}
+		refs, st, err := v.eng.Write(ctx, r)
+		r.Close()
+		total = addStats(total, st)
+		if err != nil {
+			return nil, total, err
+		}
+		mid, mst, err := v.putManifest(ctx, refs, st.LogicalBytes)
+		if err != nil {
+			return nil, total, err
+		}
+		total.NewStoredBytes += mst
+		ver := meta.Version{Manifest: mid, Size: st.LogicalBytes, Mtime: a.Mtime.UnixNano(), Stores: []string{v.storeName}, Chunks: len(refs), Src: a.Src}
+		e, _, err := v.Meta.CommitVersion(ctx, dir, name, meta.Commit{Version: ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: gen, Lock: lock})
+		if errors.Is(err, meta.ErrFenced) && attempt < 3 {
+			v.log.Info("garbage collection ran during write; writing again", "path", path)
+			continue
+		}
+		return e, total, err
+	}
+}
+
+func addStats(a, b WriteStats) WriteStats {
+	a.LogicalBytes += b.LogicalBytes
+	a.Chunks += b.Chunks
+	a.NewChunks += b.NewChunks
+	a.NewStoredBytes += b.NewStoredBytes
+	a.DupChunks += b.DupChunks
+	a.DupBytes += b.DupBytes
+	a.CompressedChunks += b.CompressedChunks
+	a.StoredBytes += b.StoredBytes
+	return a
+}
+
+// putManifest seals and stores a manifest; it returns its ID and the bytes added.
+func (v *Volume) putManifest(ctx context.Context, refs []manifest.Ref, size int64) (cairn.ID, int64, error) {
+	stored, id, err := manifest.Seal(&manifest.Manifest{Size: size, Chunks: refs}, v.wrap)
+	if err != nil {
+		return id, 0, err
+	}
+	if err := v.store.Put(ctx, id, stored); err != nil {
+		return id, 0, err
+	}
+	return id, int64(len(stored)), nil
+}
+
+// Manifest fetches and opens a version's manifest.
+func (v *Volume) Manifest(ctx context.Context, ver *meta.Version) (*manifest.Manifest, error) {
+	stored, err := v.store.Get(ctx, ver.Manifest)
+	if err != nil {
+		return nil, fmt.Errorf("manifest of version %d: %w", ver.N, err)
+	}
+	m, err := manifest.Open(stored, ver.Manifest, v.wrap)
+	if err != nil {
+		return nil, fmt.Errorf("manifest of version %d: %w", ver.N, err)
+	}
+	if m.Size != ver.Size {
+		return nil, cairn.E("open manifest", cairn.Corrupt, ver.Manifest.Short(), fmt.Errorf("manifest says %d bytes, metadata %d", m.Size, ver.Size))
+	}
+	return m, nil
+}
+
+// ReadFile writes version ver of a file (nil: the current one) to w. Every
+// chunk is verified (hash and AEAD tag) before its bytes reach w.
+func (v *Volume) ReadFile(ctx context.Context, e *meta.Entry, ver *meta.Version, w io.Writer) error {
+	if e.Type != meta.TypeFile {
+		return cairn.E("read", cairn.IsDir, e.Name, errors.New("not a regular file"))
+	}
+	if ver == nil {
+		ver = e.Current()
+	}
+	if ver == nil {
+		return nil // created but never written: empty
+	}
+	m, err := v.Manifest(ctx, ver)
+	if err != nil {
+		return err
+	}
+	return v.eng.Read(ctx, m.Chunks, w)
+}

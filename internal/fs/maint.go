@@ -1,0 +1,515 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/manifest"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/pipeline"
+	"cairn.dev/cairn/internal/store"
+)
+
+// Walk visits every entry reachable from the root and from the trash, depth
+// first, with its "VOLUME:/path" (trash items get their old path). Subtrees
+// orphaned by an interrupted trash purge are not visited: nothing can reach
+// them any more.
+func (v *Volume) Walk(ctx context.Context, fn func(path string, e *meta.Entry, trashed bool) error) error {
+	root, err := v.Meta.Root(ctx)
+	if err != nil {
+		return err
+	}
+	if err := v.walk(ctx, v.Name()+":", root, false, fn); err != nil {
+		return err
+	}
+	items, err := v.Meta.Trash(ctx)
+	if err != nil {
+		return err
+	}
+	for i := range items {
+		if err := v.walk(ctx, items[i].Path, &items[i].Entry, true, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (v *Volume) walk(ctx context.Context, path string, e *meta.Entry, trashed bool, fn func(string, *meta.Entry, bool) error) error {
+	if path == "" || path[len(path)-1] == ':' {
+		path += "/"
+	}
+	if err := fn(path, e, trashed); err != nil {
+		if errors.Is(err, errSkipSubtree) {
+			return nil
+		}
+		return err
+	}
+	if !e.IsDir() {
+		return nil
+	}
+	kids, err := v.Meta.ReadDir(ctx, e.Ino)
+	if err != nil {
+		return err
+	}
+	sep := "/"
+	if path[len(path)-1] == '/' {
+		sep = ""
+	}
+	for i := range kids {
+		if err := v.walk(ctx, path+sep+kids[i].Name, &kids[i], trashed, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// idSet is a sorted set of IDs: 32 bytes each, no per-entry overhead.
+type idSet []cairn.ID
+
+func (s *idSet) finish() {
+	slices.SortFunc(*s, func(a, b cairn.ID) int { return bytes.Compare(a[:], b[:]) })
+	*s = slices.Compact(*s)
+}
+
+func (s idSet) has(id cairn.ID) bool {
+	_, ok := slices.BinarySearchFunc(s, id, func(a, b cairn.ID) int { return bytes.Compare(a[:], b[:]) })
+	return ok
+}
+
+// versionRef is one version of one file, for the jobs below.
+type versionRef struct {
+	vol  *Volume
+	path string
+	ver  meta.Version
+}
+
+// versions lists every kept version of every file, in the volumes and their
+// trash, skipping trash items older than their volume's TTL when skipExpired.
+func versions(ctx context.Context, vols []*Volume, now time.Time, skipExpired bool) ([]versionRef, error) {
+	var out []versionRef
+	for _, v := range vols {
+		ttl := v.Meta.V.TrashTTL
+		items, err := v.Meta.Trash(ctx)
+		if err != nil {
+			return nil, err
+		}
+		expired := map[uint64]bool{}
+		for _, it := range items {
+			if skipExpired && ttl > 0 && now.Sub(time.Unix(0, it.Deleted)) > ttl {
+				expired[it.Entry.Ino] = true
+			}
+		}
+		err = v.Walk(ctx, func(path string, e *meta.Entry, trashed bool) error {
+			if trashed && expired[e.Ino] {
+				return errSkipSubtree
+			}
+			for _, ver := range e.Versions {
+				out = append(out, versionRef{vol: v, path: path, ver: ver})
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// errSkipSubtree, returned by a Walk callback, skips the entry's children.
+var errSkipSubtree = errors.New("skip subtree")
+
+// GCOptions for GC.
+type GCOptions struct {
+	DryRun bool
+	Now    time.Time // default time.Now()
+	// Progress, if set, is told how many versions were marked so far.
+	Progress func(done, total int)
+}
+
+// GCReport is what a collection did (or, dry, would do).
+type GCReport struct {
+	TrashPurged    int   `json:"trash_purged"`
+	Versions       int   `json:"versions_kept"`
+	LiveObjects    int   `json:"live_objects"`
+	DeletedObjects int   `json:"deleted_objects"`
+	FreedBytes     int64 `json:"freed_bytes"`
+	CompactedBytes int64 `json:"compacted_bytes"`
+	DryRun         bool  `json:"dry_run"`
+}
+
+// GC purges expired trash, then deletes every object in st that no kept
+// version or trash item references. It holds the GC fence so no writer
+// commits objects it is deleting, and it stops at the first manifest it
+// cannot read: it never deletes on incomplete knowledge.
+func GC(ctx context.Context, svc *meta.Service, vols []*Volume, st cairn.Store, opts GCOptions) (*GCReport, error) {
+	if opts.Now.IsZero() {
+		opts.Now = time.Now()
+	}
+	rep := &GCReport{DryRun: opts.DryRun}
+	var fence *meta.Fence
+	if !opts.DryRun {
+		f, err := svc.BeginGC(ctx)
+		if err != nil {
+			return nil, err
+		}
+		fence = f
+		defer fence.End(ctx)
+		for _, v := range vols {
+			if v.Meta.V.TrashTTL <= 0 {
+				continue
+			}
+			n, err := v.Meta.PurgeTrash(ctx, opts.Now.Add(-v.Meta.V.TrashTTL))
+			rep.TrashPurged += n
+			if err != nil {
+				return rep, err
+			}
+		}
+	}
+	vers, err := versions(ctx, vols, opts.Now, true)
+	if err != nil {
+		return rep, err
+	}
+	rep.Versions = len(vers)
+	live, err := mark(ctx, vers, opts.Progress)
+	if err != nil {
+		return rep, fmt.Errorf("gc stopped, nothing deleted: %w", err)
+	}
+	rep.LiveObjects = len(live)
+	var dead []cairn.ID
+	var deadBytes []int64
+	err = st.List(ctx, func(id cairn.ID, size int64) error {
+		if !live.has(id) {
+			dead = append(dead, id)
+			deadBytes = append(deadBytes, size)
+		}
+		return nil
+	})
+	if err != nil {
+		return rep, err
+	}
+	for i := range dead {
+		if !opts.DryRun {
+			if i%256 == 0 {
+				if err := fence.Alive(ctx); err != nil {
+					return rep, err
+				}
+			}
+			if err := st.Delete(ctx, dead[i]); err != nil {
+				return rep, err
+			}
+		}
+		rep.DeletedObjects++
+		rep.FreedBytes += deadBytes[i]
+	}
+	if c, ok := st.(store.Compacter); ok && !opts.DryRun {
+		freed, err := c.Compact(ctx)
+		rep.CompactedBytes = freed
+		if err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// mark returns the set of every manifest and chunk the versions reference.
+func mark(ctx context.Context, vers []versionRef, progress func(int, int)) (idSet, error) {
+	var mu sync.Mutex
+	var live idSet
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(2 * runtime.GOMAXPROCS(0))
+	done := 0
+	for i := range vers {
+		vr := &vers[i]
+		g.Go(func() error {
+			m, err := vr.vol.Manifest(gctx, &vr.ver)
+			if err != nil {
+				return fmt.Errorf("%s (version %d): %w", vr.path, vr.ver.N, err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			live = append(live, vr.ver.Manifest)
+			for _, r := range m.Chunks {
+				live = append(live, r.ID)
+			}
+			done++
+			if progress != nil {
+				progress(done, len(vers))
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	live.finish()
+	return live, nil
+}
+
+// Damage is one problem fsck found.
+type Damage struct {
+	Path    string `json:"path"`
+	Version uint64 `json:"version,omitempty"`
+	Object  string `json:"object,omitempty"`
+	Problem string `json:"problem"`
+}
+
+// FsckReport is the result of Fsck.
+type FsckReport struct {
+	Files       int      `json:"files"`
+	Versions    int      `json:"versions"`
+	Chunks      int      `json:"chunks_checked"`
+	BytesRead   int64    `json:"bytes_read"`
+	Damaged     []Damage `json:"damaged"`
+	StoreErrors []Damage `json:"store_errors,omitempty"`
+}
+
+// OK reports whether fsck found nothing wrong.
+func (r *FsckReport) OK() bool { return len(r.Damaged) == 0 && len(r.StoreErrors) == 0 }
+
+// Fsck checks every kept version of every file: its manifest opens and
+// matches the metadata, and every chunk it lists is present. With readData
+// it also reads every chunk and verifies its hash and AEAD tag, and asks the
+// store to verify every object it holds.
+func Fsck(ctx context.Context, vols []*Volume, st cairn.Store, readData bool, progress func(done, total int)) (*FsckReport, error) {
+	rep := &FsckReport{}
+	vers, err := versions(ctx, vols, time.Now(), false)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]bool{}
+	for _, vr := range vers {
+		files[vr.path] = true
+	}
+	rep.Files, rep.Versions = len(files), len(vers)
+	var mu sync.Mutex
+	damage := func(d Damage) {
+		mu.Lock()
+		rep.Damaged = append(rep.Damaged, d)
+		mu.Unlock()
+	}
+	seen := sync.Map{} // chunk ID → error string ("" = good), so shared chunks are read once
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(2 * runtime.GOMAXPROCS(0))
+	var done int
+	for i := range vers {
+		vr := &vers[i]
+		g.Go(func() error {
+			defer func() {
+				mu.Lock()
+				done++
+				if progress != nil {
+					progress(done, len(vers))
+				}
+				mu.Unlock()
+			}()
+			m, err := vr.vol.Manifest(gctx, &vr.ver)
+			if err != nil {
+				if gctx.Err() != nil {
+					return gctx.Err()
+				}
+				damage(Damage{Path: vr.path, Version: vr.ver.N, Object: vr.ver.Manifest.String(), Problem: err.Error()})
+				return nil
+			}
+			problems, n, nbytes, err := checkChunks(gctx, vr.vol, st, m.Chunks, readData, &seen)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			rep.Chunks += n
+			rep.BytesRead += nbytes
+			mu.Unlock()
+			for _, p := range problems {
+				damage(Damage{Path: vr.path, Version: vr.ver.N, Object: p.Object, Problem: p.Problem})
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return rep, err
+	}
+	if vf, ok := st.(store.Verifier); ok && readData {
+		err := vf.Verify(ctx, func(id cairn.ID, err error) {
+			rep.StoreErrors = append(rep.StoreErrors, Damage{Path: "store", Object: id.String(), Problem: err.Error()})
+		})
+		if err != nil {
+			return rep, err
+		}
+	}
+	slices.SortFunc(rep.Damaged, func(a, b Damage) int {
+		if a.Path != b.Path {
+			return bytesCompareString(a.Path, b.Path)
+		}
+		return int(a.Version) - int(b.Version)
+	})
+	return rep, nil
+}
+
+func bytesCompareString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func checkChunks(ctx context.Context, v *Volume, st cairn.Store, refs []manifest.Ref, readData bool, seen *sync.Map) ([]Damage, int, int64, error) {
+	var out []Damage
+	var nbytes int64
+	if !readData {
+		ids := make([]cairn.ID, len(refs))
+		for i := range refs {
+			ids[i] = refs[i].ID
+		}
+		found, err := st.Has(ctx, ids)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		for i, ok := range found {
+			if !ok {
+				out = append(out, Damage{Object: ids[i].String(), Problem: fmt.Sprintf("chunk %d missing from the store", i)})
+			}
+		}
+		return out, len(refs), 0, nil
+	}
+	for i, r := range refs {
+		if prev, ok := seen.Load(r.ID); ok {
+			if s := prev.(string); s != "" {
+				out = append(out, Damage{Object: r.ID.String(), Problem: fmt.Sprintf("chunk %d: %s", i, s)})
+			}
+			continue
+		}
+		stored, err := st.Get(ctx, r.ID)
+		if err == nil {
+			nbytes += int64(len(stored))
+			_, err = pipeline.DecodeChunk(r, stored)
+		}
+		if err != nil && ctx.Err() != nil {
+			return nil, 0, 0, ctx.Err()
+		}
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+			out = append(out, Damage{Object: r.ID.String(), Problem: fmt.Sprintf("chunk %d: %s", i, msg)})
+		}
+		seen.Store(r.ID, msg)
+	}
+	return out, len(refs), nbytes, nil
+}
+
+// Stats describes what a realm's volumes hold.
+type Stats struct {
+	Volumes        int     `json:"volumes"`
+	Files          int     `json:"files"`
+	Dirs           int     `json:"dirs"`
+	Symlinks       int     `json:"symlinks"`
+	LogicalBytes   int64   `json:"logical_bytes"`  // current versions of live files
+	Versions       int     `json:"versions"`       // kept versions, trash included
+	VersionBytes   int64   `json:"version_bytes"`  // plaintext of every kept version
+	Chunks         int     `json:"chunks"`         // distinct chunks referenced
+	UniqueBytes    int64   `json:"unique_bytes"`   // plaintext of distinct chunks
+	ChunkBytes     int64   `json:"chunk_bytes"`    // stored (compressed, encrypted) size of distinct chunks
+	StoredBytes    int64   `json:"stored_bytes"`   // everything the store holds (incl. manifests, garbage)
+	StoreObjects   int64   `json:"store_objects"`  // objects in the store
+	DiskBytes      int64   `json:"disk_bytes"`     // space used on disk by the store
+	DedupRatio     float64 `json:"dedup_ratio"`    // VersionBytes / UniqueBytes
+	CompressRatio  float64 `json:"compress_ratio"` // UniqueBytes / ChunkBytes
+	TrashItems     int     `json:"trash_items"`
+	ManifestErrors int     `json:"manifest_errors"`
+}
+
+// ComputeStats walks every volume and reads every kept version's manifest.
+func ComputeStats(ctx context.Context, vols []*Volume, st cairn.Store) (*Stats, error) {
+	s := &Stats{Volumes: len(vols)}
+	for _, v := range vols {
+		err := v.Walk(ctx, func(path string, e *meta.Entry, trashed bool) error {
+			if trashed {
+				return nil
+			}
+			switch e.Type {
+			case meta.TypeDir:
+				s.Dirs++
+			case meta.TypeSymlink:
+				s.Symlinks++
+			case meta.TypeFile:
+				s.Files++
+				s.LogicalBytes += e.Size
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		items, err := v.Meta.Trash(ctx)
+		if err != nil {
+			return nil, err
+		}
+		s.TrashItems += len(items)
+	}
+	vers, err := versions(ctx, vols, time.Now(), false)
+	if err != nil {
+		return nil, err
+	}
+	s.Versions = len(vers)
+	var mu sync.Mutex
+	refs := map[cairn.ID]int64{}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(2 * runtime.GOMAXPROCS(0))
+	for i := range vers {
+		vr := &vers[i]
+		g.Go(func() error {
+			m, err := vr.vol.Manifest(gctx, &vr.ver)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				s.ManifestErrors++
+				return nil
+			}
+			s.VersionBytes += m.Size
+			for _, r := range m.Chunks {
+				refs[r.ID] = int64(r.Size)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	s.Chunks = len(refs)
+	for _, n := range refs {
+		s.UniqueBytes += n
+	}
+	err = st.List(ctx, func(id cairn.ID, size int64) error {
+		s.StoreObjects++
+		s.StoredBytes += size
+		if _, ok := refs[id]; ok {
+			s.ChunkBytes += size
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if u, ok := st.(cairn.StoreStats); ok {
+		if usage, err := u.Stats(ctx); err == nil {
+			s.DiskBytes = usage.Disk
+		}
+	}
+	if s.UniqueBytes > 0 {
+		s.DedupRatio = float64(s.VersionBytes) / float64(s.UniqueBytes)
+	}
+	if s.ChunkBytes > 0 {
+		s.CompressRatio = float64(s.UniqueBytes) / float64(s.ChunkBytes)
+	}
+	return s, nil
+}
