@@ -18,6 +18,7 @@ RACE=${RACE:-1}
 
 declare -a SUMMARY=()
 FAILED=0
+T_START=$(date +%s)
 step() { # step NAME RC SECONDS
 	local status=ok
 	if [[ $2 -ne 0 ]]; then status="FAIL (exit $2)"; FAILED=1; fi
@@ -47,9 +48,11 @@ t0=$(now)
 go vet ./...
 step "go vet ./..." $? $(($(now) - t0))
 
-# Race detector: on 2 cores the whole suite under -race was measured at
-# (see bench/README.md "CI timing"); it fits the 90-minute CI budget, so all packages
-# run with -race. Set RACE=0 to run without it locally.
+# Race detector: measured on 2 cores (commit b77f218, 11 packages): go test ./... 8 s,
+# go test -race ./... 33 s (~4x). That fits the 90-minute CI budget with room to spare, so
+# every package runs with -race. Re-measure when the suite grows (crash and cluster tests);
+# if -race stops fitting, restrict it to the concurrent packages here and say why.
+# RACE=0 runs without it locally.
 race=()
 if [[ $RACE == 1 ]]; then race=(-race); fi
 echo "== go test ${race[*]} -count=1 -timeout $TEST_TIMEOUT ./..."
@@ -81,6 +84,7 @@ fi
 echo
 echo "== summary"
 printf '%s\n' "${SUMMARY[@]}"
+echo "total $(($(date +%s) - T_START))s"
 if ((FAILED)); then
 	echo "scripts/test.sh: FAIL"
 	exit 1
