@@ -143,9 +143,12 @@ func (s *Store) scanDir(ctx context.Context) error {
 			}
 		}
 	}
+	total := 0
 	for _, p := range added {
 		s.register(p)
+		total += p.n()
 	}
+	s.tab.reserve(total) // one allocation at open, not a series of doublings
 	for _, p := range added {
 		for _, t := range p.tombs {
 			s.kill(t.target, t.tOff)
