@@ -121,7 +121,9 @@ type WriteStats struct {
 	StoredBytes      int64 // stored size of all chunks, new or not
 }
 
-// New starts an Engine writing to and reading from st.
+// New starts an Engine writing to and reading from st. The engine reuses
+// the buffer it passes to st.Put once Put returns, so st must not retain
+// it (io.Writer's rule); memstore and localstore do not.
 func New(cfg Config, st cairn.Store) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -423,15 +425,17 @@ func (w *writeRun) collect() {
 				continue
 			}
 			puts.Go(func() error {
-				// The store gets its own exact-size copy (append does not
-				// zero it first): the Store contract does not say Put stops
-				// using data when it returns, so the pooled buffer must
-				// not be handed over and then reused.
-				data := append([]byte(nil), *j.stored...)
-				putBuf(j.stored)
-				j.stored = nil
+				// The pooled buffer is reused once Put returns: like
+				// io.Writer, a store must not retain data after Put
+				// returns (memstore copies; localstore never touches
+				// data once Put has returned, even on cancellation).
+				// Copying here instead costs about 30% of the write
+				// path's CPU on new data.
+				data := *j.stored
 				id := j.ref.ID
 				err := e.st.Put(w.ctx, id, data)
+				putBuf(j.stored)
+				j.stored = nil
 				if err == nil {
 					e.known.add(id)
 					newChunks.Add(1)
