@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/zeebo/blake3"
@@ -41,6 +42,9 @@ type Volume struct {
 	// StoreName is recorded in each version as where its chunks live.
 	storeName string
 	log       *slog.Logger
+
+	genMu   sync.Mutex
+	lastGen int64
 }
 
 // Options for Open.
@@ -112,6 +116,7 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 		if err != nil {
 			return nil, total, err
 		}
+		v.noteGen(gen)
 		r, err := open()
 		if err != nil {
 			return nil, total, err
@@ -134,6 +139,18 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 			continue
 		}
 		return e, total, err
+	}
+}
+
+// noteGen makes the pipeline forget which chunks it has stored whenever a
+// garbage collection has run since it last looked: those chunks may be gone,
+// and a writer that skipped storing one would commit a version missing it.
+func (v *Volume) noteGen(gen int64) {
+	v.genMu.Lock()
+	defer v.genMu.Unlock()
+	if gen != v.lastGen {
+		v.eng.Forget()
+		v.lastGen = gen
 	}
 }
 

@@ -61,6 +61,7 @@ type Service struct {
 
 	mu      sync.Mutex
 	session *concurrency.Session
+	local   keyedLocks
 }
 
 // New returns a Service using cli.

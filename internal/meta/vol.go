@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -534,8 +535,9 @@ func (v *Vol) Walk(ctx context.Context, fn func(e *Entry, trashed bool) error) e
 // Lock is an ephemeral writer lock on one name, held through the Service's
 // lease: if the holder dies, it disappears after LockTTL.
 type Lock struct {
-	m    *concurrency.Mutex
-	sess *concurrency.Session
+	m       *concurrency.Mutex
+	sess    *concurrency.Session
+	release func()
 }
 
 // Lost reports whether the lease behind the lock has expired.
@@ -550,24 +552,75 @@ func (l *Lock) Lost() bool {
 
 // Unlock releases the lock.
 func (l *Lock) Unlock(ctx context.Context) error {
+	defer l.release()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	return etcdErr("unlock", "", l.m.Unlock(ctx))
 }
 
 // Lock waits (until ctx ends) for the writer lock on name in directory
-// parent and returns it.
+// parent and returns it. Goroutines of one process share the process's
+// lease, so they first queue on an in-process lock for the same key; the
+// etcd mutex then serializes processes.
 func (v *Vol) Lock(ctx context.Context, parent uint64, name string) (*Lock, error) {
+	key := v.base + "lock/" + inoHex(parent) + "/" + name
+	release, err := v.s.local.lock(ctx, key)
+	if err != nil {
+		return nil, cairn.E("lock", cairn.Conflict, name, errors.New("another writer holds this file; timed out waiting"))
+	}
 	sess, err := v.s.sess(ctx)
 	if err != nil {
+		release()
 		return nil, err
 	}
-	m := concurrency.NewMutex(sess, v.base+"lock/"+inoHex(parent)+"/"+name)
+	m := concurrency.NewMutex(sess, key)
 	if err := m.Lock(ctx); err != nil {
+		release()
 		if errors.Is(err, context.DeadlineExceeded) {
 			return nil, cairn.E("lock", cairn.Conflict, name, errors.New("another writer holds this file; timed out waiting"))
 		}
 		return nil, etcdErr("lock", name, err)
 	}
-	return &Lock{m: m, sess: sess}, nil
+	return &Lock{m: m, sess: sess, release: release}, nil
+}
+
+// keyedLocks is a set of in-process mutexes by key, created on demand and
+// dropped when nobody holds or waits for them.
+type keyedLocks struct {
+	mu sync.Mutex
+	m  map[string]*keyedLock
+}
+
+type keyedLock struct {
+	ch   chan struct{} // holds one token while locked
+	refs int
+}
+
+func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = map[string]*keyedLock{}
+	}
+	l := k.m[key]
+	if l == nil {
+		l = &keyedLock{ch: make(chan struct{}, 1)}
+		k.m[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	drop := func() {
+		k.mu.Lock()
+		l.refs--
+		if l.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; drop() }, nil
+	case <-ctx.Done():
+		drop()
+		return nil, ctx.Err()
+	}
 }

@@ -1,0 +1,288 @@
+package meta_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/etcdsvc/etcdtest"
+	"cairn.dev/cairn/internal/meta"
+)
+
+func newVol(t *testing.T, keep int) (*meta.Service, *meta.Vol) {
+	t.Helper()
+	cli := etcdtest.New(t)
+	s, err := meta.New(cli, meta.Options{LockTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	if err := s.InitRealm(ctx, meta.RealmInfo{ID: "r1", Format: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InitRealm(ctx, meta.RealmInfo{ID: "r2"}); !errors.Is(err, cairn.ErrExist) {
+		t.Fatalf("second InitRealm err = %v, want Exist", err)
+	}
+	if err := s.CreateVolume(ctx, meta.Volume{Name: "home", KeepVersions: keep, TrashTTL: time.Hour}, 0o755, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateVolume(ctx, meta.Volume{Name: "home"}, 0o755, 0, 0); !errors.Is(err, cairn.ErrExist) {
+		t.Fatalf("duplicate CreateVolume err = %v, want Exist", err)
+	}
+	v, err := s.Open(ctx, "home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, v
+}
+
+func commit(t *testing.T, s *meta.Service, v *meta.Vol, dir *meta.Entry, name string, size int64, m byte) *meta.Entry {
+	t.Helper()
+	ctx := context.Background()
+	gen, err := s.WriteGen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id cairn.ID
+	id[0] = m
+	e, _, err := v.CommitVersion(ctx, dir, name, meta.Commit{Version: meta.Version{Manifest: id, Size: size}, Mode: 0o644, Gen: gen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func TestNamespace(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 3)
+	if _, err := s.Open(ctx, "nope"); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("Open(nope) = %v, want NotFound", err)
+	}
+	dir, err := v.MkdirAll(ctx, []string{"a", "b"}, 0o755, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := v.MkdirAll(ctx, []string{"a", "b"}, 0o700, 0, 0); err != nil || again.Ino != dir.Ino {
+		t.Fatalf("MkdirAll again = %v, %v", again, err)
+	}
+	f := commit(t, s, v, dir, "f.txt", 10, 1)
+	if f.Current().N != 1 || f.Size != 10 {
+		t.Fatalf("first commit = %+v", f)
+	}
+	if _, err := v.MkdirAll(ctx, []string{"a", "b", "f.txt", "c"}, 0o755, 0, 0); !errors.Is(err, cairn.ErrNotDir) {
+		t.Fatalf("MkdirAll through file = %v, want NotDir", err)
+	}
+	// Versions: keep 3.
+	for i := 2; i <= 5; i++ {
+		f = commit(t, s, v, dir, "f.txt", int64(i), byte(i))
+	}
+	if len(f.Versions) != 3 || f.Current().N != 5 || f.Versions[0].N != 3 {
+		t.Fatalf("versions kept = %+v", f.Versions)
+	}
+	got, err := v.Lookup(ctx, []string{"a", "b", "f.txt"})
+	if err != nil || got.Ino != f.Ino || got.Current().Manifest[0] != 5 {
+		t.Fatalf("Lookup = %+v, %v", got, err)
+	}
+	if _, err := v.Lookup(ctx, []string{"a", "zz"}); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("Lookup missing = %v", err)
+	}
+	if _, _, err := v.CommitVersion(ctx, mustLookup(t, v, "a"), "b", meta.Commit{}); !errors.Is(err, cairn.ErrIsDir) {
+		t.Fatalf("commit over dir = %v, want IsDir", err)
+	}
+	// Symlink.
+	if _, err := v.Create(ctx, dir, meta.Entry{Name: "ln", Type: meta.TypeSymlink, Target: "f.txt", Mode: 0o777}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Create(ctx, dir, meta.Entry{Name: "ln", Type: meta.TypeSymlink}); !errors.Is(err, cairn.ErrExist) {
+		t.Fatalf("Create dup = %v", err)
+	}
+	ents, err := v.ReadDir(ctx, dir.Ino)
+	if err != nil || len(ents) != 2 || ents[0].Name != "f.txt" || ents[1].Target != "f.txt" {
+		t.Fatalf("ReadDir = %+v, %v", ents, err)
+	}
+}
+
+func mustLookup(t *testing.T, v *meta.Vol, parts ...string) *meta.Entry {
+	t.Helper()
+	e, err := v.Lookup(context.Background(), parts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func TestTrashRenameRestore(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 10)
+	root := mustLookup(t, v)
+	d, _ := v.MkdirAll(ctx, []string{"d"}, 0o755, 0, 0)
+	commit(t, s, v, d, "x", 1, 1)
+	if _, err := v.Remove(ctx, root, "d", "home:/d", false); !errors.Is(err, cairn.ErrNotEmpty) {
+		t.Fatalf("rm non-empty = %v, want NotEmpty", err)
+	}
+	item, err := v.Remove(ctx, root, "d", "home:/d", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Lookup(ctx, []string{"d"}); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("removed dir still there: %v", err)
+	}
+	// The subtree is still walked (its chunks stay referenced).
+	seen := map[string]bool{}
+	if err := v.Walk(ctx, func(e *meta.Entry, trashed bool) error { seen[e.Name] = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !seen["x"] || !seen["d"] {
+		t.Fatalf("walk missed trashed subtree: %v", seen)
+	}
+	if _, err := v.RestoreTrash(ctx, item.ID, root, "d"); err != nil {
+		t.Fatal(err)
+	}
+	if e := mustLookup(t, v, "d", "x"); e.Size != 1 {
+		t.Fatalf("restored file = %+v", e)
+	}
+	// Rename a file over another: the replaced one goes to the trash.
+	commit(t, s, v, root, "y", 2, 2)
+	d = mustLookup(t, v, "d")
+	if err := v.Rename(ctx, d, "x", root, "y", "home:/y"); err != nil {
+		t.Fatal(err)
+	}
+	if e := mustLookup(t, v, "y"); e.Size != 1 {
+		t.Fatalf("after rename y = %+v", e)
+	}
+	trash, _ := v.Trash(ctx)
+	if len(trash) != 1 || trash[0].Path != "home:/y" || trash[0].Entry.Size != 2 {
+		t.Fatalf("trash = %+v", trash)
+	}
+	// Purge: nothing is old enough, then everything is.
+	if n, err := v.PurgeTrash(ctx, time.Now().Add(-time.Hour)); err != nil || n != 0 {
+		t.Fatalf("purge young = %d, %v", n, err)
+	}
+	if n, err := v.PurgeTrash(ctx, time.Now().Add(time.Second)); err != nil || n != 1 {
+		t.Fatalf("purge = %d, %v", n, err)
+	}
+	// Dir onto non-empty dir refused.
+	e2, _ := v.MkdirAll(ctx, []string{"e", "sub"}, 0o755, 0, 0)
+	_ = e2
+	if err := v.Rename(ctx, root, "d", root, "e", "home:/e"); !errors.Is(err, cairn.ErrNotEmpty) {
+		t.Fatalf("dir over non-empty dir = %v", err)
+	}
+}
+
+func TestGCFence(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 10)
+	root := mustLookup(t, v)
+	gen, err := s.WriteGen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := s.BeginGC(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.BeginGC(ctx); !errors.Is(err, cairn.ErrConflict) {
+		t.Fatalf("second BeginGC = %v, want Conflict", err)
+	}
+	// A writer that started before the collection is fenced.
+	_, _, err = v.CommitVersion(ctx, root, "f", meta.Commit{Gen: gen})
+	if !errors.Is(err, meta.ErrFenced) {
+		t.Fatalf("commit during gc = %v, want ErrFenced", err)
+	}
+	// A writer starting now waits for the collection to end.
+	got := make(chan int64, 1)
+	go func() {
+		g, err := s.WriteGen(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- g
+	}()
+	select {
+	case <-got:
+		t.Fatal("WriteGen returned while gc held the fence")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := f.Alive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.End(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g2 := <-got
+	if g2 == gen {
+		t.Fatal("generation did not change across a gc")
+	}
+	if _, _, err := v.CommitVersion(ctx, root, "f", meta.Commit{Gen: g2}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLockSerializesWriters(t *testing.T) {
+	ctx := context.Background()
+	_, v := newVol(t, 10)
+	l, err := v.Lock(ctx, 1, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	order := []string{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l2, err := v.Lock(ctx, 1, "f")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		mu.Lock()
+		order = append(order, "second")
+		mu.Unlock()
+		l2.Unlock(ctx)
+	}()
+	time.Sleep(150 * time.Millisecond)
+	mu.Lock()
+	order = append(order, "first")
+	mu.Unlock()
+	l.Unlock(ctx)
+	<-done
+	if len(order) != 2 || order[0] != "first" {
+		t.Fatalf("order = %v", order)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	l3, err := v.Lock(ctx, 1, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l3.Unlock(ctx)
+	if _, err := v.Lock(short, 1, "g"); !errors.Is(err, cairn.ErrConflict) {
+		t.Fatalf("Lock held = %v, want Conflict", err)
+	}
+}
+
+func TestConcurrentCommitsAllLand(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 100)
+	root := mustLookup(t, v)
+	var wg sync.WaitGroup
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			gen, _ := s.WriteGen(ctx)
+			if _, _, err := v.CommitVersion(ctx, root, "shared", meta.Commit{Version: meta.Version{Size: int64(i)}, Gen: gen}); err != nil {
+				t.Error(err)
+			}
+		}(i)
+	}
+	wg.Wait()
+	e := mustLookup(t, v, "shared")
+	if len(e.Versions) != 20 || e.Current().N != 20 {
+		t.Fatalf("versions = %d, current N = %d; want 20, 20", len(e.Versions), e.Current().N)
+	}
+}
