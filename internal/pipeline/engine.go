@@ -200,7 +200,7 @@ func (e *Engine) worker() {
 	}
 }
 
-// submit hands j to the workers. It fails only if the engine is closed.
+// submit hands j to the workers. It fails if the engine is closed or ctx ends.
 func (e *Engine) submit(ctx context.Context, j *job) error {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
