@@ -1,0 +1,243 @@
+// Package etcdsvc provides cairn's metadata service: etcd, either embedded in
+// the cairn binary (a single-node server, shared between the cairn processes
+// of one realm by a lazily started daemon, see Connect) or an external cluster
+// (ConnectExternal).
+//
+// Security note: the embedded server listens on 127.0.0.1 only and keeps its
+// files in a 0700 directory, but a loopback port is reachable by every local
+// user. Until the realm CA gives etcd mutual TLS, anyone on the machine who
+// finds the port can read and write the realm's metadata.
+package etcdsvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"cairn.dev/cairn/internal/cairn"
+)
+
+// Options configure an embedded server. The zero value is usable.
+type Options struct {
+	// Log receives etcd's own log lines at level error and above, as JSON.
+	// Nil discards them: etcd's start-up chatter (and its harmless
+	// "missing term information" / "mux: server closed" errors) must not
+	// reach a user's terminal.
+	Log io.Writer
+	// QuotaBytes is the backend size limit; beyond it etcd refuses writes
+	// (alarm NOSPACE) until space is reclaimed. Default 4 GiB.
+	QuotaBytes int64
+	// CompactionRetention is how much MVCC history etcd keeps, as a duration
+	// (periodic auto-compaction). Watches that fall further behind must
+	// re-list. Default 1h.
+	CompactionRetention time.Duration
+	// NoFsync disables fsync. Unsafe: a power loss loses committed writes.
+	// For tests only.
+	NoFsync bool
+}
+
+const (
+	defaultQuota     = 4 << 30
+	defaultRetention = time.Hour
+	// Single-node raft timing: a node elects itself after one election
+	// timeout, so a short one is most of the start time (the defaults,
+	// 100 ms / 1 s, take ≈0.7 s to start).
+	tickMs     = 10
+	electionMs = 100
+	// startAttempts bounds retries when a picked free port is taken by
+	// someone else before etcd binds it.
+	startAttempts = 5
+)
+
+// Server is a running embedded single-node etcd.
+type Server struct {
+	e        *embed.Etcd
+	endpoint string
+	started  time.Duration
+	dirLock  *os.File
+	once     sync.Once
+}
+
+// StartEmbedded starts a single-node etcd keeping its data in dir (created
+// 0700 if missing; an existing data dir is reopened with its contents). It
+// listens on 127.0.0.1 only, on free ports, and returns once the server
+// serves requests. Only one server may open dir at a time: a second
+// StartEmbedded on the same dir, from this process or another, fails at once
+// with Kind Conflict. Callers that share a realm between processes use Connect.
+func StartEmbedded(ctx context.Context, dir string, opts Options) (*Server, error) {
+	const op = "start embedded etcd"
+	if err := ctx.Err(); err != nil {
+		return nil, cairn.E(op, cairn.Canceled, dir, err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, cairn.E(op, cairn.IO, dir, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, cairn.E(op, cairn.IO, dir, err)
+	}
+	// etcd's bbolt open blocks forever on a data dir held by another
+	// server, even in this process: lock the directory first, and fail fast.
+	lock, err := os.Open(dir)
+	if err != nil {
+		return nil, cairn.E(op, cairn.IO, dir, err)
+	}
+	if ok, err := tryLock(lock, syscall.LOCK_EX); err != nil || !ok {
+		lock.Close()
+		if err == nil {
+			err = errors.New("data dir in use by another etcd server")
+		}
+		return nil, cairn.E(op, cairn.Conflict, dir, err)
+	}
+	var lastErr error
+	for range startAttempts {
+		s, err := startOnce(ctx, dir, opts)
+		if err == nil {
+			s.dirLock = lock
+			return s, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil || !isAddrInUse(err) {
+			break
+		}
+	}
+	lock.Close()
+	if ctx.Err() != nil {
+		return nil, cairn.E(op, cairn.Canceled, dir, errors.Join(ctx.Err(), lastErr))
+	}
+	return nil, cairn.E(op, cairn.Unavailable, dir, lastErr)
+}
+
+func startOnce(ctx context.Context, dir string, opts Options) (*Server, error) {
+	t0 := time.Now()
+	ports, err := freePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	curl := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])}
+	purl := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])}
+
+	cfg := embed.NewConfig()
+	cfg.Name = "cairn"
+	cfg.Dir = dir
+	cfg.TickMs = tickMs
+	cfg.ElectionMs = electionMs
+	cfg.ListenClientUrls = []url.URL{curl}
+	cfg.AdvertiseClientUrls = []url.URL{curl}
+	cfg.ListenPeerUrls = []url.URL{purl}
+	cfg.AdvertisePeerUrls = []url.URL{purl}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.ListenMetricsUrls = nil
+	cfg.EnableGRPCGateway = false
+	cfg.QuotaBackendBytes = opts.QuotaBytes
+	if cfg.QuotaBackendBytes == 0 {
+		cfg.QuotaBackendBytes = defaultQuota
+	}
+	ret := opts.CompactionRetention
+	if ret == 0 {
+		ret = defaultRetention
+	}
+	cfg.AutoCompactionMode = embed.CompactorModePeriodic
+	cfg.AutoCompactionRetention = ret.String()
+	cfg.UnsafeNoFsync = opts.NoFsync
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newLogger(opts.Log))
+
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, err
+	case <-e.Server.StopNotify():
+		err := errors.New("etcd stopped during start")
+		select {
+		case err = <-e.Err():
+		default:
+		}
+		e.Close()
+		return nil, err
+	case <-ctx.Done():
+		e.Server.Stop()
+		e.Close()
+		return nil, ctx.Err()
+	}
+	return &Server{e: e, endpoint: curl.Host, started: time.Since(t0)}, nil
+}
+
+// Endpoint returns the client address, "127.0.0.1:port".
+func (s *Server) Endpoint() string { return s.endpoint }
+
+// MemberID returns the server's raft member ID. Connect compares it with the
+// ID a server at a recorded address reports, so that a port reused by some
+// other etcd is never mistaken for the realm's.
+func (s *Server) MemberID() uint64 { return uint64(s.e.Server.MemberID()) }
+
+// StartTime reports how long StartEmbedded's successful attempt took, from
+// choosing ports to serving.
+func (s *Server) StartTime() time.Duration { return s.started }
+
+// Done is closed when the server stops, whether through Close or because
+// etcd failed (a full disk, a corrupt backend).
+func (s *Server) Done() <-chan struct{} { return s.e.Server.StopNotify() }
+
+// Close stops the server and waits until its data dir is released. Clients
+// connected to it see their requests fail. Close is idempotent.
+func (s *Server) Close() error {
+	s.once.Do(func() {
+		s.e.Close()
+		s.dirLock.Close()
+	})
+	return nil
+}
+
+// newLogger returns a zap logger that writes error-level JSON lines to w, or
+// a no-op logger when w is nil.
+func newLogger(w io.Writer) *zap.Logger {
+	if w == nil {
+		return zap.NewNop()
+	}
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), zapcore.ErrorLevel)
+	return zap.New(core)
+}
+
+// freePorts returns n distinct TCP ports on 127.0.0.1 that were free a moment
+// ago. Another process may take one before the caller binds it; callers retry.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func isAddrInUse(err error) bool {
+	return errors.Is(err, syscall.EADDRINUSE) ||
+		err != nil && strings.Contains(err.Error(), "address already in use")
+}
