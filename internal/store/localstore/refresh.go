@@ -372,12 +372,11 @@ func (s *Store) recoverPack(ctx context.Context, id packID, f *os.File) (*pack, 
 		return p, nil
 	}
 	p.idxSize = int64(len(idx))
-	if end < size {
-		if err := f.Truncate(end); err == nil {
-			p.packSize = end
-			if s.sync {
-				_ = fdatasync(f)
-			}
+	// Drop the torn tail, and blocks the dead writer had preallocated.
+	if err := f.Truncate(end); err == nil {
+		p.packSize = end
+		if s.sync {
+			_ = fdatasync(f)
 		}
 	}
 	if mapped, d, _, err := s.loadIdx(id); err == nil {

@@ -117,7 +117,8 @@ type pack struct {
 	idxSize  int64
 	live     int64 // record bytes of live data records
 
-	records int // own packs: records written (writer goroutine only)
+	records int   // own packs: records written (writer goroutine only)
+	alloc   int64 // own packs: bytes preallocated (writer goroutine only)
 
 	fmu sync.Mutex
 	f   *os.File // opened lazily for reading; for own packs the write handle

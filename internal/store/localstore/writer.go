@@ -179,6 +179,7 @@ func (s *Store) commit(reqs []*writeReq) {
 			}
 			continue
 		}
+		s.reserve(p, start+int64(len(buf)))
 		_, err := p.f.WriteAt(buf, start)
 		if err == nil && s.sync {
 			err = fdatasync(p.f)
@@ -204,6 +205,23 @@ func (s *Store) commit(reqs []*writeReq) {
 	if cap(s.wbuf) > 4*s.opts.BatchBytes {
 		s.wbuf = nil
 	}
+}
+
+// preallocStep is how far ahead of the writes a pack's blocks are reserved.
+const preallocStep = 64 << 20
+
+// reserve preallocates p's blocks up to at least end (best effort: a file
+// system without fallocate just appends).
+func (s *Store) reserve(p *pack, end int64) {
+	if end <= p.alloc {
+		return
+	}
+	n := max(end, min(p.alloc+preallocStep, s.opts.PackSize)) - p.alloc
+	if err := preallocate(p.f, p.alloc, n); err != nil {
+		p.alloc = 1<<63 - 1 // unsupported: stop trying
+		return
+	}
+	p.alloc += n
 }
 
 // publish makes written records visible. Writer goroutine.
@@ -325,6 +343,11 @@ func (s *Store) seal(p *pack) error {
 	s.mu.RLock()
 	entries, tombs, end := p.entries, p.tombs, p.end
 	s.mu.RUnlock()
+	// Release preallocated blocks (and, after a failed write, any partial
+	// record) past the last good record.
+	if err := p.f.Truncate(end); err != nil {
+		return fmt.Errorf("truncate pack %s: %w", p.id, err)
+	}
 	if s.sync {
 		if err := fdatasync(p.f); err != nil {
 			return fmt.Errorf("sync pack %s: %w", p.id, err)
