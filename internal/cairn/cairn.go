@@ -43,6 +43,8 @@ func ParseID(s string) (ID, error) {
 // Contract, for every implementation:
 //   - Objects are immutable. Put of an ID already present succeeds and changes
 //     nothing (idempotent); callers may Put the same object concurrently.
+//   - Put must not retain data (or any slice of it) after it returns: the
+//     caller reuses the buffer. A store that keeps objects in memory copies.
 //   - The caller computes id = BLAKE3-256(data). A store may verify it (and
 //     then fails with Kind Corrupt); it must never keep data under a wrong ID
 //     once it has noticed.
