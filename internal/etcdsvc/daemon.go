@@ -1,0 +1,140 @@
+package etcdsvc
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// RunDaemonIfRequested serves a realm's embedded etcd and exits the process
+// if this process was started by Connect as a server (EnvDaemon is set);
+// otherwise it returns at once and does nothing. Call it first thing in
+// main, and in TestMain of test packages that use Connect, before flags are
+// parsed or anything is printed.
+//
+// Exit status: 0 after an idle shutdown, a signal (SIGTERM, SIGINT), or when
+// another server already holds the realm (a lost start race); 1 when etcd
+// cannot start or fails while serving.
+func RunDaemonIfRequested() {
+	home := os.Getenv(EnvDaemon)
+	if home == "" {
+		return
+	}
+	os.Unsetenv(EnvDaemon) // not for anything this process might start
+	linger := DefaultLinger
+	if v := os.Getenv(EnvLinger); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			fmt.Fprintf(os.Stderr, "cairn etcd server: bad %s=%q, using %v\n", EnvLinger, v, linger)
+		} else {
+			linger = d
+		}
+	}
+	os.Exit(runDaemon(home, linger, os.Stderr))
+}
+
+// runDaemon is the server's life: see Connect for the protocol.
+func runDaemon(home string, linger time.Duration, log io.Writer) int {
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(log, "%s cairn etcd server[%d]: %s\n",
+			time.Now().Format(time.RFC3339Nano), os.Getpid(), fmt.Sprintf(format, args...))
+	}
+	dir := filepath.Join(home, "etcd")
+	if err := makePrivateDir(dir); err != nil {
+		logf("%v", err)
+		return 1
+	}
+	slock, err := os.OpenFile(filepath.Join(dir, serverLockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		logf("%v", err)
+		return 1
+	}
+	defer slock.Close()
+	if ok, err := tryLock(slock, syscall.LOCK_EX); err != nil {
+		logf("lock %s: %v", slock.Name(), err)
+		return 1
+	} else if !ok {
+		return 0 // another server holds the realm: it will serve our client
+	}
+	// Whatever endpoint file exists was left by a server that died.
+	os.Remove(filepath.Join(dir, endpointName))
+
+	clients, err := os.OpenFile(filepath.Join(dir, clientsLockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		logf("%v", err)
+		return 1
+	}
+	defer clients.Close()
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	srv, err := StartEmbedded(ctx, filepath.Join(dir, dataName), Options{Log: log})
+	cancel()
+	if err != nil {
+		logf("%v", err)
+		return 1
+	}
+	ep := endpoint{addr: srv.Endpoint(), member: srv.MemberID(), pid: os.Getpid()}
+	if err := writeEndpoint(dir, ep); err != nil {
+		logf("publish endpoint: %v", err)
+		srv.Close()
+		return 1
+	}
+	logf("serving %s on %s (etcd started in %v), linger %v", dir, ep.addr, srv.StartTime().Round(time.Millisecond), linger)
+
+	// Shutdown order matters: unpublish, stop etcd, release server.lock, and
+	// only then clients.lock (by the deferred Close), so a client that
+	// arrives meanwhile waits for its shared lock and then starts a new
+	// server that finds the data dir free.
+	shutdown := func(why string) {
+		os.Remove(filepath.Join(dir, endpointName))
+		srv.Close()
+		slock.Close()
+		logf("stopped: %s", why)
+	}
+
+	interval := min(500*time.Millisecond, max(linger/4, 20*time.Millisecond))
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	lastActive := time.Now()
+	for {
+		select {
+		case s := <-sigs:
+			shutdown(s.String())
+			return 0
+		case <-srv.Done():
+			shutdown("etcd stopped unexpectedly")
+			return 1
+		case <-tick.C:
+			ok, err := tryLock(clients, syscall.LOCK_EX)
+			if err != nil {
+				logf("lock %s: %v", clients.Name(), err)
+				continue
+			}
+			if !ok { // some client holds it shared
+				lastActive = time.Now()
+				continue
+			}
+			// Conn.Close touches clients.lock: a client that came and went
+			// between two ticks still counts.
+			if fi, err := clients.Stat(); err == nil && fi.ModTime().After(lastActive) {
+				lastActive = fi.ModTime()
+			}
+			if time.Since(lastActive) >= linger {
+				shutdown(fmt.Sprintf("idle for %v", linger))
+				return 0 // clients.lock released by the deferred Close
+			}
+			if err := unlock(clients); err != nil {
+				logf("unlock %s: %v", clients.Name(), err)
+			}
+		}
+	}
+}
