@@ -1,0 +1,105 @@
+package etcdsvc
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+)
+
+func TestConnectExternal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := StartEmbedded(ctx, t.TempDir(), Options{NoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// The first endpoint is dead: one live member is enough.
+	dead := deadAddr(t)
+	conn, err := ConnectExternal(ctx, []string{dead, "http://" + s.Endpoint()}, ConnectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Client().Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	if got := conn.Endpoints(); len(got) != 2 || got[0] != dead {
+		t.Errorf("Endpoints() = %v", got)
+	}
+}
+
+func TestConnectExternalDead(t *testing.T) {
+	a, b := deadAddr(t), deadAddr(t)
+	t0 := time.Now()
+	_, err := ConnectExternal(context.Background(), []string{a, b}, ConnectOptions{})
+	d := time.Since(t0)
+	if !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("got %v, want Unavailable", err)
+	}
+	if !strings.Contains(err.Error(), a+","+b) {
+		t.Errorf("error does not name the endpoints: %v", err)
+	}
+	if d > time.Second {
+		t.Errorf("refused connections took %v to report", d)
+	}
+	t.Logf("%v (after %v)", err, d)
+}
+
+// A port that accepts TCP but never speaks gRPC (a hung or wrong server)
+// is reported after DialTimeout, not hung on.
+func TestConnectExternalHung(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	t0 := time.Now()
+	_, err = ConnectExternal(context.Background(), []string{l.Addr().String()}, ConnectOptions{DialTimeout: 500 * time.Millisecond})
+	d := time.Since(t0)
+	if !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("got %v, want Unavailable", err)
+	}
+	if d > 2*time.Second {
+		t.Errorf("hung server took %v to report", d)
+	}
+	t.Logf("%v (after %v)", err, d)
+}
+
+func TestConnectExternalArgs(t *testing.T) {
+	_, err := ConnectExternal(context.Background(), nil, ConnectOptions{})
+	if !errors.Is(err, cairn.ErrInvalid) {
+		t.Errorf("no endpoints: %v, want Invalid", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = ConnectExternal(ctx, []string{deadAddr(t)}, ConnectOptions{})
+	if !errors.Is(err, cairn.ErrCanceled) {
+		t.Errorf("canceled: %v, want Canceled", err)
+	}
+}
+
+// deadAddr returns a loopback address where nothing listens.
+func deadAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
