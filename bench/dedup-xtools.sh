@@ -70,7 +70,8 @@ for i in $(seq 1 "$RUNS"); do
 	fi
 	rows+=("| $i | $cs1 | $cd | $cn | $rs1 | $rd | $rda | $rdu |")
 	echo "run $i: second version adds: cairn $cd B (new_bytes $cn); restic $rd B packed ($rda B data_added, $rdu B on disk)" >&2
-	rm -rf "$realm" "$repo"
+	remove_realm "$realm"
+	rm -rf "$repo"
 done
 
 C=- CN=- R=- verdict="no acceptance check (TOOLS=$TOOLS)"

@@ -49,7 +49,7 @@ for i in $(seq 1 "$RUNS"); do
 		nc2=$(jq -r '.new_chunks' "$WORK/cairn-$i-b.out")
 		[[ $nc2 == 0 ]] || chunks_ok=0
 		c1+=("$w1") c2+=("$w2") c_fps+=("$fps") speedups+=("$sp") js2+=("$(calc "$j1 / $j2")")
-		rm -rf "$realm"
+		remove_realm "$realm"
 	fi
 	if want restic; then
 		repo=$WORK/restic-$i
@@ -72,7 +72,7 @@ if want cairn; then
 	ge "$C_FPS" "$MIN_FPS" || fails+=("files/s")
 	((chunks_ok)) || fails+=("new chunks on second put")
 	ge "$SPEEDUP" "$MIN_SPEEDUP" || fails+=("second put speedup")
-	if ((${#fails[@]})); then verdict="FAIL ($(IFS=,; echo "${fails[*]}"))"; else verdict=PASS; fi
+	if ((${#fails[@]})); then verdict="FAIL ($(IFS=,; echo "${fails[*]}" | sed "s/,/, /g"))"; else verdict=PASS; fi
 fi
 
 record "ingest of $NFILES files of $FILESIZE bytes, then an unchanged second put" <<END

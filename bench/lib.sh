@@ -28,6 +28,10 @@ LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 WORK=$(mktemp -d "${BENCH_TMP:-/var/tmp}/cairn-bench.XXXXXX")
 
 cleanup() {
+	local r
+	for r in "$WORK"/realm*/; do
+		[[ -d $r ]] && stop_daemon "${r%/}"
+	done
 	if [[ ${KEEP:-0} == 1 ]]; then
 		echo "work dir kept: $WORK" >&2
 		return
@@ -74,6 +78,35 @@ new_realm() {
 	CAIRN_HOME=$1 "$CAIRN" init --no-passphrase >"$1.init.log" 2>&1 </dev/null ||
 		{ cat "$1.init.log" >&2; die "cairn init failed"; }
 }
+
+# The embedded etcd runs in a daemon that the first cairn command of a realm starts (init
+# does) and that exits after an idle linger (30 s). The harnesses leave it up between the
+# commands of a run, like a shell loop of cairn commands, report its peak RSS beside the
+# command's, and stop it before removing the realm.
+daemon_pid() { # daemon_pid REALM: the pid serving the realm's etcd, or nothing
+	local pid
+	pid=$(awk '{ print $3 }' "$1/etcd/endpoint" 2>/dev/null) || return 0
+	[[ -n $pid && -r /proc/$pid/environ ]] && tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "CAIRN_HOME=$1" && echo "$pid"
+	return 0
+}
+daemon_rss_mb() { # daemon_rss_mb REALM: the daemon's peak RSS (VmHWM) so far, MB, or "-"
+	local pid
+	pid=$(daemon_pid "$1")
+	if [[ -n $pid ]]; then awk '/VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$pid/status"; else echo -; fi
+}
+stop_daemon() { # stop_daemon REALM: SIGTERM the realm's daemon and wait for it to exit
+	local pid i
+	pid=$(daemon_pid "$1")
+	[[ -n $pid ]] || return 0
+	kill -TERM "$pid" 2>/dev/null || return 0
+	for i in $(seq 100); do
+		# gone, or a zombie waiting to be reaped
+		[[ $(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) =~ ^[^ZX]$ ]] || return 0
+		sleep 0.1
+	done
+	echo "warning: cairn etcd daemon $pid for $1 still running after 10 s" >&2
+}
+remove_realm() { stop_daemon "$1"; rm -rf "$1"; }
 
 # new_restic_repo DIR: a fresh local restic repository (not timed).
 new_restic_repo() {
