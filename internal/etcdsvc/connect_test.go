@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 func clientMain(home string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := Connect(ctx, home, ConnectOptions{})
+	conn, err := Connect(ctx, home, testOpts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -57,6 +57,10 @@ func clientMain(home string) int {
 	fmt.Printf("ok %s %d\n", conn.Endpoints()[0], daemonPID(home))
 	return 0
 }
+
+// testOpts leave a server start time for a -race test binary on two busy
+// cores; a cairn binary starts one in well under a second.
+var testOpts = ConnectOptions{StartTimeout: 30 * time.Second}
 
 // setLinger makes daemons started by this test (in this process or its
 // children) exit soon after their last client.
@@ -128,7 +132,7 @@ func connect(t *testing.T, home string) *Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := Connect(ctx, home, ConnectOptions{})
+	conn, err := Connect(ctx, home, testOpts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +332,7 @@ func TestConnectWaitsForShutdown(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		conn, err := Connect(context.Background(), home, ConnectOptions{})
+		conn, err := Connect(context.Background(), home, testOpts)
 		if err == nil {
 			conn.Close()
 		}
@@ -376,7 +380,7 @@ func TestConnectChurn(t *testing.T) {
 		wg.Go(func() {
 			for i := range rounds {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				conn, err := Connect(ctx, home, ConnectOptions{})
+				conn, err := Connect(ctx, home, testOpts)
 				if err != nil {
 					cancel()
 					errs <- fmt.Errorf("worker %d round %d: %w", w, i, err)
@@ -424,14 +428,16 @@ func TestConnectServerFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
-	_, err := Connect(context.Background(), home, ConnectOptions{})
+	_, err := Connect(context.Background(), home, ConnectOptions{StartTimeout: time.Minute})
 	if !errors.Is(err, cairn.ErrUnavailable) {
 		t.Fatalf("got %v, want Unavailable", err)
 	}
-	if d := time.Since(t0); d > 5*time.Second {
-		t.Errorf("failure took %v", d)
-	}
+	t.Logf("failed after %v", time.Since(t0))
 	msg := err.Error()
+	// Reported from the server's exit, not by running out of time.
+	if !strings.Contains(msg, "etcd server failed") {
+		t.Errorf("not reported from the server's exit: %s", msg)
+	}
 	if !strings.Contains(msg, filepath.Join(dir, logName)) || !strings.Contains(msg, "not a directory") {
 		t.Errorf("error does not name the log and the cause: %s", msg)
 	}
