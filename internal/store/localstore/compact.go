@@ -25,6 +25,9 @@ func (s *Store) Compact(ctx context.Context) (int64, error) {
 	if err := store.CtxErr(ctx, op, s.dir); err != nil {
 		return 0, err
 	}
+	if s.closed.Load() {
+		return 0, cairn.E(op, cairn.Invalid, s.dir, errClosed)
+	}
 	s.layoutMu.Lock()
 	defer s.layoutMu.Unlock()
 	s.compactMu.Lock()

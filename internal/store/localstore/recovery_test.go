@@ -370,3 +370,20 @@ func TestObjectLargerThanPack(t *testing.T) {
 	}
 	verifyClean(t, s)
 }
+
+func TestUseAfterClose(t *testing.T) {
+	s := open(t, t.TempDir(), Options{})
+	o := putN(t, s, 1, 1, 10)[0]
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := s.Put(bg, o.id, o.data); !errors.Is(err, cairn.ErrInvalid) {
+		t.Fatalf("Put after Close: %v, want Invalid", err)
+	}
+	if err := s.Delete(bg, o.id); !errors.Is(err, cairn.ErrInvalid) {
+		t.Fatalf("Delete after Close: %v, want Invalid", err)
+	}
+}

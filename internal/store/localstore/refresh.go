@@ -143,29 +143,21 @@ func (s *Store) scanDir(ctx context.Context) error {
 			}
 		}
 	}
-	total := 0
 	for _, p := range added {
 		s.register(p)
-		total += p.n()
 	}
-	s.tab.reserve(total) // one allocation at open, not a series of doublings
 	for _, p := range added {
 		for _, t := range p.tombs {
 			s.kill(t.target, t.tOff)
 		}
 	}
-	for _, p := range added {
-		s.installFrom(p, 0, len(p.tombs))
-	}
+	s.installMany(added)
 	for _, p := range removed {
 		s.uninstall(p)
 		delete(s.killed, p.id)
 		s.closePack(p)
 	}
 	s.mu.Unlock()
-	for _, p := range added {
-		dropPages(p.mapped)
-	}
 	return nil
 }
 
@@ -297,6 +289,7 @@ func (s *Store) loadSealed(id packID) (*pack, error) {
 	if err != nil {
 		return nil, err
 	}
+	dropPages(mapped) // checked; installing reads it once more, sequentially
 	return &pack{
 		id: id, state: stateSealed, entries: d.entries, mapped: mapped, tombs: d.tombs,
 		end: d.end, packSize: size, idxSize: int64(len(mapped)),

@@ -233,7 +233,8 @@ func (s *Store) release() {
 			s.closePack(p)
 		}
 	}
-	s.packs, s.byID, s.tab = nil, nil, table{}
+	s.packs, s.byID = nil, nil
+	s.tab.free()
 	if s.lockF != nil {
 		s.lockF.Close()
 	}
@@ -292,7 +293,7 @@ func (s *Store) addLoc(id *cairn.ID, val uint64) {
 	size := int64(entryLen(e))
 	s.packs[val>>32].live += recHeaderSize + size
 	t := &s.tab
-	t.reserve(1)
+	t.reserve(1, growLoad)
 	k := keyOf(id)
 	i := t.home(k)
 	for ; t.slots[i].key != 0; i = t.next(i) {
@@ -306,7 +307,88 @@ func (s *Store) addLoc(id *cairn.ID, val uint64) {
 	t.n++
 	s.objects++
 	s.bytes += size
-	delete(s.corrupt, *id)
+	if len(s.corrupt) > 0 {
+		delete(s.corrupt, *id)
+	}
+}
+
+// installMany installs the entries of newly found packs (at Open: all of
+// them) after applying their tombstones. It inserts in batches ordered by
+// home slot, so that the inserts sweep the table instead of missing the
+// cache on every one: at 10 M objects this is most of Open's time. mu held
+// (write).
+func (s *Store) installMany(packs []*pack) {
+	total := 0
+	for _, p := range packs {
+		total += p.n()
+	}
+	s.tab.reserve(total, bulkLoad)
+	const chunk = 1 << 20
+	batch := make([]slot, 0, min(chunk, total))
+	sorted := make([]slot, min(chunk, total))
+	for _, p := range packs {
+		km := s.killed[p.id]
+		for ord := range p.n() {
+			e := p.entries[ord*idxEntrySize : (ord+1)*idxEntrySize]
+			if km != nil {
+				if _, dead := km[entryOff(e)]; dead {
+					continue
+				}
+			}
+			size := int64(entryLen(e))
+			p.live += recHeaderSize + size
+			s.bytes += size // taken back below for a duplicate
+			batch = append(batch, slot{keyOf(entryID(e)), loc(p.slot, ord)})
+			if len(batch) == chunk {
+				s.insertBatch(batch, sorted)
+				batch = batch[:0]
+			}
+		}
+		dropPages(p.mapped) // read once, sequentially; lookups fault back what they need
+	}
+	s.insertBatch(batch, sorted)
+}
+
+// insertBatch sorts items by the top 12 bits of their key (home slots grow
+// with the key) into tmp and inserts them in that order. mu held (write).
+func (s *Store) insertBatch(items, tmp []slot) {
+	var start [4097]int
+	for _, it := range items {
+		start[it.key>>52+1]++
+	}
+	for i := 1; i < len(start); i++ {
+		start[i] += start[i-1]
+	}
+	tmp = tmp[:len(items)]
+	for _, it := range items {
+		b := it.key >> 52
+		tmp[start[b]] = it
+		start[b]++
+	}
+	t := &s.tab
+	for _, it := range tmp {
+		i := t.home(it.key)
+		dup := false
+		for ; t.slots[i].key != 0; i = t.next(i) {
+			sl := t.slots[i]
+			if sl.key == it.key && *entryID(s.entry(sl.val)) == *entryID(s.entry(it.val)) {
+				dup = true
+				break
+			}
+		}
+		if dup {
+			id := entryID(s.entry(it.val))
+			s.dups[*id] = append(s.dups[*id], it.val)
+			s.bytes -= int64(entryLen(s.entry(it.val)))
+			continue
+		}
+		t.slots[i] = it
+		t.n++
+		s.objects++
+		if len(s.corrupt) > 0 {
+			delete(s.corrupt, *entryID(s.entry(it.val)))
+		}
+	}
 }
 
 // removeLoc forgets the copy of id at val, promoting another copy if there is
@@ -411,7 +493,7 @@ func (s *Store) installFrom(p *pack, ord, t int) {
 	}
 	km := s.killed[p.id]
 	n := p.n()
-	s.tab.reserve(n - ord)
+	s.tab.reserve(n-ord, growLoad)
 	for ; ord < n; ord++ {
 		e := p.entries[ord*idxEntrySize : (ord+1)*idxEntrySize]
 		if km != nil {
@@ -436,18 +518,21 @@ func (s *Store) uninstall(p *pack) {
 
 // ---- Reading.
 
-var errMissing = errors.New("missing")
+var (
+	errMissing = errors.New("missing")
+	errGone    = errors.New("pack removed")
+	errClosed  = errors.New("store is closed")
+)
 
-// readAt reads the record of the copy at val and checks it. It returns
-// errMissing if val's pack file has gone (another process compacted it).
-// mu held (read).
+// readAt reads the record of the copy at val. It returns errGone if val's
+// pack file has gone (another process compacted it). mu held (read).
 func (s *Store) readAt(id cairn.ID, val uint64) ([]byte, error) {
 	p := s.packs[val>>32]
 	e := s.entry(val)
 	off, n := entryOff(e), entryLen(e)
 	f, err := s.file(p)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, errMissing
+		return nil, errGone
 	}
 	if err != nil {
 		return nil, cairn.E("get", cairn.IO, id.String(), err)
@@ -476,7 +561,7 @@ func checkRecord(id cairn.ID, buf []byte) error {
 // get returns the object, trying every known copy; a copy that fails
 // verification is dropped from the in-memory index (and the ID remembered as
 // corrupt, so that a later Put writes a good copy). It returns errMissing
-// when no copy is known.
+// when no copy is known, errGone when the pack of the copy it found is gone.
 func (s *Store) get(id cairn.ID) ([]byte, error) {
 	for {
 		s.mu.RLock()
@@ -522,19 +607,25 @@ func (s *Store) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	for range 4 {
 		since := s.refreshStarted.Load()
 		data, err := s.get(id)
-		if err != errMissing {
+		switch err {
+		case errGone:
+			// Moved by another process's compaction: look again, with a
+			// refresh that starts after we saw the pack gone.
+			since = s.refreshStarted.Load()
+		case errMissing:
+			s.mu.RLock()
+			_, bad := s.corrupt[id]
+			s.mu.RUnlock()
+			if bad {
+				return nil, cairn.E("get", cairn.Corrupt, id.String(), errors.New("every stored copy is damaged"))
+			}
+			if missed {
+				return nil, cairn.E("get", cairn.NotFound, id.String(), nil)
+			}
+			missed = true
+		default:
 			return data, err
 		}
-		s.mu.RLock()
-		_, bad := s.corrupt[id]
-		s.mu.RUnlock()
-		if bad {
-			return nil, cairn.E("get", cairn.Corrupt, id.String(), errors.New("every stored copy is damaged"))
-		}
-		if missed {
-			break
-		}
-		missed = true
 		if err := s.refresh(ctx, since); err != nil {
 			return nil, err
 		}
@@ -580,6 +671,9 @@ func (s *Store) has(ids []cairn.ID, found []bool) (missing int) {
 func (s *Store) Put(ctx context.Context, id cairn.ID, data []byte) error {
 	if err := store.CtxErr(ctx, "put", id.String()); err != nil {
 		return err
+	}
+	if s.closed.Load() {
+		return cairn.E("put", cairn.Invalid, id.String(), errClosed)
 	}
 	if len(data) > MaxObjectSize {
 		return cairn.E("put", cairn.Invalid, id.String(), fmt.Errorf("object of %d bytes exceeds %d", len(data), MaxObjectSize))
@@ -629,6 +723,9 @@ func (s *Store) Put(ctx context.Context, id cairn.ID, data []byte) error {
 func (s *Store) Delete(ctx context.Context, id cairn.ID) error {
 	if err := store.CtxErr(ctx, "delete", id.String()); err != nil {
 		return err
+	}
+	if s.closed.Load() {
+		return cairn.E("delete", cairn.Invalid, id.String(), errClosed)
 	}
 	unlockShared, err := s.lockShared(ctx)
 	if err != nil {
@@ -779,8 +876,8 @@ func (s *Store) Verify(ctx context.Context, fn func(id cairn.ID, err error)) err
 		p := s.packs[e.val>>32]
 		buf, err := s.readAt(e.id, e.val)
 		s.mu.RUnlock()
-		if err == errMissing {
-			return nil // compacted away by another process
+		if err == errGone {
+			return nil // moved by another process, whose compaction checked every record it copied
 		}
 		if err == nil {
 			if err = checkRecord(e.id, buf); err != nil {
