@@ -3,19 +3,23 @@
 // encrypts and names every chunk, asks a store which chunks it lacks and puts
 // only those; and it fetches, verifies and reassembles chunks for reading.
 //
-// Chunk encoding, format version 1 (doc/format-chunk-manifest.md):
+// Chunk encoding, format version 1 (doc/format.md#chunks-and-manifests):
 //
-//	K      = BLAKE3-256 keyed(convergence key, P)        chunk key
-//	inner  = flag || payload                              flag 0: payload = P; 1: zstd(P)
-//	stored = 0x01 || AES-256-GCM(K, nonce 0^12, aad 0x01, inner)
+//	K      = BLAKE3-256 keyed(convergence key, P)          chunk key
+//	inner  = flag || payload                                flag 0: payload = P; 1: zstd(P)
+//	Kn     = BLAKE3 derive_key("cairn v1 chunk nonce key", K)
+//	nonce  = BLAKE3-256 keyed(Kn, inner)[:12]
+//	stored = 0x01 || nonce || AES-256-GCM(K, nonce, aad 0x01 || nonce, inner)
 //	ID     = BLAKE3-256(stored)
 //
-// The all-zero nonce is safe because every key encrypts exactly one
-// plaintext: K is a function of P, and the encoding of P is deterministic
-// (the same zstd settings give the same payload, so the same inner), so a
-// key never seals two different messages, which is the only thing a
-// nonce-reuse attack on GCM needs. Encrypting the same P twice gives the same
-// stored bytes, which is what makes convergent dedup work.
+// The nonce is synthetic (as in SIV): a function of the message it seals.
+// K is a function of P, but inner need not be (a zstd upgrade or another
+// compress-or-not decision changes it); two different inner messages under
+// one K get different nonces (but for a 2^-96 chance), so a key never seals
+// two messages under one nonce, which is what a GCM nonce-reuse attack
+// needs. Such a change costs dedup, never confidentiality. The same inner
+// always gives the same stored bytes, which is what makes convergent dedup
+// work.
 package pipeline
 
 import (
@@ -42,10 +46,15 @@ const (
 )
 
 const (
-	tagSize = 16
-	// Overhead is the stored size of a chunk beyond its payload: version
-	// byte, flag byte and GCM tag.
-	Overhead = 2 + tagSize
+	nonceSize = 12
+	tagSize   = 16
+	// hdrSize is the length of the header before the ciphertext: the
+	// version byte and the nonce. The AEAD authenticates it as its
+	// associated data.
+	hdrSize = 1 + nonceSize
+	// Overhead is the stored size of a chunk beyond its payload: header,
+	// flag byte and GCM tag.
+	Overhead = hdrSize + 1 + tagSize
 
 	// Compression is decided on a sample: chunks of at least sampleAbove
 	// bytes get a zstd pass over sampleSize bytes from their middle first,
@@ -57,12 +66,16 @@ const (
 	minCompress = 64
 )
 
+// nonceKeyContext is the BLAKE3 derive_key context of the nonce key Kn.
+const nonceKeyContext = "cairn v1 chunk nonce key"
+
 var (
-	zencOnce  sync.Once
-	zenc      *zstd.Encoder
-	zdecOnce  sync.Once
-	zdec      *zstd.Decoder
-	zeroNonce [12]byte
+	zencOnce sync.Once
+	zenc     *zstd.Encoder
+	zdecOnce sync.Once
+	zdec     *zstd.Decoder
+	// nonceKDF has absorbed the derive_key context; chunkNonce clones it.
+	nonceKDF = blake3.NewDeriveKey(nonceKeyContext)
 )
 
 // encoder is shared by every goroutine: EncodeAll is safe for concurrent use
@@ -144,21 +157,25 @@ func encodeChunk(hp *hasherPool, buf []byte, head int, dst []byte) (ref manifest
 	ref.Key = hp.chunkKey(plain)
 	ref.Size = uint32(len(plain))
 
-	stored = append(dst[:0], ChunkVersion, flagZstd)
-	if shouldCompress(plain, stored[2:]) {
+	// The header's nonce bytes are filled in by seal.
+	stored = append(dst[:0], make([]byte, hdrSize)...)
+	stored = append(stored, flagZstd)
+	if shouldCompress(plain, stored[hdrSize+1:]) {
 		z := encoder().EncodeAll(plain, stored)
-		if len(z)-2 < len(plain) {
+		if len(z)-hdrSize-1 < len(plain) {
 			stored, compressed = z, true
 		}
 	}
-	if compressed {
-		stored = sealInPlace(ref.Key, stored)
-	} else if head == 1 {
+	switch {
+	case compressed:
+		stored = seal(&ref.Key, stored[:hdrSize], stored[hdrSize:])
+	case head == 1:
 		buf[0] = flagRaw
-		stored = newAEAD(ref.Key).Seal(stored[:1], zeroNonce[:], buf, stored[:1])
-	} else {
-		stored[1] = flagRaw
-		stored = sealInPlace(ref.Key, append(stored[:2], plain...))
+		stored = seal(&ref.Key, stored[:hdrSize], buf)
+	default:
+		stored[hdrSize] = flagRaw
+		stored = append(stored[:hdrSize+1], plain...)
+		stored = seal(&ref.Key, stored[:hdrSize], stored[hdrSize:])
 	}
 	ref.ID = blake3.Sum256(stored)
 	return ref, stored, compressed
@@ -179,13 +196,42 @@ func shouldCompress(plain, scratch []byte) bool {
 	return len(z) <= sampleSize-sampleSize/32
 }
 
-// sealInPlace encrypts b[1:] (the inner message) with key, appending the tag.
-func sealInPlace(key [32]byte, b []byte) []byte {
-	if cap(b)-len(b) < tagSize {
-		b = append(make([]byte, 0, len(b)+tagSize), b...)
+// seal encrypts the inner message under key: it writes the version and the
+// nonce into hdr[:hdrSize] and the ciphertext and tag after them. inner is
+// either hdr's continuation in the same array (encrypted in place) or a
+// slice that does not overlap hdr's capacity; hdr's array is used when its
+// capacity suffices.
+func seal(key *[32]byte, hdr, inner []byte) []byte {
+	if cap(hdr) < hdrSize+len(inner)+tagSize {
+		hdr = make([]byte, hdrSize, hdrSize+len(inner)+tagSize)
 	}
-	aead := newAEAD(key)
-	return b[:1+len(aead.Seal(b[1:1], zeroNonce[:], b[1:], b[:1]))]
+	hdr = hdr[:hdrSize]
+	hdr[0] = ChunkVersion
+	n := chunkNonce(key, inner)
+	copy(hdr[1:], n[:])
+	// In place, hdr[hdrSize:hdrSize] is inner[:0], as Seal requires.
+	ct := newAEAD(*key).Seal(hdr[hdrSize:hdrSize], hdr[1:], inner, hdr)
+	return hdr[:hdrSize+len(ct)]
+}
+
+// chunkNonce returns the synthetic nonce of inner under the chunk key k:
+// the first 12 bytes of BLAKE3 keyed by Kn = derive_key(nonceKeyContext, k).
+func chunkNonce(k *[32]byte, inner []byte) (n [nonceSize]byte) {
+	// A clone of the context-keyed hasher stays on the stack, where
+	// blake3.DeriveKey would allocate 10 KiB.
+	var kn [32]byte
+	d := nonceKDF.Clone()
+	d.Write(k[:])
+	d.Sum(kn[:0])
+	h, err := blake3.NewKeyed(kn[:])
+	if err != nil {
+		panic(err) // only for a bad key length
+	}
+	h.Write(inner)
+	var sum [32]byte
+	h.Sum(sum[:0])
+	copy(n[:], sum[:])
+	return n
 }
 
 func newAEAD(key [32]byte) cipher.AEAD {
@@ -201,9 +247,10 @@ func newAEAD(key [32]byte) cipher.AEAD {
 }
 
 // DecodeChunk verifies stored against ref and returns the chunk's plaintext.
-// It checks the ID (BLAKE3 of stored), the version byte, the AEAD tag, the
-// compression flag, the zstd frame (decoding at most ref.Size bytes) and
-// that the plaintext is ref.Size bytes long. Every failure is a
+// It checks the ID (BLAKE3 of stored), the version byte, the AEAD tag, that
+// the nonce is the one the decrypted inner message gives, the compression
+// flag, the zstd frame (decoding at most ref.Size bytes) and that the
+// plaintext is ref.Size bytes long. Every failure is a
 // cairn.Corrupt error naming the chunk by its short ID.
 func DecodeChunk(ref manifest.Ref, stored []byte) ([]byte, error) {
 	var bufs decodeBufs
@@ -234,13 +281,19 @@ func decodeChunk(ref manifest.Ref, stored []byte, bufs *decodeBufs) ([]byte, err
 	if ref.Size > manifest.MaxChunkSize {
 		return nil, corrupt(fmt.Errorf("declared size %d exceeds %d", ref.Size, manifest.MaxChunkSize))
 	}
-	n := len(stored) - 1 - tagSize
+	n := len(stored) - hdrSize - tagSize
 	if cap(bufs.inner) < n {
 		bufs.inner = make([]byte, n)
 	}
-	inner, err := newAEAD(ref.Key).Open(bufs.inner[:0], zeroNonce[:], stored[1:], stored[:1])
+	hdr := stored[:hdrSize]
+	inner, err := newAEAD(ref.Key).Open(bufs.inner[:0], hdr[1:], stored[hdrSize:], hdr)
 	if err != nil {
 		return nil, corrupt(errors.New("authentication failed (wrong key or damaged)"))
+	}
+	// Only a writer holding K can make this fail (a store cannot pass the
+	// tag): the check keeps one stored form per inner message.
+	if nonce := chunkNonce(&ref.Key, inner); string(nonce[:]) != string(hdr[1:]) {
+		return nil, corrupt(errors.New("nonce does not match the content"))
 	}
 	payload := inner[1:]
 	switch inner[0] {
