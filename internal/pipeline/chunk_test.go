@@ -74,6 +74,12 @@ func innerOf(t *testing.T, ref manifest.Ref, stored []byte) []byte {
 // wantNonce computes a chunk nonce with the plain blake3 API, independently
 // of chunkNonce.
 func wantNonce(key [32]byte, inner []byte) []byte {
+	if len(inner) > 0 && inner[0] == flagRaw {
+		// raw: one message per key; a nonce derived from the key alone
+		var sum [32]byte
+		blake3.DeriveKey("cairn v1 raw chunk nonce", key[:], sum[:])
+		return sum[:nonceSize]
+	}
 	var kn [32]byte
 	blake3.DeriveKey("cairn v1 chunk nonce key", key[:], kn[:])
 	h, _ := blake3.NewKeyed(kn[:])
@@ -149,10 +155,10 @@ func TestChunkGolden(t *testing.T) {
 		data []byte
 		id   string
 	}{
-		{nil, "cbe1cbd421c94dcb639fa20fdb3fff1ec2b86bd7ce33f7a281672eada3ceec92"},
-		{[]byte("cairn"), "411953d008734ec3080d19ea306998f5d5da5bd38d7a62a38e29f21641bd0089"},
+		{nil, "935df7e9580988858a433586cc92abd34f5837722c97f004f9e8d00d79cc37d4"},
+		{[]byte("cairn"), "4f1224b6763f9670aa3240ad55516b559083ac351e9cab9da5fc220c91b66505"},
 		{[]byte(text.String()), "431376b32656ff421749c00e6491387a8fc08a88ed31a418e41ec4d6033c195e"},
-		{noise, "86d2019d7480edfa55f2179eb7e40779f758a9bc0c49abfd62e4692e37262a10"},
+		{noise, "acb6a56680c74dd4a44077580dd38dcd16a043f51668b1ec798afe27dee00688"},
 	}
 	for i, g := range golden {
 		ref, stored := EncodeChunk(testConv, g.data)
@@ -176,7 +182,7 @@ func TestChunkGolden(t *testing.T) {
 	if want := gcm.Seal(bytes.Clone(hdr), hdr[1:], inner, hdr); !bytes.Equal(stored, want) {
 		t.Errorf("stored \"cairn\" is %x, the definition gives %x", stored, want)
 	}
-	if got, want := hex.EncodeToString(stored), "01c84717f22ffb63fce3330c6f53a273505b819e65a0f19339fa43f57b6297252926eb"; got != want {
+	if got, want := hex.EncodeToString(stored), "0131d796f1950554e1313d4314a7cbd9acf2f721a2512f673098aba8f379559a8cbf8b"; got != want {
 		t.Errorf("stored \"cairn\":\n got %s\nwant %s", got, want)
 	}
 }
@@ -221,12 +227,17 @@ func TestChunkNonce(t *testing.T) {
 		}
 	}
 
-	// Honest layout, authenticated, but the nonce of another message (or
-	// of nothing in particular): Corrupt.
+	// Honest layout, authenticated, but the nonce of another message: a
+	// raw message under the compressed one's nonce, a compressed message
+	// under the raw (zero) nonce: Corrupt.
 	var other [nonceSize]byte
 	copy(other[:], stored[1:hdrSize])
-	for _, nonce := range [][nonceSize]byte{{}, other} {
-		bad, b := craftNonce(ref.Key, nonce, rawInner)
+	for _, c := range []struct {
+		nonce [nonceSize]byte
+		inner []byte
+	}{{other, rawInner}, {[nonceSize]byte{}, rawInner}, {[nonceSize]byte(wantNonce(ref.Key, rawInner)), zInner}} {
+		nonce := c.nonce
+		bad, b := craftNonce(ref.Key, nonce, c.inner)
 		bad.Size = ref.Size
 		out, err := DecodeChunk(bad, b)
 		if !errors.Is(err, cairn.ErrCorrupt) || out != nil || !strings.Contains(err.Error(), "nonce") {
