@@ -20,6 +20,7 @@ import (
 	"cairn.dev/cairn/internal/manifest"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/pipeline"
+	"cairn.dev/cairn/internal/store"
 	"cairn.dev/cairn/internal/volkey"
 )
 
@@ -116,7 +117,9 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 		if err != nil {
 			return nil, total, err
 		}
-		v.noteGen(gen)
+		if err := v.noteGen(ctx, gen); err != nil {
+			return nil, total, err
+		}
 		r, err := open()
 		if err != nil {
 			return nil, total, err
@@ -142,16 +145,25 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 	}
 }
 
-// noteGen makes the pipeline forget which chunks it has stored whenever a
-// garbage collection has run since it last looked: those chunks may be gone,
-// and a writer that skipped storing one would commit a version missing it.
-func (v *Volume) noteGen(gen int64) {
+// noteGen makes the pipeline forget which chunks it has stored, and a
+// shared store re-read what other processes deleted, whenever a garbage
+// collection has run since this volume last looked: those chunks may be
+// gone, and a writer that skipped storing one would commit a version
+// missing it.
+func (v *Volume) noteGen(ctx context.Context, gen int64) error {
 	v.genMu.Lock()
 	defer v.genMu.Unlock()
-	if gen != v.lastGen {
-		v.eng.Forget()
-		v.lastGen = gen
+	if gen == v.lastGen {
+		return nil
 	}
+	v.eng.Forget()
+	if r, ok := v.store.(store.Refresher); ok {
+		if err := r.Refresh(ctx); err != nil {
+			return err
+		}
+	}
+	v.lastGen = gen
+	return nil
 }
 
 func addStats(a, b WriteStats) WriteStats {

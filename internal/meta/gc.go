@@ -97,7 +97,10 @@ type Fence struct {
 func (s *Service) BeginGC(ctx context.Context) (*Fence, error) {
 	cctx, cancel := s.opCtx(ctx)
 	defer cancel()
-	lease, err := s.cli.Grant(cctx, int64(s.opts.LockTTL/time.Second))
+	// The fence outlives short writer-lock leases: a collector that stalls
+	// for a few seconds must not lose it while it deletes.
+	ttl := max(s.opts.LockTTL, 10*time.Second)
+	lease, err := s.cli.Grant(cctx, int64(ttl/time.Second))
 	if err != nil {
 		return nil, etcdErr("begin gc", "", err)
 	}
@@ -149,7 +152,7 @@ func (f *Fence) Alive(ctx context.Context) error {
 	if err != nil {
 		return etcdErr("gc", "", err)
 	}
-	if resp.TTL <= 0 {
+	if resp.TTL < 0 { // -1: expired (0 only means less than a second left)
 		return cairn.E("gc", cairn.Conflict, "", errors.New("lost the GC fence (lease expired)"))
 	}
 	return nil

@@ -39,3 +39,13 @@ func CtxErr(ctx context.Context, op, path string) error {
 	}
 	return nil
 }
+
+// Refresher is an optional ability of a Store that several processes share
+// (the local store): bring this process's view up to date with what the
+// others did, deletions included. Without it, Has may go on answering
+// "present" for an object another process deleted. The file layer calls it
+// whenever a garbage collection has run since its last write, so a writer
+// never skips storing a chunk on the strength of a stale "present".
+type Refresher interface {
+	Refresh(ctx context.Context) error
+}

@@ -473,3 +473,9 @@ func (s *Store) takeOver(ctx context.Context, p *pack) {
 	}
 	s.replace(p, np.entries, np.mapped, np.tombs, np.end, np.packSize, np.idxSize)
 }
+
+// Refresh implements store.Refresher: it brings the in-memory index up to
+// date with packs, records and tombstones other processes wrote.
+func (s *Store) Refresh(ctx context.Context) error {
+	return s.refresh(ctx, s.refreshStarted.Load())
+}

@@ -1,0 +1,286 @@
+// Package cli is cairn's command line: flag parsing, output formats, progress
+// bars and exit codes. The work itself lives in the realm and fs packages.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/realm"
+	"cairn.dev/cairn/internal/vpath"
+)
+
+// Exit codes a script can rely on (documented in README.md).
+const (
+	ExitOK          = 0
+	ExitError       = 1 // any other failure, or some items failed (put/get continue past them)
+	ExitUsage       = 2 // bad command line
+	ExitNotFound    = 3 // no such realm, volume, file or version
+	ExitPermission  = 4 // wrong passphrase, no key for the volume
+	ExitDamaged     = 5 // corrupt data found (fsck problems, a chunk or manifest failing verification)
+	ExitUnavailable = 6 // the metadata service or a store cannot be reached
+	ExitConflict    = 7 // another writer or gc holds a lock; a concurrent change won
+	ExitExist       = 8 // the target exists (init on an existing realm, mkdir without -p, ...)
+	ExitInterrupted = 130
+)
+
+// exitError carries an exit code through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func withCode(code int, err error) error { return &exitError{code: code, err: err} }
+
+// ExitCode maps an error to the documented exit code.
+func ExitCode(err error) int {
+	if err == nil {
+		return ExitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	if errors.Is(err, context.Canceled) {
+		return ExitInterrupted
+	}
+	switch cairn.KindOf(err) {
+	case cairn.NotFound:
+		return ExitNotFound
+	case cairn.Permission:
+		return ExitPermission
+	case cairn.Corrupt:
+		return ExitDamaged
+	case cairn.Unavailable:
+		return ExitUnavailable
+	case cairn.Conflict:
+		return ExitConflict
+	case cairn.Exist:
+		return ExitExist
+	case cairn.Invalid:
+		return ExitUsage
+	case cairn.Canceled:
+		return ExitInterrupted
+	}
+	return ExitError
+}
+
+// env is what every command shares: streams, global flags, the open realm.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	home           string
+	etcd           string
+	verbose        bool
+	quiet          bool
+	log            *slog.Logger
+	realm          *realm.Realm
+}
+
+// Main runs the command line and returns the process exit code.
+func Main(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	e := &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	root := e.rootCmd()
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if e.realm != nil {
+		e.realm.Close()
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(e.stderr, "cairn: interrupted")
+			return ExitInterrupted
+		}
+		var ee *exitError
+		if !errors.As(err, &ee) || ee.err != errQuiet {
+			fmt.Fprintf(e.stderr, "cairn: %v\n", err)
+		}
+		return ExitCode(err)
+	}
+	return ExitOK
+}
+
+// errQuiet marks an exit code whose message the command already printed.
+var errQuiet = errors.New("failed")
+
+func (e *env) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "cairn",
+		Short: "cairn keeps your files across your machines: encrypted, deduplicated, versioned",
+		Long: `cairn keeps your files across your machines: encrypted, deduplicated, versioned.
+
+Paths inside cairn are written VOLUME:/path (for example home:/photos/2026).
+A realm lives in $CAIRN_HOME (default ~/.local/share/cairn); 'cairn init' creates one.
+No daemon needs starting: the first command starts the embedded metadata service
+and it stops by itself when idle.
+
+Environment: CAIRN_HOME, CAIRN_PASSPHRASE (the keyring passphrase, else a prompt),
+CAIRN_ETCD (external etcd endpoints, host:port,...), CAIRN_LOCK_TTL (writer lock
+lease, default 15s: how long a crashed writer can block others).`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			level := slog.LevelWarn
+			if e.verbose {
+				level = slog.LevelDebug
+			}
+			e.log = slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
+			if e.home == "" {
+				h, err := realm.DefaultHome()
+				if err != nil {
+					return err
+				}
+				e.home = h
+			}
+			if e.etcd == "" {
+				e.etcd = os.Getenv("CAIRN_ETCD")
+			}
+			return nil
+		},
+	}
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return withCode(ExitUsage, fmt.Errorf("%v (see '%s --help')", err, c.CommandPath()))
+	})
+	pf := root.PersistentFlags()
+	pf.StringVar(&e.home, "home", "", "realm directory (default $CAIRN_HOME or ~/.local/share/cairn)")
+	pf.StringVar(&e.etcd, "etcd", "", "external etcd endpoints host:port,... (default $CAIRN_ETCD, else the embedded one)")
+	pf.BoolVarP(&e.verbose, "verbose", "v", false, "log what happens")
+	pf.BoolVarP(&e.quiet, "quiet", "q", false, "no progress bars")
+	root.AddCommand(e.initCmd(), e.putCmd(), e.getCmd(), e.lsCmd(), e.catCmd(), e.mkdirCmd(), e.rmCmd(),
+		e.mvCmd(), e.versionsCmd(), e.restoreCmd(), e.trashCmd(), e.gcCmd(), e.fsckCmd(), e.statsCmd(), e.volumeCmd())
+	return root
+}
+
+func usageArgs(n int, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < n {
+			return withCode(ExitUsage, fmt.Errorf("%s: want %s (see '%s --help')", cmd.Name(), what, cmd.CommandPath()))
+		}
+		return nil
+	}
+}
+
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return withCode(ExitUsage, fmt.Errorf("%s: want %s (see '%s --help')", cmd.Name(), what, cmd.CommandPath()))
+		}
+		return nil
+	}
+}
+
+func (e *env) etcdEndpoints() []string {
+	if e.etcd == "" {
+		return nil
+	}
+	var out []string
+	for _, s := range strings.Split(e.etcd, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (e *env) options() realm.Options {
+	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Logger: e.log}
+	if s := os.Getenv("CAIRN_LOCK_TTL"); s != "" {
+		if d, err := time.ParseDuration(s); err == nil {
+			o.LockTTL = d
+		} else {
+			e.log.Warn("ignoring CAIRN_LOCK_TTL", "value", s, "err", err)
+		}
+	}
+	return o
+}
+
+// passphrase reads CAIRN_PASSPHRASE or prompts on the terminal.
+func (e *env) passphrase(confirm bool) func() ([]byte, error) {
+	return func() ([]byte, error) {
+		if p, ok := os.LookupEnv("CAIRN_PASSPHRASE"); ok {
+			return []byte(p), nil
+		}
+		fd := int(os.Stdin.Fd())
+		if !term.IsTerminal(fd) {
+			return nil, cairn.E("passphrase", cairn.Permission, "", errors.New("a passphrase is needed: set CAIRN_PASSPHRASE or run on a terminal"))
+		}
+		fmt.Fprint(e.stderr, "cairn passphrase: ")
+		p, err := term.ReadPassword(fd)
+		fmt.Fprintln(e.stderr)
+		if err != nil {
+			return nil, cairn.E("passphrase", cairn.IO, "", err)
+		}
+		if confirm {
+			fmt.Fprint(e.stderr, "again: ")
+			q, err := term.ReadPassword(fd)
+			fmt.Fprintln(e.stderr)
+			if err != nil {
+				return nil, cairn.E("passphrase", cairn.IO, "", err)
+			}
+			if string(p) != string(q) {
+				return nil, cairn.E("passphrase", cairn.Invalid, "", errors.New("the two passphrases differ"))
+			}
+		}
+		return p, nil
+	}
+}
+
+// open opens the realm once per command.
+func (e *env) open(ctx context.Context) (*realm.Realm, error) {
+	if e.realm != nil {
+		return e.realm, nil
+	}
+	r, err := realm.Open(ctx, e.home, e.options())
+	if err != nil {
+		return nil, err
+	}
+	e.realm = r
+	return r, nil
+}
+
+// vol parses a cairn path and opens its volume.
+func (e *env) vol(ctx context.Context, s string) (*fs.Volume, vpath.Path, error) {
+	p, err := vpath.Parse(s)
+	if err != nil {
+		return nil, p, err
+	}
+	r, err := e.open(ctx)
+	if err != nil {
+		return nil, p, err
+	}
+	v, err := r.Volume(ctx, p.Volume)
+	return v, p, err
+}
+
+func (e *env) printJSON(v any) error {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// isTerminal reports whether w is a terminal (progress bars go only there).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}

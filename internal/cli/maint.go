@@ -1,0 +1,164 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"cairn.dev/cairn/internal/fs"
+)
+
+func uid() uint32 { return uint32(os.Getuid()) }
+func gid() uint32 { return uint32(os.Getgid()) }
+
+func (e *env) gcCmd() *cobra.Command {
+	var dry, asJSON bool
+	c := &cobra.Command{
+		Use:   "gc [--dry-run] [--json]",
+		Short: "Purge expired trash and delete chunks nothing references any more",
+		Long: `Purge trash entries older than their volume's trash time, then delete every
+object in the store that no kept version and no trash entry references, and
+compact the store to give the space back. Writers are fenced while it runs:
+a file being written during gc is written again, never lost. gc stops without
+deleting anything if it cannot read a manifest. --dry-run reports what it
+would free and changes nothing.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			r, err := e.open(ctx)
+			if err != nil {
+				return err
+			}
+			vols, err := r.AllVolumes(ctx)
+			if err != nil {
+				return err
+			}
+			prog := newProgress(e.stderr, !asJSON && !e.quiet && isTerminal(e.stderr), 0, 0)
+			rep, err := fs.GC(ctx, r.Meta, vols, r.Store, fs.GCOptions{DryRun: dry})
+			prog.finish()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return e.printJSON(rep)
+			}
+			verb := "freed"
+			if dry {
+				verb = "would free"
+			}
+			fmt.Fprintf(e.stdout, "%s %s in %d objects (%d live objects, %d versions kept", verb, human1024(rep.FreedBytes), rep.DeletedObjects, rep.LiveObjects, rep.Versions)
+			if !dry {
+				fmt.Fprintf(e.stdout, ", %d trash entries purged, %s of disk reclaimed", rep.TrashPurged, human1024(rep.CompactedBytes))
+			}
+			fmt.Fprintln(e.stdout, ")")
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&dry, "dry-run", false, "report only; change nothing")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func (e *env) fsckCmd() *cobra.Command {
+	var readData, asJSON bool
+	c := &cobra.Command{
+		Use:   "fsck [--read-data] [--json]",
+		Short: "Check every file's manifest and chunks; exit 5 naming each damaged file",
+		Long: `Check every kept version of every file (trash included): its manifest must be
+present, decrypt and authenticate, and list chunks the store holds. With
+--read-data every chunk is read and verified (hash and authentication tag), and
+the store checks every object it holds against its name. Exits 5 and names each
+damaged file and version on any problem.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			r, err := e.open(ctx)
+			if err != nil {
+				return err
+			}
+			vols, err := r.AllVolumes(ctx)
+			if err != nil {
+				return err
+			}
+			prog := newProgress(e.stderr, !asJSON && !e.quiet && isTerminal(e.stderr), 0, 0)
+			rep, err := fs.Fsck(ctx, vols, r.Store, readData, nil)
+			prog.finish()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := e.printJSON(rep); err != nil {
+					return err
+				}
+			} else {
+				for _, d := range rep.Damaged {
+					fmt.Fprintf(e.stdout, "DAMAGED %s version %d: %s\n", d.Path, d.Version, d.Problem)
+				}
+				for _, d := range rep.StoreErrors {
+					fmt.Fprintf(e.stdout, "STORE %s: %s\n", d.Object, d.Problem)
+				}
+				fmt.Fprintf(e.stdout, "checked %d files, %d versions, %d chunks", rep.Files, rep.Versions, rep.Chunks)
+				if readData {
+					fmt.Fprintf(e.stdout, ", read %s", human1024(rep.BytesRead))
+				}
+				fmt.Fprintln(e.stdout)
+			}
+			if !rep.OK() {
+				files := map[string]bool{}
+				for _, d := range rep.Damaged {
+					files[d.Path] = true
+				}
+				return withCode(ExitDamaged, fmt.Errorf("fsck: %d damaged file(s), %d bad store object(s)", len(files), len(rep.StoreErrors)))
+			}
+			if !asJSON {
+				fmt.Fprintln(e.stdout, "no problems found")
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&readData, "read-data", false, "read and verify every chunk's bytes")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func (e *env) statsCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "stats [--json]",
+		Short: "Files, logical and stored bytes, chunks, dedup and compression ratios",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			r, err := e.open(ctx)
+			if err != nil {
+				return err
+			}
+			vols, err := r.AllVolumes(ctx)
+			if err != nil {
+				return err
+			}
+			s, err := fs.ComputeStats(ctx, vols, r.Store)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return e.printJSON(s)
+			}
+			fmt.Fprintf(e.stdout, "volumes:            %d\n", s.Volumes)
+			fmt.Fprintf(e.stdout, "files:              %d (%d dirs, %d symlinks, %d in trash)\n", s.Files, s.Dirs, s.Symlinks, s.TrashItems)
+			fmt.Fprintf(e.stdout, "logical bytes:      %s (current versions)\n", human1024(s.LogicalBytes))
+			fmt.Fprintf(e.stdout, "versions kept:      %d (%s)\n", s.Versions, human1024(s.VersionBytes))
+			fmt.Fprintf(e.stdout, "chunks:             %d (%s before compression)\n", s.Chunks, human1024(s.UniqueBytes))
+			fmt.Fprintf(e.stdout, "stored bytes:       %s in %d objects (%s on disk)\n", human1024(s.StoredBytes), s.StoreObjects, human1024(s.DiskBytes))
+			fmt.Fprintf(e.stdout, "dedup ratio:        %.2f\n", s.DedupRatio)
+			fmt.Fprintf(e.stdout, "compression ratio:  %.2f\n", s.CompressRatio)
+			if s.ManifestErrors > 0 {
+				fmt.Fprintf(e.stdout, "unreadable manifests: %d (run 'cairn fsck')\n", s.ManifestErrors)
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}

@@ -1,0 +1,416 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/vpath"
+)
+
+// PutSummary is what `put --json` prints.
+type PutSummary struct {
+	Files         int64    `json:"files"`         // regular files stored (new versions)
+	Skipped       int64    `json:"skipped"`       // unchanged files not read
+	Dirs          int64    `json:"dirs"`          // directories created
+	Symlinks      int64    `json:"symlinks"`      // symlinks created or updated
+	Failed        int64    `json:"failed"`        // items that could not be stored
+	Bytes         int64    `json:"bytes"`         // logical bytes of the files stored
+	NewBytes      int64    `json:"new_bytes"`     // bytes added to the store (chunks and manifests)
+	NewChunks     int64    `json:"new_chunks"`    // chunks added to the store
+	DupBytes      int64    `json:"dup_bytes"`     // plaintext bytes not stored again thanks to dedup
+	Chunks        int64    `json:"chunks"`        // chunks in the files stored
+	Seconds       float64  `json:"seconds"`       // wall time
+	MBPerSec      float64  `json:"mb_per_s"`      // Bytes / Seconds / 1e6
+	FilesPerSec   float64  `json:"files_per_s"`   // (Files+Skipped) / Seconds
+	WorkersUsed   int      `json:"workers"`       // files written in parallel
+	ScannedSource int64    `json:"scanned_bytes"` // bytes found in the sources
+	Errors        []string `json:"errors,omitempty"`
+}
+
+func (e *env) putCmd() *cobra.Command {
+	var force, asJSON bool
+	var workers int
+	c := &cobra.Command{
+		Use:   "put [flags] SRC... VOLUME:/DIR",
+		Short: "Store local files and directories (recursively) into a cairn directory",
+		Long: `Store local files and directories into VOLUME:/DIR, which is created if needed.
+Each SRC lands in DIR under its own name (like 'cp -r SRC... DIR'). Only chunks the
+store does not already hold are written. A file whose size, mtime and inode match
+the version already stored is skipped unless --force. Each file is committed
+atomically: readers see its previous version until the new one is complete.
+Files that cannot be read are reported and skipped; the exit code is then 1.`,
+		Example: `  cairn put ~/Documents home:/
+  cairn put --json photo.jpg notes.txt home:/inbox`,
+		Args: usageArgs(2, "one or more sources and a destination VOLUME:/DIR"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			srcs, dst := args[:len(args)-1], args[len(args)-1]
+			if !vpath.IsRemote(dst) {
+				return withCode(ExitUsage, fmt.Errorf("put: the destination %q is not a cairn path (VOLUME:/DIR)", dst))
+			}
+			for _, s := range srcs {
+				if vpath.IsRemote(s) {
+					return withCode(ExitUsage, fmt.Errorf("put: source %q is a cairn path; use 'cairn get' to copy out of cairn (or write ./%s for a local name with a colon)", s, s))
+				}
+			}
+			sum, err := e.put(cmd.Context(), srcs, dst, force, workers, !asJSON)
+			if sum != nil && asJSON {
+				if jerr := e.printJSON(sum); err == nil {
+					err = jerr
+				}
+			}
+			if err == nil && sum != nil && sum.Failed > 0 {
+				return withCode(ExitError, fmt.Errorf("put: %d item(s) could not be stored", sum.Failed))
+			}
+			return err
+		},
+	}
+	c.Flags().BoolVar(&force, "force", false, "store files even when unchanged")
+	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON summary on stdout")
+	c.Flags().IntVar(&workers, "workers", 0, "files written in parallel (default 4 per core)")
+	return c
+}
+
+// putJob is one regular file to store.
+type putJob struct {
+	src  string
+	dir  *meta.Entry
+	name string
+	info iofs.FileInfo
+	dst  string
+}
+
+type putState struct {
+	e     *env
+	v     *fs.Volume
+	force bool
+	sum   PutSummary
+	prog  *progress
+	mu    sync.Mutex
+	// existing caches the entries of destination directories that existed
+	// before this put, for the unchanged-file check (one range read each).
+	existing map[uint64]map[string]*meta.Entry
+}
+
+func (st *putState) fail(path string, err error) {
+	atomic.AddInt64(&st.sum.Failed, 1)
+	st.mu.Lock()
+	if len(st.sum.Errors) < 1000 {
+		st.sum.Errors = append(st.sum.Errors, fmt.Sprintf("%s: %v", path, err))
+	}
+	st.mu.Unlock()
+	st.prog.println(fmt.Sprintf("cairn: %s: %v", path, err))
+}
+
+func (e *env) put(ctx context.Context, srcs []string, dst string, force bool, workers int, human bool) (*PutSummary, error) {
+	start := time.Now()
+	v, p, err := e.vol(ctx, dst)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range srcs {
+		if _, err := os.Lstat(s); err != nil {
+			return nil, cairn.E("put", cairn.NotFound, s, errors.New("no such local file or directory"))
+		}
+	}
+	uid, gid := uint32(os.Getuid()), uint32(os.Getgid())
+	dir, err := v.Meta.MkdirAll(ctx, p.Parts, 0o755, uid, gid)
+	if err != nil {
+		return nil, err
+	}
+	if workers <= 0 {
+		workers = 4 * runtime.GOMAXPROCS(0)
+	}
+	st := &putState{e: e, v: v, force: force, existing: map[uint64]map[string]*meta.Entry{}}
+	st.sum.WorkersUsed = workers
+	// Count what there is, so the bar can show a total.
+	var totalFiles, totalBytes int64
+	for _, s := range srcs {
+		_ = filepath.WalkDir(s, func(path string, d iofs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				if info, err := d.Info(); err == nil {
+					totalFiles++
+					totalBytes += info.Size()
+				}
+			}
+			return nil
+		})
+	}
+	st.sum.ScannedSource = totalBytes
+	st.prog = newProgress(e.stderr, human && !e.quiet && isTerminal(e.stderr), totalFiles, totalBytes)
+	defer st.prog.finish()
+
+	jobs := make(chan putJob, 4*workers)
+	g, gctx := errgroup.WithContext(ctx)
+	for i := 0; i < workers; i++ {
+		g.Go(func() error {
+			for j := range jobs {
+				if err := st.putFile(gctx, j); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		defer close(jobs)
+		for _, s := range srcs {
+			if err := st.walk(gctx, s, dir, p.String(), jobs); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	err = g.Wait()
+	st.prog.finish()
+	sum := &st.sum
+	sum.Seconds = time.Since(start).Seconds()
+	if sum.Seconds > 0 {
+		sum.MBPerSec = float64(sum.Bytes) / sum.Seconds / 1e6
+		sum.FilesPerSec = float64(sum.Files+sum.Skipped) / sum.Seconds
+	}
+	if human {
+		fmt.Fprintf(e.stderr, "stored %d files (%s), skipped %d unchanged, %d dirs, %d symlinks in %.2fs (%.1f MB/s, %.0f files/s)\n",
+			sum.Files, human1024(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, sum.Seconds, sum.MBPerSec, sum.FilesPerSec)
+		fmt.Fprintf(e.stderr, "added %s to the store in %d new chunks; dedup saved %s\n", human1024(sum.NewBytes), sum.NewChunks, human1024(sum.DupBytes))
+		if sum.Failed > 0 {
+			fmt.Fprintf(e.stderr, "%d item(s) failed\n", sum.Failed)
+		}
+	}
+	return sum, err
+}
+
+// walk sends the files below src to jobs, creating directories and
+// symlinks itself (in order, so parents exist before children).
+func (st *putState) walk(ctx context.Context, src string, into *meta.Entry, intoPath string, jobs chan<- putJob) error {
+	info, err := os.Lstat(src)
+	if err != nil {
+		st.fail(src, err)
+		return nil
+	}
+	name := filepath.Base(filepath.Clean(src))
+	if name == "/" || name == "." || name == ".." {
+		abs, err := filepath.Abs(src)
+		if err == nil {
+			name = filepath.Base(abs)
+		}
+	}
+	if err := vpath.ValidName(name); err != nil {
+		st.fail(src, err)
+		return nil
+	}
+	dstPath := joinPath(intoPath, name)
+	switch {
+	case info.Mode().IsRegular():
+		select {
+		case jobs <- putJob{src: src, dir: into, name: name, info: info, dst: dstPath}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	case info.Mode()&os.ModeSymlink != 0:
+		st.putSymlink(ctx, src, into, name, info, dstPath)
+	case info.IsDir():
+		d, err := st.mkdir(ctx, into, name, info)
+		if err != nil {
+			if cairn.KindOf(err) == cairn.Unavailable {
+				return err
+			}
+			st.fail(dstPath, err)
+			return nil
+		}
+		ents, err := os.ReadDir(src)
+		if err != nil {
+			st.fail(src, err)
+			return nil
+		}
+		for _, de := range ents {
+			if err := st.walk(ctx, filepath.Join(src, de.Name()), d, dstPath, jobs); err != nil {
+				return err
+			}
+		}
+	default:
+		st.prog.println(fmt.Sprintf("cairn: skipping %s: not a regular file, directory or symlink", src))
+	}
+	return nil
+}
+
+func joinPath(dir, name string) string {
+	if len(dir) > 0 && dir[len(dir)-1] == '/' {
+		return dir + name
+	}
+	return dir + "/" + name
+}
+
+func (st *putState) children(ctx context.Context, dir *meta.Entry) (map[string]*meta.Entry, error) {
+	st.mu.Lock()
+	m, ok := st.existing[dir.Ino]
+	st.mu.Unlock()
+	if ok {
+		return m, nil
+	}
+	ents, err := st.v.Meta.ReadDir(ctx, dir.Ino)
+	if err != nil {
+		return nil, err
+	}
+	m = make(map[string]*meta.Entry, len(ents))
+	for i := range ents {
+		m[ents[i].Name] = &ents[i]
+	}
+	st.mu.Lock()
+	st.existing[dir.Ino] = m
+	st.mu.Unlock()
+	return m, nil
+}
+
+func (st *putState) mkdir(ctx context.Context, parent *meta.Entry, name string, info iofs.FileInfo) (*meta.Entry, error) {
+	kids, err := st.children(ctx, parent)
+	if err != nil {
+		return nil, err
+	}
+	if e, ok := kids[name]; ok {
+		if !e.IsDir() {
+			return nil, cairn.E("put", cairn.NotDir, name, errors.New("a file of that name is in the way"))
+		}
+		return e, nil
+	}
+	uid, gid := owner(info)
+	e, err := st.v.Meta.Create(ctx, parent, meta.Entry{Name: name, Type: meta.TypeDir, Mode: uint32(info.Mode().Perm()), UID: uid, GID: gid, Mtime: info.ModTime().UnixNano()})
+	if errors.Is(err, cairn.ErrExist) && e != nil && e.IsDir() {
+		err = nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	atomic.AddInt64(&st.sum.Dirs, 1)
+	// A new directory has no children: remember that, no need to ask.
+	st.mu.Lock()
+	st.existing[e.Ino] = map[string]*meta.Entry{}
+	st.mu.Unlock()
+	return e, nil
+}
+
+func (st *putState) putSymlink(ctx context.Context, src string, dir *meta.Entry, name string, info iofs.FileInfo, dstPath string) {
+	target, err := os.Readlink(src)
+	if err != nil {
+		st.fail(src, err)
+		return
+	}
+	kids, err := st.children(ctx, dir)
+	if err != nil {
+		st.fail(dstPath, err)
+		return
+	}
+	uid, gid := owner(info)
+	if old, ok := kids[name]; ok {
+		if old.Type != meta.TypeSymlink {
+			st.fail(dstPath, errors.New("a file or directory of that name is in the way"))
+			return
+		}
+		if old.Target == target {
+			return
+		}
+		n := *old
+		n.Target, n.Mtime = target, info.ModTime().UnixNano()
+		if _, err := st.v.Meta.Update(ctx, &n); err != nil {
+			st.fail(dstPath, err)
+			return
+		}
+	} else if _, err := st.v.Meta.Create(ctx, dir, meta.Entry{Name: name, Type: meta.TypeSymlink, Target: target, Mode: 0o777, UID: uid, GID: gid, Mtime: info.ModTime().UnixNano()}); err != nil {
+		st.fail(dstPath, err)
+		return
+	}
+	atomic.AddInt64(&st.sum.Symlinks, 1)
+}
+
+func sourceOf(info iofs.FileInfo) meta.Source {
+	s := meta.Source{Size: info.Size(), Mtime: info.ModTime().UnixNano()}
+	if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+		s.Dev, s.Ino = uint64(sys.Dev), sys.Ino
+	}
+	return s
+}
+
+func owner(info iofs.FileInfo) (uint32, uint32) {
+	if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+		return sys.Uid, sys.Gid
+	}
+	return uint32(os.Getuid()), uint32(os.Getgid())
+}
+
+func (st *putState) putFile(ctx context.Context, j putJob) error {
+	src := sourceOf(j.info)
+	if !st.force {
+		kids, err := st.children(ctx, j.dir)
+		if err != nil {
+			return err
+		}
+		if old, ok := kids[j.name]; ok && old.Type == meta.TypeFile {
+			if cur := old.Current(); cur != nil && cur.Src == src && cur.Size == src.Size {
+				atomic.AddInt64(&st.sum.Skipped, 1)
+				st.prog.add(1, j.info.Size(), 0)
+				return nil
+			}
+		}
+	}
+	uid, gid := owner(j.info)
+	a := fs.Attrs{Mode: uint32(j.info.Mode().Perm()), UID: uid, GID: gid, Mtime: j.info.ModTime(), Src: src}
+	var readBytes int64
+	open := func() (io.ReadCloser, error) {
+		f, err := os.Open(j.src)
+		if err != nil {
+			return nil, err
+		}
+		return &countingReader{f: f, n: &readBytes, prog: st.prog}, nil
+	}
+	_, ws, err := st.v.WriteFile(ctx, j.dir, j.name, open, a)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		switch cairn.KindOf(err) {
+		case cairn.Unavailable, cairn.Canceled:
+			return err
+		}
+		st.fail(j.dst, err)
+		return nil
+	}
+	atomic.AddInt64(&st.sum.Files, 1)
+	atomic.AddInt64(&st.sum.Bytes, ws.LogicalBytes)
+	atomic.AddInt64(&st.sum.NewBytes, ws.NewStoredBytes)
+	atomic.AddInt64(&st.sum.NewChunks, int64(ws.NewChunks))
+	atomic.AddInt64(&st.sum.DupBytes, ws.DupBytes)
+	atomic.AddInt64(&st.sum.Chunks, int64(ws.Chunks))
+	st.prog.add(1, 0, ws.DupBytes)
+	return nil
+}
+
+// countingReader reports bytes read to the progress bar as they go.
+type countingReader struct {
+	f    *os.File
+	n    *int64
+	prog *progress
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.f.Read(p)
+	*c.n += int64(n)
+	c.prog.add(0, int64(n), 0)
+	return n, err
+}
+
+func (c *countingReader) Close() error { return c.f.Close() }

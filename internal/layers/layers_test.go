@@ -1,0 +1,78 @@
+// Package layers holds the test that keeps cairn's layering honest: a
+// package may import only cairn packages of a strictly lower layer (see
+// DESIGN.md: fs → meta/director → chunk pipeline → store). A new package
+// must be given a layer here before the test passes.
+package layers
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "cairn.dev/cairn/"
+
+// layer ranks every package; lower numbers are lower layers.
+var layer = map[string]int{
+	"internal/cairn":  0, // vocabulary: no cairn imports at all
+	"internal/volkey": 1,
+	"internal/vpath":  1,
+
+	"internal/chunker":  2,
+	"internal/store":    2, // optional store abilities and helpers
+	"internal/manifest": 2,
+
+	"internal/pipeline":                 3,
+	"internal/keyring":                  3,
+	"internal/store/memstore":           3,
+	"internal/store/localstore":         3,
+	"internal/store/storetest":          4, // test helper: may use any store
+	"internal/etcdsvc":                  3,
+	"internal/etcdsvc/etcdtest":         4,
+	"internal/etcdsvc/etcdtest/etcdbin": 5,
+
+	"internal/meta": 5,
+
+	"internal/fs": 6,
+
+	"internal/realm": 7,
+	"internal/cli":   8,
+	"cmd/cairn":      9,
+
+	"internal/layers": 10,
+	"bench":           10,
+}
+
+func TestLayers(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "cairn.dev/cairn/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	seen := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg := strings.TrimPrefix(f[0], module)
+		rank, ok := layer[pkg]
+		if !ok {
+			t.Errorf("package %s has no layer: add it to layers_test.go", pkg)
+			continue
+		}
+		seen++
+		for _, imp := range f[1:] {
+			if !strings.HasPrefix(imp, module) {
+				continue
+			}
+			dep := strings.TrimPrefix(imp, module)
+			r, ok := layer[dep]
+			if !ok {
+				continue // reported on its own line
+			}
+			if r >= rank {
+				t.Errorf("%s (layer %d) imports %s (layer %d): lower layers must not import higher or equal ones", pkg, rank, dep, r)
+			}
+		}
+	}
+	if seen < 10 {
+		t.Fatalf("only %d packages checked; go list output looks wrong:\n%s", seen, out)
+	}
+}

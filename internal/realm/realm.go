@@ -1,0 +1,339 @@
+// Package realm wires one installation together: its home directory, its
+// configuration, the metadata service (embedded or external etcd), its
+// stores and its keyring. Commands open a Realm and ask it for volumes.
+package realm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/chunker"
+	"cairn.dev/cairn/internal/etcdsvc"
+	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/keyring"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/store/localstore"
+	"cairn.dev/cairn/internal/vpath"
+)
+
+// ConfigVersion is the version of realm.json.
+const ConfigVersion = 1
+
+// Defaults for new volumes.
+const (
+	DefaultVolume       = "home"
+	DefaultChunkAvg     = 16 << 10
+	DefaultKeepVersions = 10
+	DefaultTrashTTL     = 7 * 24 * time.Hour
+)
+
+// Config is realm.json: what a device knows about its realm.
+type Config struct {
+	Format  int       `json:"format"`
+	RealmID string    `json:"realm_id"`
+	Created time.Time `json:"created"`
+	// Etcd lists external etcd endpoints; empty means the embedded one.
+	Etcd []string `json:"etcd,omitempty"`
+	// StorePath is the local store's directory, relative to the home.
+	StorePath string `json:"store_path"`
+}
+
+// DefaultHome returns $CAIRN_HOME, else $XDG_DATA_HOME/cairn, else
+// ~/.local/share/cairn.
+func DefaultHome() (string, error) {
+	if h := os.Getenv("CAIRN_HOME"); h != "" {
+		return h, nil
+	}
+	if x := os.Getenv("XDG_DATA_HOME"); x != "" {
+		return filepath.Join(x, "cairn"), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", cairn.E("find home", cairn.NotFound, "", errors.New("set CAIRN_HOME: no home directory"))
+	}
+	return filepath.Join(home, ".local", "share", "cairn"), nil
+}
+
+// Options for Init and Open.
+type Options struct {
+	// Etcd overrides the configured endpoints (for Init: records them).
+	Etcd []string
+	// Passphrase is asked for when a sealed keyring must be opened, or for
+	// Init when NoPassphrase is false.
+	Passphrase   func() ([]byte, error)
+	NoPassphrase bool // Init only: keep keys in a 0600 file, unsealed
+	// Volume defaults, Init only.
+	ChunkAvg     int
+	KeepVersions int
+	TrashTTL     time.Duration
+	Workers      int
+	// LockTTL is the lease time of writer locks (default 15 s): how long a
+	// crashed writer can block others.
+	LockTTL time.Duration
+	Logger  *slog.Logger
+}
+
+// Realm is an open realm.
+type Realm struct {
+	Home   string
+	Config Config
+	Meta   *meta.Service
+	Store  cairn.Store
+	conn   *etcdsvc.Conn
+	opts   Options
+	keys   *keyring.Keyring
+	vols   map[string]*fs.Volume
+	log    *slog.Logger
+}
+
+func (o *Options) fill() {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.ChunkAvg == 0 {
+		o.ChunkAvg = DefaultChunkAvg
+	}
+	if o.KeepVersions == 0 {
+		o.KeepVersions = DefaultKeepVersions
+	}
+	if o.TrashTTL == 0 {
+		o.TrashTTL = DefaultTrashTTL
+	}
+	if o.Passphrase == nil {
+		o.Passphrase = func() ([]byte, error) {
+			return nil, cairn.E("passphrase", cairn.Permission, "", errors.New("the keyring is sealed: set CAIRN_PASSPHRASE"))
+		}
+	}
+}
+
+func configPath(home string) string  { return filepath.Join(home, "realm.json") }
+func keyringPath(home string) string { return filepath.Join(home, "keyring") }
+
+// Init creates a realm in home: keyring, metadata (embedded etcd unless
+// opts.Etcd), a local store and the default volume "home".
+func Init(ctx context.Context, home string, opts Options) (*Realm, error) {
+	opts.fill()
+	if _, err := os.Stat(configPath(home)); err == nil {
+		return nil, cairn.E("init", cairn.Exist, home, errors.New("a realm already exists here"))
+	}
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return nil, cairn.E("init", cairn.IO, home, err)
+	}
+	var pass []byte
+	if !opts.NoPassphrase {
+		p, err := opts.Passphrase()
+		if err != nil {
+			return nil, err
+		}
+		if len(p) == 0 {
+			return nil, cairn.E("init", cairn.Invalid, "", errors.New("empty passphrase (use --no-passphrase to keep keys unprotected)"))
+		}
+		pass = p
+	}
+	kr, err := keyring.Create(keyringPath(home), pass)
+	if err != nil {
+		return nil, err
+	}
+	cfg := Config{Format: ConfigVersion, RealmID: randomHex(12), Created: time.Now().UTC(), Etcd: opts.Etcd, StorePath: "store"}
+	r, err := connect(ctx, home, cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	r.keys = kr
+	if err := r.Meta.InitRealm(ctx, meta.RealmInfo{ID: cfg.RealmID, Created: cfg.Created.UnixNano(), Format: meta.FormatVersion}); err != nil {
+		r.Close()
+		return nil, err
+	}
+	if _, err := r.CreateVolume(ctx, DefaultVolume, opts.ChunkAvg, opts.KeepVersions, opts.TrashTTL); err != nil {
+		r.Close()
+		return nil, err
+	}
+	b, _ := json.MarshalIndent(cfg, "", "  ")
+	if err := keyring.WriteFileAtomic(configPath(home), b, 0o600); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Open opens the realm in home.
+func Open(ctx context.Context, home string, opts Options) (*Realm, error) {
+	opts.fill()
+	b, err := os.ReadFile(configPath(home))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, cairn.E("open realm", cairn.NotFound, home, errors.New("no realm here: run 'cairn init' (or set CAIRN_HOME)"))
+		}
+		return nil, cairn.E("open realm", cairn.IO, home, err)
+	}
+	var cfg Config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, cairn.E("open realm", cairn.Corrupt, configPath(home), err)
+	}
+	if cfg.Format != ConfigVersion {
+		return nil, cairn.E("open realm", cairn.Invalid, configPath(home), fmt.Errorf("realm format %d; this cairn reads %d", cfg.Format, ConfigVersion))
+	}
+	if len(opts.Etcd) > 0 {
+		cfg.Etcd = opts.Etcd
+	}
+	r, err := connect(ctx, home, cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	info, err := r.Meta.Realm(ctx)
+	if err != nil {
+		r.Close()
+		if errors.Is(err, cairn.ErrNotFound) {
+			return nil, cairn.E("open realm", cairn.NotFound, strings.Join(cfg.Etcd, ","), errors.New("the metadata service holds no realm"))
+		}
+		return nil, err
+	}
+	if info.ID != cfg.RealmID {
+		r.Close()
+		return nil, cairn.E("open realm", cairn.Invalid, home, fmt.Errorf("metadata service holds realm %s, this device belongs to %s", info.ID, cfg.RealmID))
+	}
+	return r, nil
+}
+
+func connect(ctx context.Context, home string, cfg Config, opts Options) (*Realm, error) {
+	var conn *etcdsvc.Conn
+	var err error
+	if len(cfg.Etcd) > 0 {
+		conn, err = etcdsvc.ConnectExternal(ctx, cfg.Etcd, etcdsvc.ConnectOptions{})
+	} else {
+		conn, err = etcdsvc.Connect(ctx, home, etcdsvc.ConnectOptions{})
+	}
+	if err != nil {
+		return nil, err
+	}
+	ms, err := meta.New(conn.Client(), meta.Options{Logger: opts.Logger, LockTTL: opts.LockTTL})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	st, err := localstore.Open(ctx, filepath.Join(home, cfg.StorePath), localstore.Options{Logger: opts.Logger})
+	if err != nil {
+		ms.Close()
+		conn.Close()
+		return nil, err
+	}
+	return &Realm{Home: home, Config: cfg, Meta: ms, Store: st, conn: conn, opts: opts, vols: map[string]*fs.Volume{}, log: opts.Logger}, nil
+}
+
+// Close releases everything the realm holds.
+func (r *Realm) Close() error {
+	for _, v := range r.vols {
+		v.Close()
+	}
+	err := r.Meta.Close()
+	if e := r.Store.Close(); err == nil {
+		err = e
+	}
+	if e := r.conn.Close(); err == nil {
+		err = e
+	}
+	return err
+}
+
+// Keyring opens the keyring on first use (asking for the passphrase then).
+func (r *Realm) Keyring() (*keyring.Keyring, error) {
+	if r.keys == nil {
+		k, err := keyring.Open(keyringPath(r.Home), r.opts.Passphrase)
+		if err != nil {
+			return nil, err
+		}
+		r.keys = k
+	}
+	return r.keys, nil
+}
+
+// CreateVolume makes a new volume with a fresh key.
+func (r *Realm) CreateVolume(ctx context.Context, name string, chunkAvg, keep int, trashTTL time.Duration) (*meta.Volume, error) {
+	if err := vpath.ValidVolume(name); err != nil {
+		return nil, cairn.E("create volume", cairn.Invalid, name, err)
+	}
+	p := chunker.Params{Min: chunkAvg / 4, Avg: chunkAvg, Max: chunkAvg * 8}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if keep < 1 {
+		return nil, cairn.E("create volume", cairn.Invalid, name, errors.New("must keep at least 1 version"))
+	}
+	kr, err := r.Keyring()
+	if err != nil {
+		return nil, err
+	}
+	master := keyring.NewMaster()
+	v := meta.Volume{Name: name, ID: randomHex(12), Created: time.Now().UnixNano(), KeyCheck: fs.KeyCheck(master),
+		ChunkMin: p.Min, ChunkAvg: p.Avg, ChunkMax: p.Max, KeepVersions: keep, TrashTTL: trashTTL}
+	// The key is saved before the volume exists, so a volume never exists
+	// without its key; a crash in between leaves only an unused key.
+	kr.Add(v.ID, master)
+	if err := kr.Save(); err != nil {
+		return nil, err
+	}
+	if err := r.Meta.CreateVolume(ctx, v, 0o755, uint32(os.Getuid()), uint32(os.Getgid())); err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+// Volume opens a volume by name (its key from the keyring).
+func (r *Realm) Volume(ctx context.Context, name string) (*fs.Volume, error) {
+	if v, ok := r.vols[name]; ok {
+		return v, nil
+	}
+	mv, err := r.Meta.Open(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	kr, err := r.Keyring()
+	if err != nil {
+		return nil, err
+	}
+	master, err := kr.Key(mv.V.ID, name)
+	if err != nil {
+		return nil, err
+	}
+	v, err := fs.Open(r.Meta, mv, master, r.Store, fs.Options{Workers: r.opts.Workers, Logger: r.log})
+	if err != nil {
+		return nil, err
+	}
+	r.vols[name] = v
+	return v, nil
+}
+
+// AllVolumes opens every volume of the realm.
+func (r *Realm) AllVolumes(ctx context.Context) ([]*fs.Volume, error) {
+	list, err := r.Meta.Volumes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*fs.Volume
+	for _, mv := range list {
+		v, err := r.Volume(ctx, mv.Name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
