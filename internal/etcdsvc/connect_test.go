@@ -483,3 +483,46 @@ func TestEndpointFile(t *testing.T) {
 		}
 	}
 }
+
+func TestStopDaemon(t *testing.T) {
+	home := t.TempDir()
+	if err := StopDaemon(home); err != nil {
+		t.Fatalf("StopDaemon of a realm that never ran a server: %v", err)
+	}
+	setLinger(t, time.Minute) // only StopDaemon ends this one
+	cleanupDaemon(t, home)
+	ctx := context.Background()
+	conn := connect(t, home)
+	defer conn.Close()
+	if _, err := conn.Client().Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	pid := daemonPID(home)
+	t0 := time.Now()
+	if err := StopDaemon(home); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("StopDaemon with a client connected: %v", time.Since(t0))
+	if pidAlive(pid) || daemonPID(home) != 0 || !serverLockFree(t, filepath.Join(home, "etcd")) {
+		t.Fatal("server still there after StopDaemon")
+	}
+	// The next Connect starts a new server on the same data.
+	conn2 := connect(t, home)
+	defer conn2.Close()
+	r, err := conn2.Client().Get(ctx, "k")
+	if err != nil || len(r.Kvs) != 1 {
+		t.Fatal(r, err)
+	}
+	// A killed server's endpoint file is cleared too.
+	pid = daemonPID(home)
+	syscall.Kill(pid, syscall.SIGKILL)
+	for pidAlive(pid) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := StopDaemon(home); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(home, "etcd", endpointName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stale endpoint file after StopDaemon: %v", err)
+	}
+}

@@ -2,13 +2,18 @@ package etcdsvc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
+
+	"cairn.dev/cairn/internal/cairn"
 )
 
 // RunDaemonIfRequested serves a realm's embedded etcd and exits the process
@@ -60,6 +65,11 @@ func runDaemon(home string, linger time.Duration, log io.Writer) int {
 		return 1
 	} else if !ok {
 		return 0 // another server holds the realm: it will serve our client
+	}
+	// For StopDaemon, which must find a server that has not published its
+	// endpoint yet.
+	if err := slock.Truncate(0); err == nil {
+		slock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	// Whatever endpoint file exists was left by a server that died.
 	os.Remove(filepath.Join(dir, endpointName))
@@ -136,5 +146,57 @@ func runDaemon(home string, linger time.Duration, log io.Writer) int {
 				logf("unlock %s: %v", clients.Name(), err)
 			}
 		}
+	}
+}
+
+// StopDaemon stops the server of the realm at home, if one runs, and waits
+// until it is gone (its data dir free, its endpoint file removed): SIGTERM,
+// then SIGKILL after 10 s. Its clients' requests fail from then on; the next
+// Connect starts a new server. For tests and tools that remove a realm or
+// need a cold start.
+func StopDaemon(home string) error {
+	const op = "stop etcd server"
+	dir := filepath.Join(home, "etcd")
+	slock, err := os.OpenFile(filepath.Join(dir, serverLockName), os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // never started
+	}
+	if err != nil {
+		return cairn.E(op, cairn.IO, home, err)
+	}
+	defer slock.Close()
+	const limit = 10 * time.Second
+	t0 := time.Now()
+	var signaled, killed int
+	for {
+		ok, err := tryLock(slock, syscall.LOCK_EX)
+		if err != nil {
+			return cairn.E(op, cairn.IO, home, err)
+		}
+		if ok { // no server (any more)
+			// An endpoint file now is a killed server's: clear it while no
+			// server can publish.
+			os.Remove(filepath.Join(dir, endpointName))
+			unlock(slock)
+			return nil
+		}
+		// The holder wrote its pid right after locking; a server that just
+		// took the lock may not have yet: retry.
+		b := make([]byte, 32)
+		n, _ := slock.ReadAt(b, 0)
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b[:n])))
+		switch {
+		case err != nil || pid <= 0 || !pidAlive(pid):
+		case time.Since(t0) > limit && killed != pid:
+			syscall.Kill(pid, syscall.SIGKILL)
+			killed = pid
+		case signaled != pid:
+			syscall.Kill(pid, syscall.SIGTERM)
+			signaled = pid
+		}
+		if time.Since(t0) > limit+5*time.Second {
+			return cairn.E(op, cairn.Unavailable, home, fmt.Errorf("server pid %d does not stop", pid))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -53,7 +53,13 @@ const (
 	defaultRetention = time.Hour
 	// Single-node raft timing: a node elects itself after one election
 	// timeout, so a short one is most of the start time (the defaults,
-	// 100 ms / 1 s, take ≈0.7 s to start).
+	// 100 ms / 1 s, take ≈0.7 s to start; 700 ms ≈0.45 s).
+	//
+	// Side effect on leases: etcd raises a granted TTL to at least
+	// 1.5 × election timeout rounded up to whole seconds, i.e. 2 s with
+	// default timing but 1 s here, so a 1 s lease stays 1 s. clientv3
+	// sends keep-alives at most every 500 ms, so a lease TTL under ~3 s
+	// can be lost on a loaded machine: lease users should ask for more.
 	tickMs     = 10
 	electionMs = 100
 	// startAttempts bounds retries when a picked free port is taken by
