@@ -6,6 +6,8 @@ package fs
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +42,8 @@ type Volume struct {
 	store cairn.Store
 	eng   *pipeline.Engine
 	wrap  [32]byte
+	// digestKey keys content digests (see digest).
+	digestKey [32]byte
 	// StoreName is recorded in each version as where its chunks live.
 	storeName string
 	log       *slog.Logger
@@ -77,7 +81,9 @@ func Open(svc *meta.Service, mv *meta.Vol, master volkey.Master, st cairn.Store,
 	if err != nil {
 		return nil, err
 	}
-	return &Volume{Meta: mv, svc: svc, store: st, eng: eng, wrap: master.ManifestWrap(), storeName: opts.StoreName, log: opts.Logger}, nil
+	v := &Volume{Meta: mv, svc: svc, store: st, eng: eng, wrap: master.ManifestWrap(), storeName: opts.StoreName, log: opts.Logger}
+	blake3.DeriveKey("cairn v1 content digest", master[:], v.digestKey[:])
+	return v, nil
 }
 
 // Close stops the volume's pipeline workers.
@@ -130,12 +136,24 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 		if err != nil {
 			return nil, total, err
 		}
-		mid, mst, err := v.putManifest(ctx, refs, st.LogicalBytes)
-		if err != nil {
+		digest := v.digest(refs, st.LogicalBytes)
+		var mid cairn.ID
+		cur, err := v.Meta.Get(ctx, dir.Ino, name)
+		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
 			return nil, total, err
 		}
-		total.NewStoredBytes += mst
-		ver := meta.Version{Manifest: mid, Size: st.LogicalBytes, Mtime: a.Mtime.UnixNano(), Stores: []string{v.storeName}, Chunks: len(refs), Src: a.Src}
+		if c := currentOf(cur); c != nil && c.Digest == digest && c.Size == st.LogicalBytes {
+			// Unchanged content: its manifest is already stored (and was live
+			// when we read the GC generation); commit refreshes mtime only.
+			mid = c.Manifest
+		} else {
+			var mst int64
+			if mid, mst, err = v.putManifest(ctx, refs, st.LogicalBytes); err != nil {
+				return nil, total, err
+			}
+			total.NewStoredBytes += mst
+		}
+		ver := meta.Version{Manifest: mid, Size: st.LogicalBytes, Mtime: a.Mtime.UnixNano(), Stores: []string{v.storeName}, Chunks: len(refs), Src: a.Src, Digest: digest}
 		e, _, err := v.Meta.CommitVersion(ctx, dir, name, meta.Commit{Version: ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: gen, Lock: lock})
 		if errors.Is(err, meta.ErrFenced) && attempt < 3 {
 			v.log.Info("garbage collection ran during write; writing again", "path", path)
@@ -164,6 +182,29 @@ func (v *Volume) noteGen(ctx context.Context, gen int64) error {
 	}
 	v.lastGen = gen
 	return nil
+}
+
+func currentOf(e *meta.Entry) *meta.Version {
+	if e == nil || e.Type != meta.TypeFile {
+		return nil
+	}
+	return e.Current()
+}
+
+// digest is a keyed hash of a file's size and chunk IDs: equal digests mean
+// equal content. Keyed with a volume secret, so it tells the metadata
+// service nothing it could compare across volumes.
+func (v *Volume) digest(refs []manifest.Ref, size int64) string {
+	kh, _ := blake3.NewKeyed(v.digestKey[:])
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(size))
+	kh.Write(b[:])
+	for i := range refs {
+		kh.Write(refs[i].ID[:])
+	}
+	var out [32]byte
+	kh.Sum(out[:0])
+	return hex.EncodeToString(out[:16])
 }
 
 func addStats(a, b WriteStats) WriteStats {

@@ -109,9 +109,24 @@ func TestWriteReadVersions(t *testing.T) {
 	if got, err := f.read(t, "x"); err != nil || !bytes.Equal(got, a) {
 		t.Fatalf("read = %d bytes, %v", len(got), err)
 	}
+	// The same content again adds no version and stores nothing new.
+	objs, _ := f.st.Stats(context.Background())
+	if e := f.write(t, "x", a); len(e.Versions) != 1 {
+		t.Fatalf("rewrite of the same content made %d versions", len(e.Versions))
+	}
+	if again, _ := f.st.Stats(context.Background()); again.Objects != objs.Objects {
+		t.Fatalf("rewrite of the same content stored %d objects", again.Objects-objs.Objects)
+	}
+	// One changed byte is a new version.
+	a2 := bytes.Clone(a)
+	a2[1000] ^= 1
+	if e := f.write(t, "x", a2); len(e.Versions) != 2 {
+		t.Fatalf("changed content made %d versions, want 2", len(e.Versions))
+	}
+	f.write(t, "x", a)
 	f.write(t, "x", b)
 	e := f.write(t, "x", c)
-	if len(e.Versions) != 2 || e.Current().N != 3 || e.Size != 0 {
+	if len(e.Versions) != 2 || e.Current().N != 5 || e.Size != 0 {
 		t.Fatalf("versions = %+v", e.Versions)
 	}
 	var buf bytes.Buffer

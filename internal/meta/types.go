@@ -66,6 +66,10 @@ type Version struct {
 	Stores    []string `json:"stores,omitempty"`
 	Chunks    int      `json:"chunks,omitempty"`
 	Src       Source   `json:"src,omitempty"`
+	// Digest identifies the content (a keyed hash of the chunk list), so a
+	// write of unchanged content updates the current version's mtime and
+	// source instead of adding a version.
+	Digest string `json:"digest,omitempty"`
 }
 
 // Entry is a directory entry with its inode: cairn has no hard links, so the

@@ -235,13 +235,20 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 		}
 		ver := c.Version
 		ver.N = 1
-		if last := next.Current(); last != nil {
+		last := next.Current()
+		if last != nil {
 			ver.N = last.N + 1
 		}
 		if ver.Committed == 0 {
 			ver.Committed = now
 		}
-		next.Versions = append(next.Versions, ver)
+		if last != nil && ver.Digest != "" && ver.Digest == last.Digest && ver.Size == last.Size {
+			// Same content: refresh the current version, add none.
+			last.Mtime, last.Src = ver.Mtime, ver.Src
+			ver = *last
+		} else {
+			next.Versions = append(next.Versions, ver)
+		}
 		var dropped []Version
 		if keep := v.V.KeepVersions; keep > 0 && len(next.Versions) > keep {
 			dropped = append(dropped, next.Versions[:len(next.Versions)-keep]...)
