@@ -107,6 +107,7 @@ func runDaemon(home string, linger time.Duration, log io.Writer) int {
 	shutdown := func(why string) {
 		os.Remove(filepath.Join(dir, endpointName))
 		srv.Close()
+		slock.Truncate(0) // our pid, for StopDaemon, goes with the lock
 		slock.Close()
 		logf("stopped: %s", why)
 	}
@@ -150,7 +151,8 @@ func runDaemon(home string, linger time.Duration, log io.Writer) int {
 }
 
 // StopDaemon stops the server of the realm at home, if one runs, and waits
-// until it is gone (its data dir free, its endpoint file removed): SIGTERM,
+// until it is gone (its data dir free, its endpoint file removed, its
+// process exited): SIGTERM,
 // then SIGKILL after 10 s. Its clients' requests fail from then on; the next
 // Connect starts a new server. For tests and tools that remove a realm or
 // need a cold start.
@@ -167,7 +169,7 @@ func StopDaemon(home string) error {
 	defer slock.Close()
 	const limit = 10 * time.Second
 	t0 := time.Now()
-	var signaled, killed int
+	var signaled, killed, last int
 	for {
 		ok, err := tryLock(slock, syscall.LOCK_EX)
 		if err != nil {
@@ -178,6 +180,10 @@ func StopDaemon(home string) error {
 			// server can publish.
 			os.Remove(filepath.Join(dir, endpointName))
 			unlock(slock)
+			// The process itself may take a moment more to exit.
+			for last != 0 && pidAlive(last) && time.Since(t0) < limit {
+				time.Sleep(10 * time.Millisecond)
+			}
 			return nil
 		}
 		// The holder wrote its pid right after locking; a server that just
@@ -187,6 +193,7 @@ func StopDaemon(home string) error {
 		pid, err := strconv.Atoi(strings.TrimSpace(string(b[:n])))
 		switch {
 		case err != nil || pid <= 0 || !pidAlive(pid):
+			pid = 0
 		case time.Since(t0) > limit && killed != pid:
 			syscall.Kill(pid, syscall.SIGKILL)
 			killed = pid
@@ -194,8 +201,11 @@ func StopDaemon(home string) error {
 			syscall.Kill(pid, syscall.SIGTERM)
 			signaled = pid
 		}
+		if pid != 0 {
+			last = pid
+		}
 		if time.Since(t0) > limit+5*time.Second {
-			return cairn.E(op, cairn.Unavailable, home, fmt.Errorf("server pid %d does not stop", pid))
+			return cairn.E(op, cairn.Unavailable, home, fmt.Errorf("server pid %d does not stop", last))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
