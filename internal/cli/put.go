@@ -16,6 +16,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/sync/singleflight"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
@@ -82,9 +84,16 @@ Files that cannot be read are reported and skipped; the exit code is then 1.`,
 	}
 	c.Flags().BoolVar(&force, "force", false, "store files even when unchanged")
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON summary on stdout")
-	c.Flags().IntVar(&workers, "workers", 0, "files written in parallel (default 4 per core)")
+	c.Flags().IntVar(&workers, "workers", 0, "files written in parallel (default 32 per core; memory is bounded separately)")
 	return c
 }
+
+// putWindow is the most memory one file's write holds (the pipeline's
+// window), and putBudget the most all files in flight hold together.
+const (
+	putWindow = 16 << 20
+	putBudget = 96 << 20
+)
 
 // putJob is one regular file to store.
 type putJob struct {
@@ -105,6 +114,7 @@ type putState struct {
 	// existing caches the entries of destination directories that existed
 	// before this put, for the unchanged-file check (one range read each).
 	existing map[uint64]map[string]*meta.Entry
+	reads    singleflight.Group
 }
 
 func (st *putState) fail(path string, err error) {
@@ -134,13 +144,20 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force bool, wo
 		return nil, err
 	}
 	if workers <= 0 {
-		workers = 4 * runtime.GOMAXPROCS(0)
+		// Small files are latency-bound (a metadata commit and a store
+		// fsync each, both batched across concurrent writers), so many run
+		// at once; memory is bounded by the byte budget below instead.
+		workers = 32 * runtime.GOMAXPROCS(0)
 	}
 	st := &putState{e: e, v: v, force: force, existing: map[uint64]map[string]*meta.Entry{}}
 	st.sum.WorkersUsed = workers
-	// Count what there is, so the bar can show a total.
+	// Count what there is, so the bar can show a total (only for a bar).
+	showBar := human && !e.quiet && isTerminal(e.stderr)
 	var totalFiles, totalBytes int64
 	for _, s := range srcs {
+		if !showBar {
+			break
+		}
 		_ = filepath.WalkDir(s, func(path string, d iofs.DirEntry, err error) error {
 			if err == nil && d.Type().IsRegular() {
 				if info, err := d.Info(); err == nil {
@@ -151,16 +168,24 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force bool, wo
 			return nil
 		})
 	}
-	st.sum.ScannedSource = totalBytes
-	st.prog = newProgress(e.stderr, human && !e.quiet && isTerminal(e.stderr), totalFiles, totalBytes)
+	st.prog = newProgress(e.stderr, showBar, totalFiles, totalBytes)
 	defer st.prog.finish()
 
 	jobs := make(chan putJob, 4*workers)
+	// Each file in flight holds up to one pipeline window of memory; the
+	// budget keeps a tree of large files from holding many windows at once.
+	budget := semaphore.NewWeighted(putBudget)
 	g, gctx := errgroup.WithContext(ctx)
 	for i := 0; i < workers; i++ {
 		g.Go(func() error {
 			for j := range jobs {
-				if err := st.putFile(gctx, j); err != nil {
+				w := min(j.info.Size(), putWindow) + 64<<10
+				if err := budget.Acquire(gctx, w); err != nil {
+					return err
+				}
+				err := st.putFile(gctx, j)
+				budget.Release(w)
+				if err != nil {
 					return err
 				}
 			}
@@ -263,18 +288,25 @@ func (st *putState) children(ctx context.Context, dir *meta.Entry) (map[string]*
 	if ok {
 		return m, nil
 	}
-	ents, err := st.v.Meta.ReadDir(ctx, dir.Ino)
+	// Many workers ask for the same directory at once: read it once.
+	v, err, _ := st.reads.Do(fmt.Sprint(dir.Ino), func() (any, error) {
+		ents, err := st.v.Meta.ReadDir(ctx, dir.Ino)
+		if err != nil {
+			return nil, err
+		}
+		m := make(map[string]*meta.Entry, len(ents))
+		for i := range ents {
+			m[ents[i].Name] = &ents[i]
+		}
+		st.mu.Lock()
+		st.existing[dir.Ino] = m
+		st.mu.Unlock()
+		return m, nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	m = make(map[string]*meta.Entry, len(ents))
-	for i := range ents {
-		m[ents[i].Name] = &ents[i]
-	}
-	st.mu.Lock()
-	st.existing[dir.Ino] = m
-	st.mu.Unlock()
-	return m, nil
+	return v.(map[string]*meta.Entry), nil
 }
 
 func (st *putState) mkdir(ctx context.Context, parent *meta.Entry, name string, info iofs.FileInfo) (*meta.Entry, error) {

@@ -50,6 +50,7 @@ type Volume struct {
 
 	genMu   sync.Mutex
 	lastGen int64
+	genOK   bool
 }
 
 // Options for Open.
@@ -119,11 +120,8 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 	defer lock.Unlock(ctx)
 	var total WriteStats
 	for attempt := 0; ; attempt++ {
-		gen, err := v.svc.WriteGen(ctx)
+		gen, err := v.writeGen(ctx)
 		if err != nil {
-			return nil, total, err
-		}
-		if err := v.noteGen(ctx, gen); err != nil {
 			return nil, total, err
 		}
 		r, err := open()
@@ -154,8 +152,9 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 			total.NewStoredBytes += mst
 		}
 		ver := meta.Version{Manifest: mid, Size: st.LogicalBytes, Mtime: a.Mtime.UnixNano(), Stores: []string{v.storeName}, Chunks: len(refs), Src: a.Src, Digest: digest}
-		e, _, err := v.Meta.CommitVersion(ctx, dir, name, meta.Commit{Version: ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: gen, Lock: lock})
-		if errors.Is(err, meta.ErrFenced) && attempt < 3 {
+		e, _, err := v.Meta.CommitVersion(ctx, dir, name, meta.Commit{Version: ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: gen, Lock: lock, Cur: meta.KnownEntry(cur)})
+		if errors.Is(err, meta.ErrFenced) && attempt < 20 {
+			v.staleGen()
 			v.log.Info("garbage collection ran during write; writing again", "path", path)
 			continue
 		}
@@ -163,25 +162,43 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 	}
 }
 
-// noteGen makes the pipeline forget which chunks it has stored, and a
-// shared store re-read what other processes deleted, whenever a garbage
-// collection has run since this volume last looked: those chunks may be
-// gone, and a writer that skipped storing one would commit a version
+// writeGen returns the GC generation writers must commit with. It is read
+// from etcd once and then reused: a commit with a stale generation is fenced
+// (it fails and the writer retries after staleGen), so caching costs nothing
+// in correctness and saves a round trip per file.
+//
+// Whenever the generation changes (a garbage collection ran), the pipeline
+// forgets which chunks it has stored and a shared store re-reads what other
+// processes deleted: those chunks may be gone, and a writer that skipped
+// storing one on the strength of a stale "present" would commit a version
 // missing it.
-func (v *Volume) noteGen(ctx context.Context, gen int64) error {
+func (v *Volume) writeGen(ctx context.Context) (int64, error) {
 	v.genMu.Lock()
 	defer v.genMu.Unlock()
-	if gen == v.lastGen {
-		return nil
+	if v.genOK {
+		return v.lastGen, nil
 	}
-	v.eng.Forget()
-	if r, ok := v.store.(store.Refresher); ok {
-		if err := r.Refresh(ctx); err != nil {
-			return err
+	gen, err := v.svc.WriteGen(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if gen != v.lastGen {
+		v.eng.Forget()
+		if r, ok := v.store.(store.Refresher); ok {
+			if err := r.Refresh(ctx); err != nil {
+				return 0, err
+			}
 		}
 	}
-	v.lastGen = gen
-	return nil
+	v.lastGen, v.genOK = gen, true
+	return gen, nil
+}
+
+// staleGen makes the next writeGen read the generation again.
+func (v *Volume) staleGen() {
+	v.genMu.Lock()
+	v.genOK = false
+	v.genMu.Unlock()
 }
 
 func currentOf(e *meta.Entry) *meta.Version {

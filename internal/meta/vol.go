@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -189,9 +190,19 @@ type Commit struct {
 	// since, the commit fails with ErrFenced and the caller must write its
 	// objects again.
 	Gen int64
-	// Lock, if not nil, must still be held for the commit to succeed.
+	// Lock, if not nil, must still be held for the commit to succeed; a
+	// successful commit releases it.
 	Lock *Lock
+	// Cur, if not nil, is the file's entry as the caller just read it (nil
+	// entry: absent), saving a read; a stale one only costs a retry.
+	Cur *Known
 }
+
+// Known wraps an entry read earlier (nil: the name was absent).
+type Known struct{ entry *Entry }
+
+// KnownEntry returns a Known for e (nil e: known absent).
+func KnownEntry(e *Entry) *Known { return &Known{entry: e} }
 
 // ErrFenced is returned (wrapped) by CommitVersion when a garbage collection
 // ran after the writer read its generation: the objects it wrote may have
@@ -207,9 +218,15 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 		return nil, nil, cairn.E("commit", cairn.NotDir, parent.Name, nil)
 	}
 	for attempt := 0; ; attempt++ {
-		cur, err := v.Get(ctx, parent.Ino, name)
-		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
-			return nil, nil, err
+		var cur *Entry
+		var err error
+		if attempt == 0 && c.Cur != nil {
+			cur, c.Cur = c.Cur.entry, nil
+		} else {
+			cur, err = v.Get(ctx, parent.Ino, name)
+			if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+				return nil, nil, err
+			}
 		}
 		now := time.Now().UnixNano()
 		var next Entry
@@ -256,17 +273,23 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 		}
 		next.Size, next.Mtime = ver.Size, ver.Mtime
 		cmps = append(cmps, v.s.fenceCmps(c.Gen)...)
-		if c.Lock != nil {
-			cmps = append(cmps, c.Lock.m.IsOwner())
-		}
 		b, _ := json.Marshal(next)
+		ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
+		if c.Lock != nil {
+			// The commit releases the lock in the same transaction.
+			cmps = append(cmps, c.Lock.owned())
+			ops = append(ops, clientv3.OpDelete(c.Lock.key))
+		}
 		cctx, cancel := v.s.opCtx(ctx)
-		resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(clientv3.OpPut(k, string(b))).Commit()
+		resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
 		cancel()
 		if err != nil {
 			return nil, nil, etcdErr("commit", name, err)
 		}
 		if resp.Succeeded {
+			if c.Lock != nil {
+				c.Lock.markReleased()
+			}
 			next.Rev = resp.Header.Revision
 			return &next, dropped, nil
 		}
@@ -539,12 +562,23 @@ func (v *Vol) Walk(ctx context.Context, fn func(e *Entry, trashed bool) error) e
 
 // ---- writer locks ----
 
-// Lock is an ephemeral writer lock on one name, held through the Service's
-// lease: if the holder dies, it disappears after LockTTL.
+// Lock is an ephemeral writer lock on one name: a key bound to the
+// Service's lease, so if the holder dies it disappears after LockTTL.
+// Acquiring it is one transaction; a commit that succeeds releases it in the
+// same transaction.
 type Lock struct {
-	m       *concurrency.Mutex
-	sess    *concurrency.Session
-	release func()
+	s        *Service
+	key      string
+	rev      int64 // the revision that created the key: our ownership
+	sess     *concurrency.Session
+	release  func()
+	mu       sync.Mutex
+	released bool
+}
+
+// owned is the compare that holds only while this lock is ours.
+func (l *Lock) owned() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)
 }
 
 // Lost reports whether the lease behind the lock has expired.
@@ -557,38 +591,89 @@ func (l *Lock) Lost() bool {
 	}
 }
 
-// Unlock releases the lock.
+// markReleased records that a commit deleted the key; it reports whether
+// the lock was still held.
+func (l *Lock) markReleased() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.released {
+		return false
+	}
+	l.released = true
+	l.release()
+	return true
+}
+
+// Unlock releases the lock (a no-op after a commit released it).
 func (l *Lock) Unlock(ctx context.Context) error {
+	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return nil
+	}
+	l.released = true
+	l.mu.Unlock()
 	defer l.release()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	return etcdErr("unlock", "", l.m.Unlock(ctx))
+	_, err := l.s.cli.Txn(ctx).If(l.owned()).Then(clientv3.OpDelete(l.key)).Commit()
+	return etcdErr("unlock", "", err)
 }
 
 // Lock waits (until ctx ends) for the writer lock on name in directory
 // parent and returns it. Goroutines of one process share the process's
 // lease, so they first queue on an in-process lock for the same key; the
-// etcd mutex then serializes processes.
+// etcd key then serializes processes.
 func (v *Vol) Lock(ctx context.Context, parent uint64, name string) (*Lock, error) {
 	key := v.base + "lock/" + inoHex(parent) + "/" + name
+	timeout := func() error {
+		return cairn.E("lock", cairn.Conflict, name, errors.New("another writer holds this file; timed out waiting"))
+	}
 	release, err := v.s.local.lock(ctx, key)
 	if err != nil {
-		return nil, cairn.E("lock", cairn.Conflict, name, errors.New("another writer holds this file; timed out waiting"))
+		return nil, timeout()
 	}
 	sess, err := v.s.sess(ctx)
 	if err != nil {
 		release()
 		return nil, err
 	}
-	m := concurrency.NewMutex(sess, key)
-	if err := m.Lock(ctx); err != nil {
-		release()
-		if errors.Is(err, context.DeadlineExceeded) {
-			return nil, cairn.E("lock", cairn.Conflict, name, errors.New("another writer holds this file; timed out waiting"))
+	host, _ := os.Hostname()
+	who := fmt.Sprintf("%s pid %d", host, os.Getpid())
+	for {
+		cctx, cancel := v.s.opCtx(ctx)
+		resp, err := v.s.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, who, clientv3.WithLease(sess.Lease()))).Commit()
+		cancel()
+		if err != nil {
+			release()
+			if ctx.Err() != nil {
+				return nil, timeout()
+			}
+			return nil, etcdErr("lock", name, err)
 		}
-		return nil, etcdErr("lock", name, err)
+		if resp.Succeeded {
+			return &Lock{s: v.s, key: key, rev: resp.Header.Revision, sess: sess, release: release}, nil
+		}
+		// Held by another process: wait for its key to go, then try again.
+		wctx, wcancel := context.WithTimeout(ctx, 2*time.Second)
+		for wr := range v.s.cli.Watch(wctx, key, clientv3.WithRev(resp.Header.Revision+1)) {
+			done := false
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					done = true
+				}
+			}
+			if done {
+				break
+			}
+		}
+		wcancel()
+		if ctx.Err() != nil {
+			release()
+			return nil, timeout()
+		}
 	}
-	return &Lock{m: m, sess: sess, release: release}, nil
 }
 
 // keyedLocks is a set of in-process mutexes by key, created on demand and
