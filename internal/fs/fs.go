@@ -57,7 +57,10 @@ type Volume struct {
 type Options struct {
 	StoreName string // recorded in versions; default "local"
 	Workers   int    // pipeline workers; 0 = all cores
-	Logger    *slog.Logger
+	// PutConcurrency is how many Puts one file's write keeps in flight;
+	// 0 = 256 (each holds one chunk: 4 MiB at the default chunk size).
+	PutConcurrency int
+	Logger         *slog.Logger
 }
 
 // Open joins a volume's namespace handle with its master key and a store.
@@ -69,6 +72,9 @@ func Open(svc *meta.Service, mv *meta.Vol, master volkey.Master, st cairn.Store,
 	if opts.StoreName == "" {
 		opts.StoreName = "local"
 	}
+	if opts.PutConcurrency == 0 {
+		opts.PutConcurrency = 256
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -77,7 +83,11 @@ func Open(svc *meta.Service, mv *meta.Vol, master volkey.Master, st cairn.Store,
 		Gear:    master.Gear(),
 		Params:  chunker.Params{Min: mv.V.ChunkMin, Avg: mv.V.ChunkAvg, Max: mv.V.ChunkMax},
 		Workers: opts.Workers,
-		Logger:  opts.Logger,
+		// A Put returns after the store's fsync, which the local store
+		// shares among the Puts in flight (group commit): with 4 in flight
+		// a large file went at 53 MB/s, fsync-bound; 64: 158 MB/s; 256: 291 MB/s.
+		PutConcurrency: opts.PutConcurrency,
+		Logger:         opts.Logger,
 	}, st)
 	if err != nil {
 		return nil, err
