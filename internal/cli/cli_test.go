@@ -448,3 +448,65 @@ func TestPutWhileGC(t *testing.T) {
 		}
 	}
 }
+
+// TestDamagedStore damages the local store on disk, as a failing disk would,
+// and checks that reads and fsck name the damage and exit 5, that fsck
+// names the damaged file, and that the other file still reads.
+func TestDamagedStore(t *testing.T) {
+	r := newRealm(t)
+	src := t.TempDir()
+	good, bad := randBytes(100<<10), randBytes(1<<20)
+	writeFile(t, filepath.Join(src, "good.bin"), good, 0o644)
+	putJSON(t, r, filepath.Join(src, "good.bin"), "home:/")
+	writeFile(t, filepath.Join(src, "bad.bin"), bad, 0o644)
+	putJSON(t, r, filepath.Join(src, "bad.bin"), "home:/")
+	// The newest pack holds bad.bin's chunks: flip bytes in its middle.
+	packs, _ := filepath.Glob(filepath.Join(r.home, "store", "packs", "*.pack"))
+	if len(packs) == 0 {
+		t.Fatal("no pack files found")
+	}
+	var newest string
+	var newestTime time.Time
+	for _, p := range packs {
+		if st, err := os.Stat(p); err == nil && st.Size() > 500<<10 && st.ModTime().After(newestTime) {
+			newest, newestTime = p, st.ModTime()
+		}
+	}
+	if newest == "" {
+		t.Fatalf("no pack large enough among %v", packs)
+	}
+	f, err := os.OpenFile(newest, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := f.Stat()
+	buf := make([]byte, 64)
+	off := st.Size() / 2
+	f.ReadAt(buf, off)
+	for i := range buf {
+		buf[i] ^= 0x5a
+	}
+	f.WriteAt(buf, off)
+	f.Close()
+
+	res := r.fails(cli.ExitDamaged, "cat", "home:/bad.bin")
+	if !strings.Contains(res.stderr, "corrupt") || !strings.Contains(res.stderr, "bad.bin") {
+		t.Errorf("cat of a damaged file says: %s", res.stderr)
+	}
+	if got := r.ok("cat", "home:/good.bin"); got != string(good) {
+		t.Error("undamaged file changed")
+	}
+	res = r.fails(cli.ExitDamaged, "fsck", "--read-data")
+	if !strings.Contains(res.stdout, "DAMAGED home:/bad.bin") || strings.Contains(res.stdout, "good.bin") {
+		t.Errorf("fsck output:\n%s", res.stdout)
+	}
+	// get refuses to write the damaged file and leaves no partial file.
+	dst := filepath.Join(t.TempDir(), "out.bin")
+	r.fails(cli.ExitDamaged, "get", "home:/bad.bin", dst)
+	if _, err := os.Stat(dst); !os.IsNotExist(err) {
+		t.Errorf("get left %s behind: %v", dst, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(dst), ".cairn-get-*")); len(left) > 0 {
+		t.Errorf("get left temporary files: %v", left)
+	}
+}
