@@ -34,9 +34,13 @@ would free and changes nothing.`,
 			if err != nil {
 				return err
 			}
-			prog := newProgress(e.stderr, !asJSON && !e.quiet && isTerminal(e.stderr), 0, 0)
-			rep, err := fs.GC(ctx, r.Meta, vols, r.Store, fs.GCOptions{DryRun: dry})
-			prog.finish()
+			st, err := r.Store(ctx)
+			if err != nil {
+				return err
+			}
+			bar := newCountBar(e.stderr, !asJSON && !e.quiet && isTerminal(e.stderr), "marking versions")
+			rep, err := fs.GC(ctx, r.Meta, vols, st, fs.GCOptions{DryRun: dry, Progress: bar.set})
+			bar.finish()
 			if err != nil {
 				return err
 			}
@@ -81,9 +85,13 @@ damaged file and version on any problem.`,
 			if err != nil {
 				return err
 			}
-			prog := newProgress(e.stderr, !asJSON && !e.quiet && isTerminal(e.stderr), 0, 0)
-			rep, err := fs.Fsck(ctx, vols, r.Store, readData, nil)
-			prog.finish()
+			st, err := r.Store(ctx)
+			if err != nil {
+				return err
+			}
+			bar := newCountBar(e.stderr, !asJSON && !e.quiet && isTerminal(e.stderr), "checking versions")
+			rep, err := fs.Fsck(ctx, vols, st, readData, bar.set)
+			bar.finish()
 			if err != nil {
 				return err
 			}
@@ -138,7 +146,11 @@ func (e *env) statsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := fs.ComputeStats(ctx, vols, r.Store)
+			st, err := r.Store(ctx)
+			if err != nil {
+				return err
+			}
+			s, err := fs.ComputeStats(ctx, vols, st)
 			if err != nil {
 				return err
 			}

@@ -100,3 +100,40 @@ func human1024(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
+
+// countBar counts items (versions checked, marked) once their total is
+// known. Without a terminal it does nothing. Safe for concurrent use.
+type countBar struct {
+	w    io.Writer
+	show bool
+	desc string
+	mu   sync.Mutex
+	bar  *progressbar.ProgressBar
+}
+
+func newCountBar(w io.Writer, show bool, desc string) *countBar {
+	return &countBar{w: w, show: show, desc: desc}
+}
+
+func (c *countBar) set(done, total int) {
+	if !c.show {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bar == nil {
+		c.bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(c.w), progressbar.OptionSetDescription(c.desc),
+			progressbar.OptionShowCount(), progressbar.OptionSetWidth(24), progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionClearOnFinish(), progressbar.OptionSetPredictTime(true))
+	}
+	_ = c.bar.Set(done)
+}
+
+func (c *countBar) finish() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bar != nil {
+		_ = c.bar.Finish()
+		_ = c.bar.Clear()
+	}
+}

@@ -88,7 +88,7 @@ type Realm struct {
 	Home   string
 	Config Config
 	Meta   *meta.Service
-	Store  cairn.Store
+	store  cairn.Store // opened on first use: commands on names alone never pay for it
 	conn   *etcdsvc.Conn
 	opts   Options
 	keys   *keyring.Keyring
@@ -221,13 +221,19 @@ func connect(ctx context.Context, home string, cfg Config, opts Options) (*Realm
 		conn.Close()
 		return nil, err
 	}
-	st, err := localstore.Open(ctx, filepath.Join(home, cfg.StorePath), localstore.Options{Logger: opts.Logger})
-	if err != nil {
-		ms.Close()
-		conn.Close()
-		return nil, err
+	return &Realm{Home: home, Config: cfg, Meta: ms, conn: conn, opts: opts, vols: map[string]*fs.Volume{}, log: opts.Logger}, nil
+}
+
+// Store opens the realm's local store on first use.
+func (r *Realm) Store(ctx context.Context) (cairn.Store, error) {
+	if r.store == nil {
+		st, err := localstore.Open(ctx, filepath.Join(r.Home, r.Config.StorePath), localstore.Options{Logger: r.log})
+		if err != nil {
+			return nil, err
+		}
+		r.store = st
 	}
-	return &Realm{Home: home, Config: cfg, Meta: ms, Store: st, conn: conn, opts: opts, vols: map[string]*fs.Volume{}, log: opts.Logger}, nil
+	return r.store, nil
 }
 
 // Close releases everything the realm holds.
@@ -236,8 +242,10 @@ func (r *Realm) Close() error {
 		v.Close()
 	}
 	err := r.Meta.Close()
-	if e := r.Store.Close(); err == nil {
-		err = e
+	if r.store != nil {
+		if e := r.store.Close(); err == nil {
+			err = e
+		}
 	}
 	if e := r.conn.Close(); err == nil {
 		err = e
@@ -305,7 +313,11 @@ func (r *Realm) Volume(ctx context.Context, name string) (*fs.Volume, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, err := fs.Open(r.Meta, mv, master, r.Store, fs.Options{Workers: r.opts.Workers, Logger: r.log})
+	st, err := r.Store(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v, err := fs.Open(r.Meta, mv, master, st, fs.Options{Workers: r.opts.Workers, Logger: r.log})
 	if err != nil {
 		return nil, err
 	}
