@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -90,6 +91,7 @@ type env struct {
 	etcd           string
 	verbose        bool
 	quiet          bool
+	cpuprofile     string
 	log            *slog.Logger
 	realm          *realm.Realm
 }
@@ -154,7 +156,21 @@ lease, default 15s: how long a crashed writer can block others).`,
 			if e.etcd == "" {
 				e.etcd = os.Getenv("CAIRN_ETCD")
 			}
+			if e.cpuprofile != "" {
+				f, err := os.Create(e.cpuprofile)
+				if err != nil {
+					return err
+				}
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+			}
 			return nil
+		},
+		PersistentPostRun: func(cmd *cobra.Command, args []string) {
+			if e.cpuprofile != "" {
+				pprof.StopCPUProfile()
+			}
 		},
 	}
 	root.SetOut(e.stdout)
@@ -167,6 +183,8 @@ lease, default 15s: how long a crashed writer can block others).`,
 	pf.StringVar(&e.etcd, "etcd", "", "external etcd endpoints host:port,... (default $CAIRN_ETCD, else the embedded one)")
 	pf.BoolVarP(&e.verbose, "verbose", "v", false, "log what happens")
 	pf.BoolVarP(&e.quiet, "quiet", "q", false, "no progress bars")
+	pf.StringVar(&e.cpuprofile, "cpuprofile", "", "write a CPU profile to this file (for developers)")
+	_ = pf.MarkHidden("cpuprofile")
 	root.AddCommand(e.initCmd(), e.putCmd(), e.getCmd(), e.lsCmd(), e.catCmd(), e.mkdirCmd(), e.rmCmd(),
 		e.mvCmd(), e.versionsCmd(), e.restoreCmd(), e.trashCmd(), e.gcCmd(), e.fsckCmd(), e.statsCmd(), e.volumeCmd())
 	return root
