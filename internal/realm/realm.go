@@ -154,6 +154,11 @@ func Init(ctx context.Context, home string, opts Options) (*Realm, error) {
 		r.Close()
 		return nil, err
 	}
+	// Create the local store now, so later commands only ever open it.
+	if _, err := r.Store(ctx); err != nil {
+		r.Close()
+		return nil, err
+	}
 	if _, err := r.CreateVolume(ctx, DefaultVolume, opts.ChunkAvg, opts.KeepVersions, opts.TrashTTL); err != nil {
 		r.Close()
 		return nil, err
