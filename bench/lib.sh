@@ -3,7 +3,8 @@
 #
 # Environment (all optional):
 #   RUNS          runs per tool, medians reported (default 3)
-#   CAIRN         a cairn binary to use (default: go build ./cmd/cairn into the work dir)
+#   CAIRN         a cairn binary to use (default: go build ./cmd/cairn of HEAD, see build_cairn)
+#   BENCH_WORKTREE=1  build from the working tree (uncommitted edits) instead of HEAD
 #   BENCH_CACHE   generated/downloaded inputs, kept between runs
 #                 (default ${XDG_CACHE_HOME:-~/.cache}/cairn-bench)
 #   BENCH_TMP     where fresh realms and restic repos are made (default /var/tmp)
@@ -53,30 +54,32 @@ for c in restic jq rsync /usr/bin/time; do
 	command -v "$c" >/dev/null || die "missing $c: run scripts/test-deps.sh"
 done
 
-# build_cairn: sets CAIRN to a binary built from this checkout (unless CAIRN is set).
+# build_cairn: sets CAIRN to a binary built from this checkout's HEAD commit (a clean
+# `git archive` snapshot, so the figures belong to a commit even while others have edits in
+# the working tree), or from the working tree with BENCH_WORKTREE=1, unless CAIRN is set.
 build_cairn() {
 	CAIRN_COMMIT=-
 	want cairn || return 0
 	if [[ -n ${CAIRN:-} ]]; then
 		CAIRN=$(command -v "$CAIRN") || die "CAIRN=$CAIRN not found"
+		CAIRN_COMMIT="binary $CAIRN"
+		return 0
+	fi
+	mkdir -p "$WORK/bin"
+	local src=$REPO_ROOT
+	CAIRN_COMMIT=$(cd "$REPO_ROOT" && git rev-parse --short HEAD)
+	if [[ ${BENCH_WORKTREE:-0} == 1 ]]; then
+		if [[ -n $(cd "$REPO_ROOT" && git status --porcelain -- cmd internal go.mod go.sum) ]]; then
+			CAIRN_COMMIT="$CAIRN_COMMIT+worktree"
+		fi
 	else
-		mkdir -p "$WORK/bin"
-		echo "building cairn from $REPO_ROOT" >&2
-		(cd "$REPO_ROOT" && go build -o "$WORK/bin/cairn" ./cmd/cairn) || die "go build ./cmd/cairn failed"
-		CAIRN=$WORK/bin/cairn
+		src=$WORK/src
+		mkdir -p "$src"
+		(cd "$REPO_ROOT" && git archive HEAD) | tar -x -C "$src"
 	fi
-	CAIRN_COMMIT=$(cd "$REPO_ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
-	if [[ -n $(cd "$REPO_ROOT" && git status --porcelain -- cmd internal go.mod go.sum 2>/dev/null) ]]; then
-		CAIRN_COMMIT="$CAIRN_COMMIT+dirty"
-	fi
-}
-
-# new_realm DIR: a fresh cairn realm in DIR (not timed).
-new_realm() {
-	rm -rf "$1"
-	mkdir -p "$1"
-	CAIRN_HOME=$1 "$CAIRN" init --no-passphrase >"$1.init.log" 2>&1 </dev/null ||
-		{ cat "$1.init.log" >&2; die "cairn init failed"; }
+	echo "building cairn $CAIRN_COMMIT" >&2
+	(cd "$src" && go build -o "$WORK/bin/cairn" ./cmd/cairn) || die "go build ./cmd/cairn failed"
+	CAIRN=$WORK/bin/cairn
 }
 
 # The embedded etcd runs in a daemon that the first cairn command of a realm starts (init
