@@ -21,6 +21,7 @@ var layer = map[string]int{
 	"internal/chunker":  2,
 	"internal/store":    2, // optional store abilities and helpers
 	"internal/manifest": 2,
+	"internal/pki":      2, // realm CA, join tokens, revocation, TLS configs
 
 	"internal/pipeline":                 3,
 	"internal/keyring":                  3,
