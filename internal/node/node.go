@@ -372,7 +372,7 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, op string, ma
 	if n < 0 {
 		n = 512
 	}
-	buf := make([]byte, 0, n)
+	buf := make([]byte, 0, n+1) // +1: room to see EOF without growing
 	body, err := readAll(buf, h.stallReader(w, http.MaxBytesReader(w, r.Body, max)))
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -515,6 +515,13 @@ func (h *Handler) getOne(w http.ResponseWriter, r *http.Request, id cairn.ID) {
 	_, _ = h.stallWriter(w).Write(data)
 }
 
+// Read-ahead of a get request: getWorkers goroutines read at most getAhead
+// objects ahead of what has been sent.
+const (
+	getWorkers = 4
+	getAhead   = 16
+)
+
 // getBatch answers a get request with a get stream. The objects are read
 // a few at a time ahead of the writer, and written in request order.
 func (h *Handler) getBatch(w http.ResponseWriter, r *http.Request) {
@@ -533,25 +540,38 @@ func (h *Handler) getBatch(w http.ResponseWriter, r *http.Request) {
 		data []byte
 		err  error
 	}
-	const ahead = 8
+	// getAhead workers read objects in order, each into its slot; the
+	// writer below sends them in order. A worker runs at most getAhead
+	// objects ahead of the writer (slots are released as they are sent).
 	results := make([]chan result, len(ids))
 	for i := range results {
 		results[i] = make(chan result, 1)
 	}
-	sem := make(chan struct{}, ahead)
+	next := make(chan int)
+	sem := make(chan struct{}, getAhead)
 	go func() {
-		for i, id := range ids {
+		defer close(next)
+		for i := range ids {
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
 				return
 			}
-			go func() {
-				data, err := h.cfg.Store.Get(ctx, id)
-				results[i] <- result{data, err}
-			}()
+			select {
+			case next <- i:
+			case <-ctx.Done():
+				return
+			}
 		}
 	}()
+	for range min(getWorkers, len(ids)) {
+		go func() {
+			for i := range next {
+				data, err := h.cfg.Store.Get(ctx, ids[i])
+				results[i] <- result{data, err}
+			}
+		}()
+	}
 	w.Header().Set("Content-Type", wire.TypeGetReply)
 	out := h.stallWriter(w)
 	buf := make([]byte, 0, 256<<10)
