@@ -82,6 +82,14 @@ build_cairn() {
 	CAIRN=$WORK/bin/cairn
 }
 
+# new_realm DIR: a fresh cairn realm in DIR (not timed).
+new_realm() {
+	rm -rf "$1"
+	mkdir -p "$1"
+	CAIRN_HOME=$1 "$CAIRN" init --no-passphrase >"$1.init.log" 2>&1 </dev/null ||
+		{ cat "$1.init.log" >&2; die "cairn init failed"; }
+}
+
 # The embedded etcd runs in a daemon that the first cairn command of a realm starts (init
 # does) and that exits after an idle linger (30 s). The harnesses leave it up between the
 # commands of a run, like a shell loop of cairn commands, report its peak RSS beside the
