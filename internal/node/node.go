@@ -372,7 +372,7 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, op string, ma
 	if n < 0 {
 		n = 512
 	}
-	buf := make([]byte, 0, n+1) // +1: room to see EOF without growing
+	buf := getBuf(int(n) + 1) // +1: room to see EOF without growing
 	body, err := readAll(buf, h.stallReader(w, http.MaxBytesReader(w, r.Body, max)))
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -387,6 +387,33 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, op string, ma
 		return nil, false
 	}
 	return body, true
+}
+
+// Request bodies up to poolMax bytes are read into pooled buffers, handed
+// back when the request is done (stores do not keep what Put is given).
+const poolMax = 8 << 20
+
+var bodyPool = sync.Pool{New: func() any { return new([]byte) }}
+
+// getBuf returns an empty buffer of capacity at least n.
+func getBuf(n int) []byte {
+	if n > poolMax {
+		return make([]byte, 0, n)
+	}
+	bp := bodyPool.Get().(*[]byte)
+	if cap(*bp) < n {
+		return make([]byte, 0, max(n, 64<<10))
+	}
+	return (*bp)[:0]
+}
+
+// putBuf returns a buffer from getBuf to the pool.
+func putBuf(b []byte) {
+	if cap(b) > poolMax+1 {
+		return
+	}
+	b = b[:0]
+	bodyPool.Put(&b)
 }
 
 // readAll is io.ReadAll into buf.
@@ -452,6 +479,7 @@ func (h *Handler) putOne(w http.ResponseWriter, r *http.Request, id cairn.ID) {
 	if !ok {
 		return
 	}
+	defer putBuf(data)
 	if err := checkID("put", id, data); err != nil {
 		h.fail(w, r, 0, err)
 		return
@@ -468,6 +496,7 @@ func (h *Handler) putBatch(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	defer putBuf(body)
 	objs, err := wire.DecodeObjects(body)
 	if err != nil {
 		h.fail(w, r, 0, err)

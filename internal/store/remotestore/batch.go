@@ -3,9 +3,11 @@ package remotestore
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 
@@ -205,17 +207,21 @@ func (s *Store) runPuts() {
 
 // putBatch sends the calls as one put batch and hands each its result.
 func (s *Store) putBatch(calls []*putCall) {
+	// The body is gathered from the calls' own copies, not copied again.
 	n := 0
+	hdrs := make([]byte, 0, len(calls)*wire.ObjectHeader)
+	body := make(net.Buffers, 0, 2*len(calls))
 	for _, c := range calls {
 		n += wire.ObjectHeader + len(c.data)
+		hdrs = wire.AppendObject(hdrs, c.id, nil)
+		body = append(body, hdrs[len(hdrs)-wire.ObjectHeader:], c.data)
 	}
-	body := make([]byte, 0, n)
-	for _, c := range calls {
-		body = wire.AppendObject(body, c.id, c.data)
+	for i, c := range calls { // AppendObject wrote length 0: the real lengths
+		binary.BigEndian.PutUint32(hdrs[i*wire.ObjectHeader+cairn.IDSize:], uint32(len(c.data)))
 	}
 	errs := make([]error, len(calls))
 	err := func() error {
-		resp, err := s.do(s.ctx, "put", "", http.MethodPost, wire.PathPut, body, batchBody, http.StatusOK)
+		resp, err := s.doReader(s.ctx, "put", "", http.MethodPost, wire.PathPut, &body, int64(n), batchBody, http.StatusOK)
 		if err != nil {
 			return err
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/store/localstore"
 	"cairn.dev/cairn/internal/store/memstore"
 	"cairn.dev/cairn/internal/store/storetest"
 )
@@ -78,27 +79,38 @@ func BenchmarkPut100MB(b *testing.B) {
 
 func BenchmarkGet100MB(b *testing.B) {
 	cs := benchData()
-	r := newRealm(b)
 	ctx := context.Background()
-	ms := memstore.New()
-	for _, c := range cs {
-		if err := ms.Put(ctx, c.id, c.data); err != nil {
-			b.Fatal(err)
-		}
-	}
-	addr := r.serve(b, "node", ms)
-	b.SetBytes(int64(len(cs) * benchChunk))
-	cpu0 := cpuTime()
-	for b.Loop() {
-		// A fresh client each round: cold connection, nothing cached.
-		s := r.client(b, addr, "laptop", "node")
-		parallel(b, cs, func(c chunk) error {
-			_, err := s.Get(ctx, c.id)
-			return err
+	for _, backend := range []string{"memstore", "localstore"} {
+		b.Run(backend, func(b *testing.B) {
+			var st cairn.Store = memstore.New()
+			if backend == "localstore" {
+				ls, err := localstore.Open(ctx, b.TempDir(), localstore.Options{NoSync: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				st = ls
+			}
+			for _, c := range cs {
+				if err := st.Put(ctx, c.id, c.data); err != nil {
+					b.Fatal(err)
+				}
+			}
+			r := newRealm(b)
+			addr := r.serve(b, "node", st)
+			b.SetBytes(int64(len(cs) * benchChunk))
+			cpu0 := cpuTime()
+			for b.Loop() {
+				// A fresh client each round: new connection, nothing cached.
+				s := r.client(b, addr, "laptop", "node")
+				parallel(b, cs, func(c chunk) error {
+					_, err := s.Get(ctx, c.id)
+					return err
+				})
+				s.Close()
+			}
+			reportCPU(b, cpu0, int64(len(cs)*benchChunk))
 		})
-		s.Close()
 	}
-	reportCPU(b, cpu0, int64(len(cs)*benchChunk))
 }
 
 func BenchmarkHas100MB(b *testing.B) {
