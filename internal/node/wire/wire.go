@@ -90,7 +90,7 @@ func Decompress(src []byte, max int) ([]byte, error) {
 	if err := h.Decode(src); err != nil {
 		return nil, invalid("zstd", err)
 	}
-	n := max
+	n := min(max, 64<<10) // tiny frames carry no content size: try small first
 	if h.HasFCS {
 		if h.FrameContentSize > uint64(max) {
 			return nil, invalid("zstd", fmt.Errorf("content of %d bytes exceeds %d", h.FrameContentSize, max))
@@ -98,6 +98,9 @@ func Decompress(src []byte, max int) ([]byte, error) {
 		n = int(h.FrameContentSize)
 	}
 	out, err := decoder.DecodeAll(src, make([]byte, 0, n))
+	if errors.Is(err, zstd.ErrDecoderSizeExceeded) && n < max {
+		out, err = decoder.DecodeAll(src, make([]byte, 0, max))
+	}
 	if err != nil {
 		return nil, invalid("zstd", err)
 	}

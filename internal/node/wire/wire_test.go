@@ -48,6 +48,35 @@ func TestIDsRoundTrip(t *testing.T) {
 	}
 }
 
+// streamed compresses b as a streamed frame, which declares no content size.
+func streamed(t *testing.T, b []byte) []byte {
+	var buf bytes.Buffer
+	w := NewListWriter(&buf) // any stream encoder will do
+	defer w.Close()
+	if _, err := w.enc.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.enc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestDecompressWithoutContentSize(t *testing.T) {
+	mid := bytes.Repeat([]byte("0123456789abcdef"), 100<<10/16) // 100 KiB: past the first guess
+	got, err := Decompress(streamed(t, mid), 1<<20)
+	if err != nil || !bytes.Equal(got, mid) {
+		t.Fatalf("100 KiB streamed frame: %d bytes, %v", len(got), err)
+	}
+	if _, err := Decompress(streamed(t, make([]byte, 8<<20)), 1<<20); !errors.Is(err, cairn.ErrInvalid) {
+		t.Fatalf("8 MiB streamed frame, limit 1 MiB: %v, want Invalid", err)
+	}
+	tiny, err := Decompress(Compress(nil, []byte("tiny")), 1<<20)
+	if err != nil || string(tiny) != "tiny" {
+		t.Fatalf("tiny: %q, %v", tiny, err)
+	}
+}
+
 func TestBitmapRoundTrip(t *testing.T) {
 	for _, n := range []int{0, 1, 8, 9, 5000} {
 		bits := make([]bool, n)
