@@ -446,6 +446,7 @@ func (h *Handler) has(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ids, err := wire.DecodeIDs(body)
+	putBuf(body)
 	if err != nil {
 		h.fail(w, r, 0, err)
 		return
@@ -559,6 +560,7 @@ func (h *Handler) getBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ids, err := wire.DecodeIDs(body)
+	putBuf(body)
 	if err != nil {
 		h.fail(w, r, 0, err)
 		return
