@@ -175,6 +175,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 		return
 	case p == wire.PathJoin && h.cfg.Join != nil:
+		// Anonymous: its small body must arrive within one stall timeout.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.cfg.StallTimeout))
 		h.cfg.Join.ServeHTTP(w, r)
 		return
 	}

@@ -290,6 +290,11 @@ func TestSlowClientsAreCut(t *testing.T) {
 	f := start(t, func(c *Config) {
 		c.StallTimeout = 300 * time.Millisecond
 		c.HandshakeTimeout = 300 * time.Millisecond
+		c.Join = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if _, err := io.ReadAll(r.Body); err != nil {
+				http.Error(w, err.Error(), http.StatusRequestTimeout)
+			}
+		})
 	})
 	// A connection that never starts the TLS handshake is closed.
 	conn, err := net.Dial("tcp", f.addr)
@@ -319,6 +324,22 @@ func TestSlowClientsAreCut(t *testing.T) {
 	if time.Since(start) > 5*time.Second || (err == nil && resp.StatusCode != http.StatusRequestTimeout) {
 		t.Fatalf("stalled upload: %v, %v after %v", resp, err, time.Since(start))
 	}
+	// An anonymous join request that trickles is cut too.
+	anon := f.client(t, nil)
+	pr2, pw2 := io.Pipe()
+	defer pw2.Close()
+	go func() { _, _ = pw2.Write([]byte("{")) }()
+	req, _ = http.NewRequest("POST", "https://"+f.addr+wire.PathJoin, pr2)
+	req.ContentLength = 1000
+	start = time.Now()
+	resp, err = anon.Do(req)
+	if err == nil {
+		resp.Body.Close()
+	}
+	if time.Since(start) > 5*time.Second || (err == nil && resp.StatusCode != http.StatusRequestTimeout) {
+		t.Fatalf("stalled join: %v, %v after %v", resp, err, time.Since(start))
+	}
+
 	// The node is still healthy.
 	if r := f.do(t, c, "GET", wire.PathStats, nil); r.status != 200 {
 		t.Fatalf("after a stalled upload: %d", r.status)
