@@ -61,7 +61,7 @@ func ParseToken(s string) (Token, error) {
 	if !strings.HasPrefix(s, TokenPrefix) {
 		return t, cairn.E(op, cairn.Invalid, "", fmt.Errorf("a join token starts with %q", TokenPrefix))
 	}
-	b, err := base64.RawURLEncoding.DecodeString(s[len(TokenPrefix):])
+	b, err := base64.RawURLEncoding.Strict().DecodeString(s[len(TokenPrefix):])
 	if err != nil {
 		return t, cairn.E(op, cairn.Invalid, "", fmt.Errorf("damaged token: %w", err))
 	}
