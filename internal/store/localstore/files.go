@@ -126,12 +126,3 @@ const (
 	lockSH = syscall.LOCK_SH
 	lockEX = syscall.LOCK_EX
 )
-
-// preallocate reserves blocks for [off, off+n) without changing the file's
-// size (FALLOC_FL_KEEP_SIZE): appends into reserved blocks need no block
-// allocation, which halves the cost of write+fdatasync on ext4. Truncating
-// the file to its size releases what was not used.
-func preallocate(f *os.File, off, n int64) error {
-	const fallocKeepSize = 1
-	return syscall.Fallocate(int(f.Fd()), fallocKeepSize, off, n)
-}

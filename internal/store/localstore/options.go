@@ -3,6 +3,7 @@ package localstore
 import (
 	"fmt"
 	"log/slog"
+	"os"
 )
 
 // Options configure a Store. The zero value gives the defaults.
@@ -29,6 +30,11 @@ type Options struct {
 	// Logger receives recovery reports, damaged records and other notes.
 	// nil discards them.
 	Logger *slog.Logger
+
+	// Tests: append through the page cache even with sync on; replace the
+	// O_DIRECT write.
+	noDirect        bool
+	testDirectWrite func(f *os.File, b []byte, off int64) (int, error)
 }
 
 const (

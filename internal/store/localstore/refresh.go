@@ -365,7 +365,8 @@ func (s *Store) recoverPack(ctx context.Context, id packID, f *os.File) (*pack, 
 		return p, nil
 	}
 	p.idxSize = int64(len(idx))
-	// Drop the torn tail, and blocks the dead writer had preallocated.
+	// Drop the torn tail (and any blocks the dead writer had preallocated:
+	// versions before O_DIRECT appends did).
 	if err := f.Truncate(end); err == nil {
 		p.packSize = end
 		if s.sync {

@@ -83,8 +83,11 @@ type Store struct {
 	crashed    atomic.Bool // tests: Close without sealing, like a killed process
 
 	// Owned by the writer goroutine.
-	cur  *pack
-	wbuf []byte
+	cur          *pack
+	wbuf         []byte      // staging buffer, aligned for direct I/O (direct.go)
+	direct       directState // whether packs are appended with O_DIRECT
+	align        int         // direct I/O alignment, once direct is on
+	directWrites int64       // direct writes that succeeded
 }
 
 var (
@@ -117,8 +120,10 @@ type pack struct {
 	idxSize  int64
 	live     int64 // record bytes of live data records
 
-	records int   // own packs: records written (writer goroutine only)
-	alloc   int64 // own packs: bytes preallocated (writer goroutine only)
+	// Own packs, writer goroutine only.
+	records int      // records written
+	df      *os.File // O_DIRECT write handle (direct.go), if in use
+	tail    []byte   // with df: the file's bytes from its last block boundary to its end
 
 	fmu sync.Mutex
 	f   *os.File // opened lazily for reading; for own packs the write handle
@@ -248,6 +253,10 @@ func (s *Store) closePack(p *pack) {
 		p.f = nil
 	}
 	p.fmu.Unlock()
+	if p.df != nil {
+		p.df.Close()
+		p.df, p.tail = nil, nil
+	}
 	unmap(p.mapped)
 	p.mapped, p.entries = nil, nil
 }

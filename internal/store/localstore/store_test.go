@@ -23,6 +23,7 @@ func TestConformance(t *testing.T) {
 		opts Options
 	}{
 		{"sync", Options{}},
+		{"sync-buffered", Options{noDirect: true}},
 		{"nosync-smallpacks", Options{NoSync: true, PackSize: 64 << 10}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

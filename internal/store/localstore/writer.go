@@ -163,28 +163,22 @@ func (s *Store) commit(reqs []*writeReq) {
 		}
 		p := s.cur
 		start := p.end
-		buf := s.wbuf[:0]
+		var n int64
 		j := i
 		for ; j < len(reqs); j++ {
-			r := reqs[j]
-			if (p.records > 0 || j > i) && start+int64(len(buf))+r.recSize() > s.opts.PackSize {
+			size := reqs[j].recSize()
+			if (p.records > 0 || j > i) && start+n+size > s.opts.PackSize {
 				break
 			}
-			buf = r.appendRecord(buf)
+			n += size
 		}
-		s.wbuf = buf
 		if j == i { // p is full
 			if err := s.rotate(); err != nil {
 				s.log.Error("cannot seal a pack", "pack", p.id.String(), "err", err)
 			}
 			continue
 		}
-		s.reserve(p, start+int64(len(buf)))
-		_, err := p.f.WriteAt(buf, start)
-		if err == nil && s.sync {
-			err = fdatasync(p.f)
-		}
-		if err != nil {
+		if err := s.write(p, reqs[i:j], n); err != nil {
 			s.log.Error("pack write failed; retiring the pack", "pack", p.id.String(), "err", err)
 			s.fail(reqs[i:j], cairn.E("write pack", cairn.IO, p.id.String(), err))
 			s.retire()
@@ -207,21 +201,24 @@ func (s *Store) commit(reqs []*writeReq) {
 	}
 }
 
-// preallocStep is how far ahead of the writes a pack's blocks are reserved.
-const preallocStep = 64 << 20
-
-// reserve preallocates p's blocks up to at least end (best effort: a file
-// system without fallocate just appends).
-func (s *Store) reserve(p *pack, end int64) {
-	if end <= p.alloc {
-		return
+// write appends reqs (n bytes of records) to p at p.end and, with sync on,
+// makes them durable: with O_DIRECT where the file system allows it
+// (direct.go), else with pwrite and fdatasync. Writer goroutine.
+func (s *Store) write(p *pack, reqs []*writeReq, n int64) error {
+	if s.openDirect(p) {
+		if err := s.writeDirect(p, reqs, n); err != errDirectRefused {
+			return err
+		}
 	}
-	n := max(end, min(p.alloc+preallocStep, s.opts.PackSize)) - p.alloc
-	if err := preallocate(p.f, p.alloc, n); err != nil {
-		p.alloc = 1<<63 - 1 // unsupported: stop trying
-		return
+	buf := s.staging(int(n))[:0]
+	for _, r := range reqs {
+		buf = r.appendRecord(buf)
 	}
-	p.alloc += n
+	_, err := p.f.WriteAt(buf, p.end)
+	if err == nil && s.sync {
+		err = fdatasync(p.f)
+	}
+	return err
 }
 
 // publish makes written records visible. Writer goroutine.
@@ -340,11 +337,14 @@ func (s *Store) retire() {
 // seal writes the index of a pack this process wrote, then serves its entries
 // from the mapped index and lets go of the pack's lock.
 func (s *Store) seal(p *pack) error {
+	if p.df != nil {
+		p.df.Close()
+		p.df, p.tail = nil, nil
+	}
 	s.mu.RLock()
 	entries, tombs, end := p.entries, p.tombs, p.end
 	s.mu.RUnlock()
-	// Release preallocated blocks (and, after a failed write, any partial
-	// record) past the last good record.
+	// After a failed write, drop any partial record past the last good one.
 	if err := p.f.Truncate(end); err != nil {
 		return fmt.Errorf("truncate pack %s: %w", p.id, err)
 	}
