@@ -192,6 +192,40 @@ func Open(ctx context.Context, dir string, opts Options) (*Store, error) {
 	return s, nil
 }
 
+// createMarker creates the store's marker file if it is absent. Two
+// processes may create a new store at once: each writes its own temporary
+// file and links it into place, which succeeds for one of them; the other
+// finds the marker there and checks it like any opener.
+func createMarker(marker string, sync bool) error {
+	tmp, err := os.CreateTemp(filepath.Dir(marker), "."+markerName+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.WriteString(markerText)
+	if err == nil && sync {
+		err = fdatasync(tmp)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Link(tmp.Name(), marker); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if b, err := os.ReadFile(marker); err != nil {
+		return err
+	} else if string(b) != markerText {
+		return fmt.Errorf("%s says %q, want %q", marker, b, markerText)
+	}
+	if sync {
+		return syncDir(filepath.Dir(marker))
+	}
+	return nil
+}
+
 func (s *Store) initDir() error {
 	if err := os.MkdirAll(s.packDir, 0o700); err != nil {
 		return cairn.E("", cairn.IO, "", err)
@@ -200,7 +234,7 @@ func (s *Store) initDir() error {
 	b, err := os.ReadFile(marker)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		if err := writeFileAtomic(marker, []byte(markerText), s.sync); err != nil {
+		if err := createMarker(marker, s.sync); err != nil {
 			return cairn.E("", cairn.IO, "", err)
 		}
 	case err != nil:

@@ -2,6 +2,7 @@ package localstore
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -46,5 +47,29 @@ func TestConformanceReopen(t *testing.T) {
 				return func() cairn.Store { return open(t, dir, tc.opts) }
 			})
 		})
+	}
+}
+
+// Several processes (here goroutines, each with its own Store) creating the
+// same new store at once all succeed.
+func TestConcurrentCreate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "new")
+	errs := make(chan error, 8)
+	for i := 0; i < 8; i++ {
+		go func() {
+			s, err := Open(context.Background(), dir, Options{})
+			if err == nil {
+				err = s.Close()
+			}
+			errs <- err
+		}()
+	}
+	for i := 0; i < 8; i++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent create: %v", err)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".cairn-store.tmp*")); len(left) > 0 {
+		t.Fatalf("temporary files left: %v", left)
 	}
 }
