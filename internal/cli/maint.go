@@ -1,16 +1,37 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
 
+	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/realm"
 )
 
 func uid() uint32 { return uint32(os.Getuid()) }
 func gid() uint32 { return uint32(os.Getgid()) }
+
+// openAll opens the realm, every volume and the store: what the jobs that
+// walk everything (gc, fsck, stats) need.
+func (e *env) openAll(ctx context.Context) (*realm.Realm, []*fs.Volume, cairn.Store, error) {
+	r, err := e.open(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	vols, err := r.AllVolumes(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	st, err := r.Store(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return r, vols, st, nil
+}
 
 func (e *env) gcCmd() *cobra.Command {
 	var dry, asJSON bool
@@ -26,15 +47,7 @@ would free and changes nothing.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			r, err := e.open(ctx)
-			if err != nil {
-				return err
-			}
-			vols, err := r.AllVolumes(ctx)
-			if err != nil {
-				return err
-			}
-			st, err := r.Store(ctx)
+			r, vols, st, err := e.openAll(ctx)
 			if err != nil {
 				return err
 			}
@@ -77,15 +90,7 @@ damaged file and version on any problem.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			r, err := e.open(ctx)
-			if err != nil {
-				return err
-			}
-			vols, err := r.AllVolumes(ctx)
-			if err != nil {
-				return err
-			}
-			st, err := r.Store(ctx)
+			_, vols, st, err := e.openAll(ctx)
 			if err != nil {
 				return err
 			}
@@ -138,15 +143,7 @@ func (e *env) statsCmd() *cobra.Command {
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			r, err := e.open(ctx)
-			if err != nil {
-				return err
-			}
-			vols, err := r.AllVolumes(ctx)
-			if err != nil {
-				return err
-			}
-			st, err := r.Store(ctx)
+			_, vols, st, err := e.openAll(ctx)
 			if err != nil {
 				return err
 			}
