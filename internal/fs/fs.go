@@ -42,8 +42,9 @@ type Volume struct {
 	store cairn.Store
 	eng   *pipeline.Engine
 	wrap  [32]byte
-	// digestKey keys content digests (see digest).
-	digestKey [32]byte
+	// digesters are BLAKE3 hashers keyed for content digests (see digest);
+	// pooled because building a keyed hasher allocates 10 KiB.
+	digesters sync.Pool
 	// StoreName is recorded in each version as where its chunks live.
 	storeName string
 	log       *slog.Logger
@@ -93,7 +94,15 @@ func Open(svc *meta.Service, mv *meta.Vol, master volkey.Master, st cairn.Store,
 		return nil, err
 	}
 	v := &Volume{Meta: mv, svc: svc, store: st, eng: eng, wrap: master.ManifestWrap(), storeName: opts.StoreName, log: opts.Logger}
-	blake3.DeriveKey("cairn v1 content digest", master[:], v.digestKey[:])
+	var dk [32]byte
+	blake3.DeriveKey("cairn v1 content digest", master[:], dk[:])
+	v.digesters.New = func() any {
+		h, err := blake3.NewKeyed(dk[:])
+		if err != nil {
+			panic(err) // only for a key that is not 32 bytes
+		}
+		return h
+	}
 	return v, nil
 }
 
@@ -222,7 +231,9 @@ func currentOf(e *meta.Entry) *meta.Version {
 // equal content. Keyed with a volume secret, so it tells the metadata
 // service nothing it could compare across volumes.
 func (v *Volume) digest(refs []manifest.Ref, size int64) string {
-	kh, _ := blake3.NewKeyed(v.digestKey[:])
+	kh := v.digesters.Get().(*blake3.Hasher)
+	defer v.digesters.Put(kh)
+	kh.Reset()
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], uint64(size))
 	kh.Write(b[:])
