@@ -42,19 +42,24 @@ func (e *env) initCmd() *cobra.Command {
 	var noPass bool
 	var chunkAvg, keep int
 	var trashTTL time.Duration
+	var name string
 	c := &cobra.Command{
 		Use:   "init",
 		Short: "Create a realm: keyring, metadata service, local store and the volume 'home'",
 		Long: `Create a realm in $CAIRN_HOME (default ~/.local/share/cairn).
 The volume keys are sealed with a passphrase (from CAIRN_PASSPHRASE or a prompt);
 --no-passphrase keeps them in a file readable only by you instead.
-Without --etcd the realm uses an embedded metadata service that starts on demand.`,
+Without --etcd the realm uses an embedded metadata service that starts on demand.
+init also creates the realm's certificate authority (in $CAIRN_HOME/pki/ca: keep
+it private, it admits machines to the realm) and this device's own certificate,
+named --name (default: the host name).`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts := e.options()
 			opts.NoPassphrase = noPass
 			opts.Passphrase = e.passphrase(true)
 			opts.ChunkAvg, opts.KeepVersions, opts.TrashTTL = chunkAvg, keep, trashTTL
+			opts.NodeName = name
 			r, err := realm.Init(cmd.Context(), e.home, opts)
 			if err != nil {
 				return err
@@ -68,11 +73,16 @@ Without --etcd the realm uses an embedded metadata service that starts on demand
 			if len(r.Config.Etcd) > 0 {
 				where = "etcd at " + strings.Join(r.Config.Etcd, ",")
 			}
-			fmt.Fprintf(e.stdout, "metadata: %s\nvolume 'home' is ready: try 'cairn put FILE home:/'\n", where)
+			fmt.Fprintf(e.stdout, "metadata: %s\n", where)
+			if c, err := r.Credentials(cmd.Context()); err == nil {
+				fmt.Fprintf(e.stdout, "this device: %s (realm CA in %s)\n", c.Identity.Name, realm.CADir(e.home))
+			}
+			fmt.Fprintf(e.stdout, "volume 'home' is ready: try 'cairn put FILE home:/'\n")
 			return nil
 		},
 	}
 	c.Flags().BoolVar(&noPass, "no-passphrase", false, "keep volume keys unsealed in a 0600 file")
+	c.Flags().StringVar(&name, "name", "", "this device's node name (default: the host name)")
 	c.Flags().IntVar(&chunkAvg, "chunk-avg", realm.DefaultChunkAvg, "average chunk size in bytes of the 'home' volume (power of two)")
 	c.Flags().IntVar(&keep, "keep", realm.DefaultKeepVersions, "versions kept per file")
 	c.Flags().DurationVar(&trashTTL, "trash-ttl", realm.DefaultTrashTTL, "how long removed files stay restorable")

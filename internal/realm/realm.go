@@ -22,6 +22,7 @@ import (
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/store/localstore"
 	"cairn.dev/cairn/internal/vpath"
 )
@@ -80,7 +81,10 @@ type Options struct {
 	// LockTTL is the lease time of writer locks (default 15 s): how long a
 	// crashed writer can block others.
 	LockTTL time.Duration
-	Logger  *slog.Logger
+	// NodeName is this machine's node name (Init; and a realm made before
+	// cairn had a CA, when it gets one). Default DefaultNodeName().
+	NodeName string
+	Logger   *slog.Logger
 }
 
 // Realm is an open realm.
@@ -120,9 +124,16 @@ func configPath(home string) string  { return filepath.Join(home, "realm.json") 
 func keyringPath(home string) string { return filepath.Join(home, "keyring") }
 
 // Init creates a realm in home: keyring, metadata (embedded etcd unless
-// opts.Etcd), a local store and the default volume "home".
+// opts.Etcd), a local store, the default volume "home", the realm CA and
+// this device's node credentials (see CA), and its entry in the node
+// registry.
 func Init(ctx context.Context, home string, opts Options) (*Realm, error) {
 	opts.fill()
+	if opts.NodeName != "" {
+		if err := pki.ValidName(opts.NodeName); err != nil {
+			return nil, err
+		}
+	}
 	if _, err := os.Stat(configPath(home)); err == nil {
 		return nil, cairn.E("init", cairn.Exist, home, errors.New("a realm already exists here"))
 	}
@@ -160,6 +171,10 @@ func Init(ctx context.Context, home string, opts Options) (*Realm, error) {
 		return nil, err
 	}
 	if _, err := r.CreateVolume(ctx, DefaultVolume, opts.ChunkAvg, opts.KeepVersions, opts.TrashTTL); err != nil {
+		r.Close()
+		return nil, err
+	}
+	if _, err := r.createCA(ctx, opts.NodeName); err != nil {
 		r.Close()
 		return nil, err
 	}

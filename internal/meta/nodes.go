@@ -1,0 +1,334 @@
+package meta
+
+// The node registry (DESIGN: "Devices that sleep"): every node of the realm
+// has a record at node/<name>; a node that runs (cairn node serve) holds
+// alive/<name> bound to its lease, its heartbeat. A node whose lease lapses
+// is offline; a node removed by its owner keeps its record, marked removed,
+// and its name is revoked under revoked/name/<name> (see revoke.go). Key
+// layout: doc/format.md, "Metadata keys", node registry.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	json "github.com/goccy/go-json"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"cairn.dev/cairn/internal/cairn"
+)
+
+// NodeRecord is a node's entry in the registry, at node/<name>.
+type NodeRecord struct {
+	Name string `json:"name"`
+	Role string `json:"role"` // device, benefactor or surrogate
+	// Addr is where the node's chunk service listens (host:port); empty
+	// until it first serves.
+	Addr string `json:"addr,omitempty"`
+	// Capacity and Free are the bytes of the file system that holds the
+	// node's store (statfs); Used is what the store takes on it.
+	Capacity int64 `json:"capacity,omitempty"`
+	Free     int64 `json:"free,omitempty"`
+	Used     int64 `json:"used,omitempty"`
+	// Rate is the measured serving rate, bytes per second (a moving
+	// average over the report intervals in which the node served data);
+	// Served is the bytes it served since it started.
+	Rate   float64 `json:"rate,omitempty"`
+	Served int64   `json:"served,omitempty"`
+	// Registered is when the node joined (or the realm was created, for
+	// the first device); LastSeen its last heartbeat report; Removed when
+	// its owner removed it (0: not removed). All unix ns.
+	Registered int64 `json:"registered"`
+	LastSeen   int64 `json:"last_seen,omitempty"`
+	Removed    int64 `json:"removed,omitempty"`
+}
+
+// Node states, as `cairn devices` shows them.
+const (
+	NodeOnline  = "online"  // its lease is alive
+	NodeOffline = "offline" // no lease: stopped, asleep, crashed or unreachable
+	NodeRemoved = "removed" // removed by its owner; its certificates are revoked
+)
+
+// NodeStatus is a record and the state derived from the liveness key.
+type NodeStatus struct {
+	NodeRecord
+	State string `json:"state"`
+}
+
+func (s *Service) nodeKey(name string) string  { return s.key("node", name) }
+func (s *Service) aliveKey(name string) string { return s.key("alive", name) }
+
+// PutNode records a node that joins (or the realm's first device): a fresh
+// record, replacing any earlier one of that name (a removed node invited
+// again under its old name).
+func (s *Service) PutNode(ctx context.Context, rec NodeRecord) error {
+	if rec.Name == "" {
+		return cairn.E("register node", cairn.Invalid, "", errors.New("no name"))
+	}
+	if rec.Registered == 0 {
+		rec.Registered = time.Now().UnixNano()
+	}
+	b, _ := json.Marshal(rec)
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	if _, err := s.cli.Put(ctx, s.nodeKey(rec.Name), string(b)); err != nil {
+		return etcdErr("register node", rec.Name, err)
+	}
+	return nil
+}
+
+// Node returns one node's record and state; NotFound if there is none.
+func (s *Service) Node(ctx context.Context, name string) (*NodeStatus, error) {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.nodeKey(name)), clientv3.OpGet(s.aliveKey(name), clientv3.WithCountOnly())).Commit()
+	if err != nil {
+		return nil, etcdErr("node", name, err)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return nil, cairn.E("node", cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
+	}
+	var st NodeStatus
+	if err := json.Unmarshal(kvs[0].Value, &st.NodeRecord); err != nil {
+		return nil, cairn.E("node", cairn.Corrupt, name, err)
+	}
+	st.State = nodeState(&st.NodeRecord, resp.Responses[1].GetResponseRange().Count > 0)
+	return &st, nil
+}
+
+func nodeState(r *NodeRecord, alive bool) string {
+	switch {
+	case r.Removed != 0:
+		return NodeRemoved
+	case alive:
+		return NodeOnline
+	}
+	return NodeOffline
+}
+
+// Nodes lists every node of the realm, by name, with its state.
+func (s *Service) Nodes(ctx context.Context) ([]NodeStatus, error) {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	np, ap := s.key("node")+"/", s.key("alive")+"/"
+	// One transaction: records and liveness keys of one revision.
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(np, clientv3.WithPrefix()), clientv3.OpGet(ap, clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	if err != nil {
+		return nil, etcdErr("list nodes", "", err)
+	}
+	alive := map[string]bool{}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		alive[string(kv.Key[len(ap):])] = true
+	}
+	var out []NodeStatus
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		var st NodeStatus
+		if err := json.Unmarshal(kv.Value, &st.NodeRecord); err != nil {
+			return nil, cairn.E("list nodes", cairn.Corrupt, string(kv.Key), err)
+		}
+		st.State = nodeState(&st.NodeRecord, alive[st.Name])
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// RemoveNode marks a node removed, ends its liveness key and revokes its
+// name (every certificate issued to it so far), in one transaction. at is
+// the removal time (0: now). NotFound if the registry has no such node.
+func (s *Service) RemoveNode(ctx context.Context, name string, at time.Time) error {
+	if at.IsZero() {
+		at = time.Now()
+	}
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	for {
+		resp, err := s.cli.Get(ctx, s.nodeKey(name))
+		if err != nil {
+			return etcdErr("remove node", name, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return cairn.E("remove node", cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
+		}
+		var rec NodeRecord
+		if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+			return cairn.E("remove node", cairn.Corrupt, name, err)
+		}
+		rec.Removed = at.UnixNano()
+		b, _ := json.Marshal(rec)
+		rb, _ := json.Marshal(revocation{At: at.UTC()})
+		k := s.nodeKey(name)
+		tr, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
+			Then(clientv3.OpPut(k, string(b)), clientv3.OpDelete(s.aliveKey(name)), clientv3.OpPut(s.revokedNameKey(name), string(rb))).Commit()
+		if err != nil {
+			return etcdErr("remove node", name, err)
+		}
+		if tr.Succeeded {
+			return nil
+		}
+		// The node reported in between: apply the removal to its new record.
+	}
+}
+
+// Registration is a running node's presence in the registry: its
+// liveness key, bound to a lease kept alive until Close.
+type Registration struct {
+	s      *Service
+	name   string
+	since  int64 // unix ns of Register
+	lease  clientv3.LeaseID
+	cancel context.CancelFunc
+	lost   chan struct{}
+}
+
+// Register starts a node's heartbeat: a lease of ttl (at least 1 s), kept
+// alive in the background, holding alive/<name>, and rec written at
+// node/<name> (its Registered time kept from an existing record). It fails
+// with Permission if the node is removed.
+func (s *Service) Register(ctx context.Context, rec NodeRecord, ttl time.Duration) (*Registration, error) {
+	const op = "register node"
+	if ttl < time.Second {
+		return nil, cairn.E(op, cairn.Invalid, rec.Name, fmt.Errorf("lease %v below 1s", ttl))
+	}
+	old, err := s.Node(ctx, rec.Name)
+	switch {
+	case err == nil && old.Removed != 0:
+		return nil, cairn.E(op, cairn.Permission, rec.Name, errors.New("this node was removed from the realm (join again with a new invitation)"))
+	case err == nil:
+		rec.Registered = old.Registered
+	case errors.Is(err, cairn.ErrNotFound):
+	default:
+		return nil, err
+	}
+	octx, ocancel := s.opCtx(ctx)
+	defer ocancel()
+	lg, err := s.cli.Grant(octx, int64((ttl+time.Second-1)/time.Second))
+	if err != nil {
+		return nil, etcdErr(op, rec.Name, err)
+	}
+	now := time.Now().UnixNano()
+	if rec.Registered == 0 {
+		rec.Registered = now
+	}
+	rec.LastSeen = now
+	b, _ := json.Marshal(rec)
+	ab, _ := json.Marshal(map[string]any{"addr": rec.Addr, "since": now})
+	if _, err := s.cli.Txn(octx).Then(clientv3.OpPut(s.nodeKey(rec.Name), string(b)), clientv3.OpPut(s.aliveKey(rec.Name), string(ab), clientv3.WithLease(lg.ID))).Commit(); err != nil {
+		return nil, etcdErr(op, rec.Name, err)
+	}
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	ch, err := s.cli.KeepAlive(kctx, lg.ID)
+	if err != nil {
+		cancel()
+		return nil, etcdErr(op, rec.Name, err)
+	}
+	r := &Registration{s: s, name: rec.Name, since: now, lease: lg.ID, cancel: cancel, lost: make(chan struct{})}
+	go func() {
+		for range ch {
+		}
+		close(r.lost) // the keep-alive ended: canceled, or the lease is gone
+	}()
+	return r, nil
+}
+
+// Lost is closed when the heartbeat ends (Close, or the lease expired
+// because etcd could not be reached in time).
+func (r *Registration) Lost() <-chan struct{} { return r.lost }
+
+// Update rewrites the node's record with fresh figures (rec.Registered is
+// kept, LastSeen set now). It fails with Permission once the node has been
+// removed, NotFound if its record is gone.
+func (r *Registration) Update(ctx context.Context, rec NodeRecord) error {
+	const op = "node report"
+	s := r.s
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	for {
+		resp, err := s.cli.Get(ctx, s.nodeKey(r.name))
+		if err != nil {
+			return etcdErr(op, r.name, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return cairn.E(op, cairn.NotFound, r.name, errors.New("the node's registry record is gone"))
+		}
+		var old NodeRecord
+		if err := json.Unmarshal(resp.Kvs[0].Value, &old); err != nil {
+			return cairn.E(op, cairn.Corrupt, r.name, err)
+		}
+		if old.Removed != 0 {
+			return cairn.E(op, cairn.Permission, r.name, errors.New("this node was removed from the realm"))
+		}
+		rec.Name, rec.Registered, rec.LastSeen = r.name, old.Registered, time.Now().UnixNano()
+		b, _ := json.Marshal(rec)
+		k := s.nodeKey(r.name)
+		tr, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
+			Then(clientv3.OpPut(k, string(b))).Commit()
+		if err != nil {
+			return etcdErr(op, r.name, err)
+		}
+		if tr.Succeeded {
+			return nil
+		}
+	}
+}
+
+// Close ends the heartbeat and revokes the lease, so the node shows offline
+// at once (a node that dies without Close shows offline when its lease
+// lapses).
+func (r *Registration) Close(ctx context.Context) error {
+	r.cancel()
+	ctx, cancel := r.s.opCtx(ctx)
+	defer cancel()
+	if _, err := r.s.cli.Revoke(ctx, r.lease); err != nil {
+		return etcdErr("deregister node", r.name, err)
+	}
+	return nil
+}
+
+// ---- realm CA record ----
+
+// CARecord names the realm CA, at pki/ca: written once, when the CA is made,
+// so that a second machine of the realm cannot make another.
+type CARecord struct {
+	Fingerprint string `json:"fingerprint"` // SHA-256 of the CA certificate's DER, hex
+	Holder      string `json:"holder"`      // the node name of the device that holds its key
+	Created     int64  `json:"created"`     // unix ns
+}
+
+// SetCA records the realm CA. It fails with Exist (naming the holder) if
+// the realm already has one.
+func (s *Service) SetCA(ctx context.Context, rec CARecord) error {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	k := s.key("pki", "ca")
+	b, _ := json.Marshal(rec)
+	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, string(b))).Else(clientv3.OpGet(k)).Commit()
+	if err != nil {
+		return etcdErr("record ca", "", err)
+	}
+	if !resp.Succeeded {
+		var old CARecord
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			_ = json.Unmarshal(kvs[0].Value, &old)
+		}
+		if old.Fingerprint == rec.Fingerprint {
+			return nil
+		}
+		return cairn.E("record ca", cairn.Exist, old.Holder, fmt.Errorf("the realm already has a CA, held by %s", old.Holder))
+	}
+	return nil
+}
+
+// CA returns the realm CA record, NotFound if the realm has none yet.
+func (s *Service) CA(ctx context.Context) (*CARecord, error) {
+	var r CARecord
+	if _, err := s.getJSON(ctx, "realm ca", s.key("pki", "ca"), &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}

@@ -1,0 +1,204 @@
+package meta_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/etcdsvc/etcdtest"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/pki"
+)
+
+func newService(t *testing.T) *meta.Service {
+	t.Helper()
+	s, err := meta.New(etcdtest.New(t), meta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// secondClient is another process's view of s's etcd.
+func secondClient(t *testing.T, s *meta.Service) *clientv3.Client {
+	t.Helper()
+	c, err := etcdtest.NewClient(s.Client().Endpoints()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func state(t *testing.T, s *meta.Service, name string) *meta.NodeStatus {
+	t.Helper()
+	st, err := s.Node(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// A node is offline until it registers, online while its lease lives,
+// offline at once after Close and within its lease after it stops
+// reporting; a removed node stays listed as removed and cannot register.
+func TestNodeRegistry(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	if _, err := s.Node(ctx, "desk"); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("Node of unknown: %v", err)
+	}
+	if err := s.PutNode(ctx, meta.NodeRecord{Name: "desk", Role: "device"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "desk"); st.State != meta.NodeOffline || st.Registered == 0 {
+		t.Fatalf("joined node: %+v", st)
+	}
+	reg, err := s.Register(ctx, meta.NodeRecord{Name: "desk", Role: "device", Addr: "127.0.0.1:1", Capacity: 100, Free: 40}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := state(t, s, "desk")
+	if st.State != meta.NodeOnline || st.Addr != "127.0.0.1:1" || st.Capacity != 100 || st.LastSeen == 0 {
+		t.Fatalf("registered node: %+v", st)
+	}
+	if err := reg.Update(ctx, meta.NodeRecord{Addr: "127.0.0.1:1", Used: 7, Rate: 1e6}); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "desk"); st.Used != 7 || st.Rate != 1e6 || st.Name != "desk" || st.Registered == 0 {
+		t.Fatalf("after update: %+v", st)
+	}
+	if err := reg.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "desk"); st.State != meta.NodeOffline {
+		t.Fatalf("after Close: %s", st.State)
+	}
+
+	// A node that stops without Close (its keep-alive ends with its
+	// process) goes offline when its lease lapses.
+	other, err := meta.New(secondClient(t, s), meta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg2, err := other.Register(ctx, meta.NodeRecord{Name: "nas", Role: "device"}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = reg2
+	other.Client().Close() // the process dies: no more keep-alives
+	deadline := time.Now().Add(5 * time.Second)
+	for state(t, s, "nas").State != meta.NodeOffline {
+		if time.Now().After(deadline) {
+			t.Fatal("a dead node is still online after 5 s with a 1 s lease")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// Removal.
+	reg3, err := s.Register(ctx, meta.NodeRecord{Name: "desk", Role: "device"}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveNode(ctx, "desk", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "desk"); st.State != meta.NodeRemoved || st.Removed == 0 {
+		t.Fatalf("after remove: %+v", st)
+	}
+	if err := reg3.Update(ctx, meta.NodeRecord{}); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("Update of a removed node: %v", err)
+	}
+	reg3.Close(ctx)
+	if _, err := s.Register(ctx, meta.NodeRecord{Name: "desk"}, time.Second); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("Register of a removed node: %v", err)
+	}
+	if err := s.RemoveNode(ctx, "ghost", time.Time{}); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("RemoveNode of unknown: %v", err)
+	}
+	nodes, err := s.Nodes(ctx)
+	if err != nil || len(nodes) != 2 || nodes[0].Name != "desk" || nodes[0].State != meta.NodeRemoved || nodes[1].Name != "nas" || nodes[1].State != meta.NodeOffline {
+		t.Fatalf("Nodes = %+v, %v", nodes, err)
+	}
+	// Invited again under its name, it is a fresh node.
+	if err := s.PutNode(ctx, meta.NodeRecord{Name: "desk", Role: "device"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "desk"); st.State != meta.NodeOffline {
+		t.Fatalf("re-joined: %+v", st)
+	}
+}
+
+// The etcd-backed revocation list sees a removal made through another
+// client, revokes only certificates issued before it, and is shared.
+func TestRevocationsWatch(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	ca, err := pki.CreateCA(t.TempDir(), "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(name string) *pki.Credentials {
+		c, err := ca.NewCredentials(pki.NodeIdentity{Realm: "r1", Name: name, Role: pki.Device}, pki.IssueOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	laptop, phone := issue("laptop"), issue("phone")
+	rev, err := s.WatchRevocations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rev.Close()
+	if revoked, err := rev.Revoked(laptop.Leaf); revoked || err != nil {
+		t.Fatalf("before removal: %v %v", revoked, err)
+	}
+	other, err := meta.New(secondClient(t, s), meta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.PutNode(ctx, meta.NodeRecord{Name: "laptop", Role: "device"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.RemoveNode(ctx, "laptop", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.RevokeSerial(ctx, phone.Leaf.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		a, _ := rev.Revoked(laptop.Leaf)
+		b, _ := rev.Revoked(phone.Leaf)
+		if a && b {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("revocations not seen: laptop %v phone %v", a, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// A certificate issued later (a new invitation) is accepted.
+	// NotBefore has second precision: a certificate issued within the
+	// revocation's second may still be refused; one a second later is not.
+	time.Sleep(1100 * time.Millisecond)
+	again := issue("laptop")
+	if revoked, err := rev.Revoked(again.Leaf); revoked || err != nil {
+		t.Fatalf("new certificate after removal: %v %v", revoked, err)
+	}
+	// A fresh list loads the same state.
+	rev2, err := other.WatchRevocations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rev2.Close()
+	if revoked, _ := rev2.Revoked(laptop.Leaf); !revoked {
+		t.Fatal("fresh list does not revoke the removed node")
+	}
+}
