@@ -186,7 +186,8 @@ lease, default 15s: how long a crashed writer can block others).`,
 	pf.StringVar(&e.cpuprofile, "cpuprofile", "", "write a CPU profile to this file (for developers)")
 	_ = pf.MarkHidden("cpuprofile")
 	root.AddCommand(e.initCmd(), e.putCmd(), e.getCmd(), e.lsCmd(), e.catCmd(), e.mkdirCmd(), e.rmCmd(),
-		e.mvCmd(), e.versionsCmd(), e.restoreCmd(), e.trashCmd(), e.gcCmd(), e.fsckCmd(), e.statsCmd(), e.volumeCmd())
+		e.mvCmd(), e.versionsCmd(), e.restoreCmd(), e.trashCmd(), e.gcCmd(), e.fsckCmd(), e.statsCmd(), e.volumeCmd(),
+		e.devicesCmd(), e.nodeCmd())
 	return root
 }
 

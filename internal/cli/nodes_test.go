@@ -1,13 +1,22 @@
 package cli_test
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/realm"
+	"cairn.dev/cairn/internal/store/remotestore"
 )
 
 // init makes the realm CA and this device's credentials, named --name.
@@ -36,4 +45,139 @@ func TestInitMakesCA(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(bad.home, "realm.json")); err == nil {
 		t.Fatal("a realm was made with a bad name")
 	}
+}
+
+// server is a background `cairn node serve`.
+type server struct {
+	cmd  *exec.Cmd
+	addr string
+	out  *bytes.Buffer
+	done chan error
+}
+
+// serve starts `cairn node serve` on a loopback port with a short lease and
+// waits until it is ready.
+func (r *realmT) serve(lease string) *server {
+	r.t.Helper()
+	cmd := exec.Command(os.Args[0], "node", "serve", "--listen", "127.0.0.1:0", "--lease", lease)
+	cmd.Env = r.env
+	pr, pw := io.Pipe()
+	var out, errb bytes.Buffer
+	cmd.Stdout = io.MultiWriter(&out, pw)
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	s := &server{cmd: cmd, out: &out, done: make(chan error, 1)}
+	go func() { s.done <- cmd.Wait(); pw.Close() }()
+	r.t.Cleanup(func() { cmd.Process.Kill(); <-s.done })
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "serving ") {
+				line <- sc.Text()
+			}
+		}
+		io.Copy(io.Discard, pr)
+	}()
+	select {
+	case l := <-line:
+		f := strings.Fields(l)
+		s.addr = f[3]
+	case <-time.After(20 * time.Second):
+		r.t.Fatalf("node serve did not start: %s", errb.String())
+	}
+	return s
+}
+
+func (r *realmT) devices() map[string]map[string]any {
+	r.t.Helper()
+	var list []map[string]any
+	if err := json.Unmarshal([]byte(r.ok("devices", "--json")), &list); err != nil {
+		r.t.Fatal(err)
+	}
+	m := map[string]map[string]any{}
+	for _, d := range list {
+		m[d["name"].(string)] = d
+	}
+	return m
+}
+
+// waitState polls `devices` until node name is in state want.
+func (r *realmT) waitState(name, want string, within time.Duration) map[string]any {
+	r.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		d := r.devices()[name]
+		if d != nil && d["state"] == want {
+			return d
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("node %s: %v, want state %s within %v", name, d, want, within)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// `node serve` registers with a lease and reports its disk; SIGTERM
+// deregisters it (offline at once, exit 0); a killed node goes offline
+// when its lease lapses.
+func TestNodeServe(t *testing.T) {
+	r := newRealm(t, "--no-passphrase", "--name", "desk")
+	if d := r.devices()["desk"]; d == nil || d["role"] != "device" || d["state"] != "offline" {
+		t.Fatalf("devices after init: %v", r.devices())
+	}
+	s := r.serve("2s")
+	if !strings.Contains(s.out.String(), "join endpoint") {
+		t.Fatalf("the CA holder does not serve joins: %s", s.out)
+	}
+	d := r.waitState("desk", "online", 5*time.Second)
+	if d["addr"] != s.addr || d["capacity"].(float64) <= 0 || d["free"].(float64) <= 0 || d["last_seen"] == nil {
+		t.Fatalf("online record: %v", d)
+	}
+	if out := r.ok("devices"); !strings.Contains(out, "desk") || !strings.Contains(out, "online") || !strings.Contains(out, s.addr) {
+		t.Fatalf("devices:\n%s", out)
+	}
+	// The node serves this device's store to this device's certificate.
+	st := dial(t, r.home, s.addr, "desk")
+	if _, err := st.Stats(context.Background()); err != nil {
+		t.Fatalf("stats from its own device: %v", err)
+	}
+	st.Close()
+
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-s.done; err != nil {
+		t.Fatalf("node serve after SIGTERM: %v\n%s", err, s.out)
+	}
+	s.done <- nil
+	if d := r.devices()["desk"]; d["state"] != "offline" {
+		t.Fatalf("after SIGTERM: %v", d)
+	}
+
+	s = r.serve("2s")
+	r.waitState("desk", "online", 5*time.Second)
+	start := time.Now()
+	s.cmd.Process.Kill()
+	r.waitState("desk", "offline", 2*time.Second+5*time.Second)
+	t.Logf("killed node offline after %v (lease 2s)", time.Since(start))
+}
+
+// dial opens a remote store on the node at addr, named node, with the
+// credentials of the home.
+func dial(t *testing.T, home, addr, node string) *remotestore.Store {
+	t.Helper()
+	c, err := pki.LoadCredentials(realm.CredentialsDir(home))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pki.ClientTLS(c, pki.TLSOptions{Revocations: pki.NoRevocations{}, Peer: pki.RequireNode(node)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := remotestore.New(remotestore.Options{Addr: addr, TLS: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/pki"
+	"cairn.dev/cairn/internal/realm"
+)
+
+// deviceJSON is what `devices --json` prints per node.
+type deviceJSON struct {
+	Name       string     `json:"name"`
+	Role       string     `json:"role"`
+	State      string     `json:"state"`
+	Addr       string     `json:"addr,omitempty"`
+	Capacity   int64      `json:"capacity"`
+	Free       int64      `json:"free"`
+	Used       int64      `json:"used"`
+	Rate       float64    `json:"rate"` // bytes per second
+	Served     int64      `json:"served"`
+	Registered time.Time  `json:"registered"`
+	LastSeen   *time.Time `json:"last_seen,omitempty"`
+	Removed    *time.Time `json:"removed,omitempty"`
+}
+
+func unixTime(ns int64) *time.Time {
+	if ns == 0 {
+		return nil
+	}
+	t := time.Unix(0, ns).UTC()
+	return &t
+}
+
+func (e *env) devicesCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "devices [--json]",
+		Short: "List the realm's nodes: devices, benefactors and surrogates, and whether they are online",
+		Long: `List every node of the realm with its role, state (online: its heartbeat
+lease is alive; offline; removed), address, capacity and use of its store's
+disk, and when it last reported.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := e.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			nodes, err := r.Meta.Nodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			out := make([]deviceJSON, 0, len(nodes))
+			for _, n := range nodes {
+				out = append(out, deviceJSON{Name: n.Name, Role: n.Role, State: n.State, Addr: n.Addr, Capacity: n.Capacity, Free: n.Free, Used: n.Used,
+					Rate: n.Rate, Served: n.Served, Registered: time.Unix(0, n.Registered).UTC(), LastSeen: unixTime(n.LastSeen), Removed: unixTime(n.Removed)})
+			}
+			if asJSON {
+				return e.printJSON(out)
+			}
+			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tROLE\tSTATE\tADDRESS\tCAPACITY\tUSED\tLAST SEEN")
+			for _, d := range out {
+				seen := "never"
+				if d.LastSeen != nil {
+					seen = d.LastSeen.Local().Format(time.DateTime)
+				}
+				cap, used := "-", "-"
+				if d.Capacity > 0 {
+					cap, used = humanBytes(d.Capacity), humanBytes(d.Used)
+				}
+				addr := d.Addr
+				if addr == "" {
+					addr = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Role, d.State, addr, cap, used, seen)
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func (e *env) nodeCmd() *cobra.Command {
+	c := &cobra.Command{Use: "node", Short: "Run this machine's node, or remove a node from the realm"}
+	var listen, advertise string
+	var lease time.Duration
+	serve := &cobra.Command{
+		Use:   "serve [--listen HOST:PORT]",
+		Short: "Serve this device's store to the realm's devices, and the join endpoint",
+		Long: `Serve this device's local store to the realm's devices over HTTP/2 with mutual
+TLS 1.3 (realm certificates only), and, on the device holding the realm CA, the
+join endpoint that 'cairn invite' tokens point to. The node registers in the
+realm's registry with a lease (its heartbeat: if it stops, it shows offline
+once the lease lapses) and reports its capacity, free space, use and serving
+rate. SIGINT or SIGTERM deregisters it and exits 0.
+
+It prints "serving NAME on ADDRESS" once ready.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := e.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			creds, err := r.Credentials(cmd.Context())
+			if err != nil {
+				return err
+			}
+			err = r.Serve(cmd.Context(), realm.ServeOptions{Listen: listen, Advertise: advertise, Lease: lease, Ready: func(addr string, join bool) {
+				extra := ""
+				if join {
+					extra = " (and the join endpoint)"
+				}
+				fmt.Fprintf(e.stdout, "serving %s on %s%s\n", creds.Identity.Name, addr, extra)
+			}})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "stopped %s\n", creds.Identity.Name)
+			return nil
+		},
+	}
+	serve.Flags().StringVar(&listen, "listen", ":7461", "address to listen on (port 0 picks one)")
+	serve.Flags().StringVar(&advertise, "advertise", "", "address other nodes dial (default: the listening address, the host name for an unspecified host)")
+	serve.Flags().DurationVar(&lease, "lease", realm.DefaultLease, "heartbeat lease: a node that stops shows offline after this long")
+	remove := &cobra.Command{
+		Use:   "remove NAME",
+		Short: "Remove a node from the realm: its certificates are refused everywhere",
+		Long: `Remove a node: its name is revoked in the realm's revocation list (kept in the
+metadata service, so every running node refuses it within moments, also on
+connections already open), and the registry marks it removed. The machine
+can join again only with a new invitation.`,
+		Args: exactArgs(1, "a node name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if err := pki.ValidName(name); err != nil {
+				return err
+			}
+			r, err := e.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if c, err := r.Credentials(cmd.Context()); err == nil && c.Identity.Name == name {
+				return cairn.E("node remove", cairn.Invalid, name, errors.New("this is the device you are on: remove it from another device"))
+			}
+			if err := r.Meta.RemoveNode(cmd.Context(), name, time.Time{}); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "removed %s: its certificates are revoked\n", name)
+			return nil
+		},
+	}
+	c.AddCommand(serve, remove)
+	return c
+}

@@ -1,0 +1,263 @@
+package realm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/node"
+	"cairn.dev/cairn/internal/pki"
+)
+
+// DefaultLease is how long a node that stops reporting stays online in the
+// registry: its heartbeat lease.
+const DefaultLease = 10 * time.Second
+
+// ServeOptions configure Serve.
+type ServeOptions struct {
+	// Listen is the address of the chunk service (host:port; port 0 picks
+	// one). Required.
+	Listen string
+	// Advertise is the address recorded in the registry and put in join
+	// tokens. Default: Listen's actual address, with the host name in
+	// place of an unspecified host.
+	Advertise string
+	// Lease is the heartbeat lease (default DefaultLease, at least 1 s);
+	// the node reports its figures every Lease/3.
+	Lease time.Duration
+	// Ready, if set, is called once the node listens and is registered,
+	// with the address it advertises and whether it serves joins.
+	Ready func(addr string, join bool)
+}
+
+// Serve runs this device's node until ctx ends: it serves the local store
+// over HTTP/2 and mutual TLS 1.3 (internal/node), and the join exchange if
+// this device holds the realm CA; it registers in the node registry with a
+// lease kept alive, and reports capacity, free space, use and serving rate.
+// When ctx ends it deregisters (the node shows offline at once) and
+// returns nil. It fails with Permission if the node has been removed.
+func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
+	const op = "node serve"
+	if o.Lease == 0 {
+		o.Lease = DefaultLease
+	}
+	if o.Lease < time.Second {
+		return cairn.E(op, cairn.Invalid, "", fmt.Errorf("lease %v below 1s", o.Lease))
+	}
+	creds, err := r.Credentials(ctx)
+	if err != nil {
+		return err
+	}
+	if creds.Identity.Role != pki.Device {
+		return cairn.E(op, cairn.Permission, creds.Identity.Name, fmt.Errorf("a %s registers through a device (not done yet); only devices run 'cairn node serve' now", creds.Identity.Role))
+	}
+	if st, err := r.Meta.Node(ctx, creds.Identity.Name); err == nil && st.Removed != 0 {
+		return cairn.E(op, cairn.Permission, creds.Identity.Name, errors.New("this node was removed from the realm (join again with a new invitation)"))
+	}
+	st, err := r.Store(ctx)
+	if err != nil {
+		return err
+	}
+	m := &meteredStore{Store: st}
+	rev, err := r.Meta.WatchRevocations(ctx)
+	if err != nil {
+		return err
+	}
+	defer rev.Close()
+
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return cairn.E(op, cairn.Unavailable, o.Listen, err)
+	}
+	defer ln.Close()
+	addr := o.Advertise
+	if addr == "" {
+		addr = advertised(ln.Addr().(*net.TCPAddr))
+	}
+
+	var join http.Handler
+	if ca, err := pki.LoadCA(CADir(r.Home)); err == nil {
+		tokens, err := pki.OpenTokenList(TokensPath(r.Home))
+		if err != nil {
+			return err
+		}
+		auth := &pki.Authority{CA: ca, Tokens: registeringTokens{TokenStore: tokens, meta: r.Meta}, Addr: addr, Logger: r.log}
+		join = auth.JoinHandler()
+	} else if !errors.Is(err, cairn.ErrNotFound) {
+		return err
+	}
+	tlsConf, err := pki.ServerTLS(creds, pki.TLSOptions{Revocations: rev})
+	if err != nil {
+		return err
+	}
+	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Logger: r.log}, tlsConf)
+	if err != nil {
+		return err
+	}
+
+	name := creds.Identity.Name
+	storeDir := filepath.Join(r.Home, r.Config.StorePath)
+	report := func() meta.NodeRecord {
+		rec := meta.NodeRecord{Name: name, Role: string(creds.Identity.Role), Addr: addr, Served: m.served.Load(), Rate: m.rate(time.Now())}
+		var fs unix.Statfs_t
+		if err := unix.Statfs(storeDir, &fs); err == nil {
+			rec.Capacity = int64(fs.Blocks) * fs.Bsize
+			rec.Free = int64(fs.Bavail) * fs.Bsize
+		}
+		if ss, ok := st.(cairn.StoreStats); ok {
+			if u, err := ss.Stats(ctx); err == nil {
+				rec.Used = u.Disk
+			}
+		}
+		return rec
+	}
+	reg, err := r.Meta.Register(ctx, report(), o.Lease)
+	if err != nil {
+		return err
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeTLS(ln, "", "") }()
+	r.log.Info("node serving", "node", name, "addr", addr, "join", join != nil)
+	if o.Ready != nil {
+		o.Ready(addr, join != nil)
+	}
+
+	stop := func(cause error) error {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := reg.Close(dctx); err != nil && cause == nil {
+			r.log.Warn("deregister", "err", err)
+		}
+		_ = srv.Shutdown(dctx)
+		return cause
+	}
+	tick := time.NewTicker(o.Lease / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return stop(nil)
+		case err := <-served:
+			return stop(cairn.E(op, cairn.IO, addr, err))
+		case <-reg.Lost():
+			if ctx.Err() != nil {
+				return stop(nil)
+			}
+			// The lease lapsed (etcd unreachable for longer than the
+			// lease, or restarted): register again.
+			r.log.Warn("node lease lost: registering again", "node", name)
+			nreg, err := r.Meta.Register(ctx, report(), o.Lease)
+			if err != nil {
+				if errors.Is(err, cairn.ErrPermission) {
+					return stop(err)
+				}
+				r.log.Warn("register again", "err", err)
+				select {
+				case <-ctx.Done():
+					return stop(nil)
+				case <-time.After(o.Lease / 3):
+				}
+				continue
+			}
+			reg = nreg
+		case <-tick.C:
+			if err := reg.Update(ctx, report()); err != nil {
+				if errors.Is(err, cairn.ErrPermission) || errors.Is(err, cairn.ErrNotFound) {
+					return stop(err)
+				}
+				r.log.Warn("node report", "err", err)
+			}
+		}
+	}
+}
+
+// advertised turns a listener's address into one others can dial: an
+// unspecified host (":7461", "0.0.0.0") becomes this machine's host name.
+func advertised(a *net.TCPAddr) string {
+	if a.IP == nil || a.IP.IsUnspecified() {
+		h, err := os.Hostname()
+		if err != nil {
+			h = "localhost"
+		}
+		return net.JoinHostPort(h, fmt.Sprint(a.Port))
+	}
+	return a.String()
+}
+
+// meteredStore counts the bytes the node serves and derives its serving
+// rate: a moving average of the bytes per second of the report intervals
+// in which it served anything (an idle node keeps its last rate: it says
+// how fast the node can serve, not how busy it is).
+type meteredStore struct {
+	cairn.Store
+	served atomic.Int64
+
+	mu       sync.Mutex
+	lastAt   time.Time
+	lastSeen int64
+	avg      float64
+}
+
+func (m *meteredStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	b, err := m.Store.Get(ctx, id)
+	if err == nil {
+		m.served.Add(int64(len(b)))
+	}
+	return b, err
+}
+
+func (m *meteredStore) Stats(ctx context.Context) (cairn.StoreUsage, error) {
+	if ss, ok := m.Store.(cairn.StoreStats); ok {
+		return ss.Stats(ctx)
+	}
+	return cairn.StoreUsage{}, cairn.E("stats", cairn.Other, "", errors.New("the store keeps no statistics"))
+}
+
+// rate returns the serving rate at now, in bytes per second.
+func (m *meteredStore) rate(now time.Time) float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.served.Load()
+	if !m.lastAt.IsZero() {
+		if dt := now.Sub(m.lastAt).Seconds(); dt > 0 && n > m.lastSeen {
+			cur := float64(n-m.lastSeen) / dt
+			if m.avg == 0 {
+				m.avg = cur
+			} else {
+				m.avg = 0.7*m.avg + 0.3*cur
+			}
+		}
+	}
+	m.lastAt, m.lastSeen = now, n
+	return m.avg
+}
+
+// registeringTokens records, in the node registry, every node that redeems
+// a join token (a benefactor or surrogate has no metadata access of its
+// own: the device that admits it records it).
+type registeringTokens struct {
+	pki.TokenStore
+	meta *meta.Service
+}
+
+func (t registeringTokens) Redeem(ctx context.Context, id, usedBy string, now time.Time) (pki.TokenRecord, error) {
+	rec, err := t.TokenStore.Redeem(ctx, id, usedBy, now)
+	if err != nil {
+		return rec, err
+	}
+	if err := t.meta.PutNode(ctx, meta.NodeRecord{Name: usedBy, Role: string(rec.Role), Registered: now.UnixNano()}); err != nil {
+		return rec, err
+	}
+	return rec, nil
+}
