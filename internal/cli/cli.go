@@ -187,7 +187,7 @@ lease, default 15s: how long a crashed writer can block others).`,
 	_ = pf.MarkHidden("cpuprofile")
 	root.AddCommand(e.initCmd(), e.putCmd(), e.getCmd(), e.lsCmd(), e.catCmd(), e.mkdirCmd(), e.rmCmd(),
 		e.mvCmd(), e.versionsCmd(), e.restoreCmd(), e.trashCmd(), e.gcCmd(), e.fsckCmd(), e.statsCmd(), e.volumeCmd(),
-		e.devicesCmd(), e.nodeCmd())
+		e.devicesCmd(), e.nodeCmd(), e.inviteCmd(), e.joinCmd())
 	return root
 }
 

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -14,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/cli"
+	"cairn.dev/cairn/internal/etcdsvc"
 	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/realm"
 	"cairn.dev/cairn/internal/store/remotestore"
@@ -180,4 +184,134 @@ func dial(t *testing.T, home, addr, node string) *remotestore.Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// joiner is a home that has not joined a realm yet.
+func joiner(t *testing.T) *realmT {
+	r := &realmT{t: t, home: filepath.Join(t.TempDir(), "joiner")}
+	r.env = append(os.Environ(), "CAIRN_TEST_RUN_CLI=1", "CAIRN_HOME="+r.home, "CAIRN_ETCD_LINGER=300ms", "CAIRN_PASSPHRASE=")
+	t.Cleanup(func() { etcdsvc.StopDaemon(r.home) })
+	return r
+}
+
+// The whole path of a second machine, on loopback: the first device serves
+// its node and join endpoint; a device joins with a one-time token, gets
+// the realm config and volume keys, and appears in `devices`; a surrogate
+// joins with a certificate only, which the node refuses; a removed device
+// is refused on its open connection; a killed node goes offline.
+func TestInviteJoinRemove(t *testing.T) {
+	ctx := context.Background()
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	if res := a.fails(cli.ExitUnavailable, "invite", "--role", "device"); !strings.Contains(res.stderr, "node serve") {
+		t.Fatalf("invite without a join endpoint: %s", res.stderr)
+	}
+	a.fails(cli.ExitUsage, "invite")
+	s := a.serve("2s")
+	a.waitState("desk", "online", 5*time.Second)
+	src := filepath.Join(t.TempDir(), "d.txt")
+	writeFile(t, src, []byte("written on desk\n"), 0o644)
+	putJSON(t, a, src, "home:/desk")
+
+	// A device joins.
+	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "laptop", "--ttl", "10m"))
+	if !strings.HasPrefix(tok, "cairn-join-v1-") {
+		t.Fatalf("token %q", tok)
+	}
+	b := joiner(t)
+	if out := b.ok("join", tok, "--no-passphrase"); !strings.Contains(out, "as device laptop") {
+		t.Fatalf("join: %s", out)
+	}
+	if res := joiner(t).fails(cli.ExitPermission, "join", tok, "--no-passphrase"); !strings.Contains(res.stderr, "already used") {
+		t.Fatalf("second use of a token: %s", res.stderr)
+	}
+	c, err := pki.LoadCredentials(realm.CredentialsDir(b.home))
+	if err != nil || c.Identity.Name != "laptop" || c.Identity.Role != pki.Device {
+		t.Fatalf("laptop credentials: %+v %v", c, err)
+	}
+	devs := b.devices()
+	if len(devs) != 2 || devs["desk"]["state"] != "online" || devs["laptop"]["state"] != "offline" || devs["laptop"]["role"] != "device" {
+		t.Fatalf("devices on the new device: %v", devs)
+	}
+	if out := b.ok("ls", "home:/"); out != "desk/\n" {
+		t.Fatalf("ls on the new device: %q", out)
+	}
+	// It holds the volume key: what it writes it reads back (its own store).
+	src2 := filepath.Join(t.TempDir(), "l.txt")
+	writeFile(t, src2, []byte("written on laptop\n"), 0o644)
+	putJSON(t, b, src2, "home:/laptop")
+	if got := b.ok("cat", "home:/laptop/l.txt"); got != "written on laptop\n" {
+		t.Fatalf("cat on laptop: %q", got)
+	}
+	laptop := dial(t, b.home, s.addr, "desk")
+	defer laptop.Close()
+	if err := laptop.List(ctx, func(cairn.ID, int64) error { return nil }); err != nil {
+		t.Fatalf("laptop lists desk's store: %v", err)
+	}
+
+	// A device named by itself, keyring sealed with a passphrase.
+	tok = strings.TrimSpace(a.ok("invite", "--role", "device"))
+	phone := joiner(t)
+	if res := phone.runEnv([]string{"CAIRN_PASSPHRASE=pw"}, "join", tok, "--name", "phone"); res.code != 0 || !strings.Contains(res.stdout, "as device phone") {
+		t.Fatalf("join with a passphrase: %+v", res)
+	}
+	if res := phone.runEnv([]string{"CAIRN_PASSPHRASE=pw"}, "put", "--json", src2, "home:/phone"); res.code != 0 {
+		t.Fatalf("put on phone: %+v", res)
+	}
+	phone.fails(cli.ExitPermission, "cat", "home:/phone/l.txt")
+	if res := phone.runEnv([]string{"CAIRN_PASSPHRASE=pw"}, "cat", "home:/phone/l.txt"); res.stdout != "written on laptop\n" {
+		t.Fatalf("cat on phone: %+v", res)
+	}
+
+	// A surrogate joins: a certificate, no key, no metadata.
+	tok = strings.TrimSpace(a.ok("invite", "--role", "surrogate", "--name", "cafe"))
+	sur := joiner(t)
+	if out := sur.ok("join", tok); !strings.Contains(out, "as surrogate cafe") {
+		t.Fatalf("surrogate join: %s", out)
+	}
+	for _, f := range []string{"realm.json", "keyring"} {
+		if _, err := os.Stat(filepath.Join(sur.home, f)); err == nil {
+			t.Fatalf("a surrogate received %s", f)
+		}
+	}
+	sur.fails(cli.ExitNotFound, "ls", "home:/")
+	cafe := dial(t, sur.home, s.addr, "desk")
+	defer cafe.Close()
+	var zero cairn.ID
+	if _, err := cafe.Get(ctx, zero); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("surrogate get: %v", err)
+	}
+	if err := cafe.List(ctx, func(cairn.ID, int64) error { return nil }); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("surrogate list: %v", err)
+	}
+	if d := a.devices()["cafe"]; d == nil || d["role"] != "surrogate" || d["state"] != "offline" {
+		t.Fatalf("surrogate in devices: %v", d)
+	}
+
+	// Removal: the laptop is refused, also on its open connection.
+	a.fails(cli.ExitUsage, "node", "remove", "desk")
+	a.fails(cli.ExitNotFound, "node", "remove", "ghost")
+	a.ok("node", "remove", "laptop")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := laptop.List(ctx, func(cairn.ID, int64) error { return nil })
+		if errors.Is(err, cairn.ErrPermission) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("removed laptop still served: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	again := dial(t, b.home, s.addr, "desk")
+	defer again.Close()
+	if _, err := again.Get(ctx, zero); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("removed laptop, new connection: %v", err)
+	}
+	if d := a.devices()["laptop"]; d["state"] != "removed" || d["removed"] == nil {
+		t.Fatalf("removed laptop in devices: %v", d)
+	}
+
+	// The killed node goes offline within its lease.
+	s.cmd.Process.Kill()
+	a.waitState("desk", "offline", 2*time.Second+5*time.Second)
 }

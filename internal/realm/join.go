@@ -1,0 +1,214 @@
+package realm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/keyring"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/pki"
+	"cairn.dev/cairn/internal/volkey"
+)
+
+// devicePayloadFormat is the version of the device payload.
+const devicePayloadFormat = 1
+
+// devicePayload is what a joining device receives, sealed end to end by
+// its join token (pki): what it needs to be a device of the realm.
+type devicePayload struct {
+	Format  int    `json:"format"`
+	RealmID string `json:"realm_id"`
+	// Etcd is where the realm's metadata service answers.
+	Etcd []string `json:"etcd"`
+	// Keys maps volume ID to the volume's master key.
+	Keys map[string][]byte `json:"keys"`
+}
+
+// InviteOptions tune Invite.
+type InviteOptions struct {
+	Role pki.Role
+	// Name is the node name the joiner gets; empty lets it propose one.
+	Name string
+	// TTL is how long the token can be used (default 1 h).
+	TTL time.Duration
+	// Addr is the join endpoint put in the token. Default: this device's
+	// node address from the registry (it must be serving: 'cairn node
+	// serve' serves the join endpoint).
+	Addr string
+}
+
+// Invite returns a one-time join token for a new node. A device's token
+// carries, sealed, the realm's configuration (realm ID, etcd endpoints) and
+// every volume key this device holds; a benefactor's or surrogate's carries
+// nothing. Only the device holding the realm CA invites.
+func (r *Realm) Invite(ctx context.Context, o InviteOptions) (string, error) {
+	const op = "invite"
+	if _, err := pki.ParseRole(string(o.Role)); err != nil {
+		return "", err
+	}
+	if o.TTL == 0 {
+		o.TTL = time.Hour
+	}
+	ca, err := r.CA(ctx)
+	if err != nil {
+		return "", err
+	}
+	creds, err := r.Credentials(ctx)
+	if err != nil {
+		return "", err
+	}
+	if o.Name != "" {
+		if err := pki.ValidName(o.Name); err != nil {
+			return "", err
+		}
+		if st, err := r.Meta.Node(ctx, o.Name); err == nil && st.Removed == 0 {
+			return "", cairn.E(op, cairn.Exist, o.Name, fmt.Errorf("the realm already has a %s named %s (remove it first: 'cairn node remove %s')", st.Role, o.Name, o.Name))
+		}
+	}
+	if o.Addr == "" {
+		st, err := r.Meta.Node(ctx, creds.Identity.Name)
+		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+			return "", err
+		}
+		if err != nil || st.State != meta.NodeOnline || st.Addr == "" {
+			return "", cairn.E(op, cairn.Unavailable, creds.Identity.Name, errors.New("this device serves no join endpoint: start 'cairn node serve' here first"))
+		}
+		o.Addr = st.Addr
+	}
+	var payload []byte
+	if o.Role == pki.Device {
+		p := devicePayload{Format: devicePayloadFormat, RealmID: r.Config.RealmID, Etcd: r.Config.Etcd, Keys: map[string][]byte{}}
+		if len(p.Etcd) == 0 {
+			// The embedded etcd, reached on its current (loopback)
+			// address. Metadata over the network (etcd over mutual TLS)
+			// is not done yet: such a device works on this machine only.
+			p.Etcd = r.conn.Endpoints()
+		}
+		kr, err := r.Keyring()
+		if err != nil {
+			return "", err
+		}
+		vols, err := r.Meta.Volumes(ctx)
+		if err != nil {
+			return "", err
+		}
+		for _, v := range vols {
+			k, err := kr.Key(v.ID, v.Name)
+			if err != nil {
+				r.log.Warn("invite: this device holds no key for a volume; the new device will not either", "volume", v.Name)
+				continue
+			}
+			p.Keys[v.ID] = k[:]
+		}
+		if payload, err = json.Marshal(p); err != nil {
+			return "", cairn.E(op, cairn.Other, "", err)
+		}
+	}
+	tokens, err := pki.OpenTokenList(TokensPath(r.Home))
+	if err != nil {
+		return "", err
+	}
+	auth := &pki.Authority{CA: ca, Tokens: tokens, Addr: o.Addr, Logger: r.log}
+	return auth.NewToken(ctx, o.Role, o.Name, o.TTL, payload)
+}
+
+// JoinOptions tune Join.
+type JoinOptions struct {
+	// Name is the node name proposed (used if the token names none).
+	// Default DefaultNodeName().
+	Name string
+	// Passphrase seals the keyring of a joining device, unless
+	// NoPassphrase. Asked only once the device has its payload.
+	Passphrase   func() ([]byte, error)
+	NoPassphrase bool
+}
+
+// Join makes home a node of the realm that issued token: it redeems the
+// token at the join endpoint the token names and saves the credentials. A
+// device also receives the realm's configuration and volume keys: Join
+// writes realm.json and the keyring and creates the local store, so the
+// home works like the first device's. A benefactor or surrogate receives
+// no key and no metadata access: home holds only its credentials.
+func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credentials, error) {
+	const op = "join"
+	if o.Name == "" {
+		o.Name = DefaultNodeName()
+	}
+	if _, err := os.Stat(configPath(home)); err == nil {
+		return nil, cairn.E(op, cairn.Exist, home, errors.New("a realm already exists here"))
+	}
+	if _, err := pki.LoadCredentials(CredentialsDir(home)); err == nil {
+		return nil, cairn.E(op, cairn.Exist, home, errors.New("this home already joined a realm"))
+	}
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return nil, cairn.E(op, cairn.IO, home, err)
+	}
+	creds, payload, err := pki.Join(ctx, token, pki.JoinOptions{Name: o.Name})
+	if err != nil {
+		return nil, err
+	}
+	if creds.Identity.Role != pki.Device {
+		if len(payload) != 0 {
+			return nil, cairn.E(op, cairn.Permission, "", fmt.Errorf("a %s must receive no payload", creds.Identity.Role))
+		}
+		return creds, creds.Save(CredentialsDir(home))
+	}
+	var p devicePayload
+	if err := json.Unmarshal(payload, &p); err != nil {
+		return nil, cairn.E(op, cairn.Corrupt, "", fmt.Errorf("device payload: %w", err))
+	}
+	if p.Format != devicePayloadFormat || p.RealmID != creds.Identity.Realm || len(p.Etcd) == 0 {
+		return nil, cairn.E(op, cairn.Corrupt, "", fmt.Errorf("device payload: format %d, realm %q, %d etcd endpoints", p.Format, p.RealmID, len(p.Etcd)))
+	}
+	// The credentials first: a failure below leaves a home that can be
+	// given a new invitation after 'rm -r'.
+	if err := creds.Save(CredentialsDir(home)); err != nil {
+		return nil, err
+	}
+	var pass []byte
+	if !o.NoPassphrase {
+		if o.Passphrase == nil {
+			return nil, cairn.E(op, cairn.Permission, "", errors.New("a passphrase is needed for the keyring"))
+		}
+		if pass, err = o.Passphrase(); err != nil {
+			return nil, err
+		}
+		if len(pass) == 0 {
+			return nil, cairn.E(op, cairn.Invalid, "", errors.New("empty passphrase (use --no-passphrase to keep keys unprotected)"))
+		}
+	}
+	kr, err := keyring.Create(keyringPath(home), pass)
+	if err != nil {
+		return nil, err
+	}
+	for id, k := range p.Keys {
+		if len(k) != volkey.Size {
+			return nil, cairn.E(op, cairn.Corrupt, id, fmt.Errorf("volume key of %d bytes", len(k)))
+		}
+		kr.Add(id, volkey.Master(k))
+	}
+	if err := kr.Save(); err != nil {
+		return nil, err
+	}
+	cfg := Config{Format: ConfigVersion, RealmID: p.RealmID, Created: time.Now().UTC(), Etcd: p.Etcd, StorePath: "store"}
+	b, _ := json.MarshalIndent(cfg, "", "  ")
+	if err := keyring.WriteFileAtomic(configPath(home), b, 0o600); err != nil {
+		return nil, err
+	}
+	// Check the metadata service answers for this realm, and make the
+	// local store.
+	r, err := Open(ctx, home, Options{NoPassphrase: o.NoPassphrase})
+	if err != nil {
+		return creds, err
+	}
+	defer r.Close()
+	if _, err := r.Store(ctx); err != nil {
+		return creds, err
+	}
+	return creds, nil
+}
