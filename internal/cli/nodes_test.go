@@ -251,6 +251,13 @@ func TestInviteJoinRemove(t *testing.T) {
 	// A device named by itself, keyring sealed with a passphrase.
 	tok = strings.TrimSpace(a.ok("invite", "--role", "device"))
 	phone := joiner(t)
+	// A joiner may not take a member's name; the token survives the refusal.
+	if res := phone.runEnv([]string{"CAIRN_PASSPHRASE=pw"}, "join", tok, "--name", "desk"); res.code != cli.ExitExist || !strings.Contains(res.stderr, "already has a device named desk") {
+		t.Fatalf("join as desk: %+v", res)
+	}
+	if _, err := os.Stat(filepath.Join(phone.home, "realm.json")); err == nil {
+		t.Fatal("a refused join wrote realm.json")
+	}
 	if res := phone.runEnv([]string{"CAIRN_PASSPHRASE=pw"}, "join", tok, "--name", "phone"); res.code != 0 || !strings.Contains(res.stdout, "as device phone") {
 		t.Fatalf("join with a passphrase: %+v", res)
 	}
@@ -314,4 +321,53 @@ func TestInviteJoinRemove(t *testing.T) {
 	// The killed node goes offline within its lease.
 	s.cmd.Process.Kill()
 	a.waitState("desk", "offline", 2*time.Second+5*time.Second)
+}
+
+// A realm made before cairn had a CA gets one on first need, unless the
+// metadata records that another device holds it.
+func TestLazyCA(t *testing.T) {
+	ctx := context.Background()
+	r := newRealm(t, "--no-passphrase", "--name", "desk")
+	// Make it look like an old realm: no pki directory, no CA record, no
+	// registry entry.
+	if err := os.RemoveAll(filepath.Join(r.home, "pki")); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := etcdsvc.Connect(ctx, r.home, etcdsvc.ConnectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Client().Delete(ctx, "/cairn/v1/pki/ca"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Client().Delete(ctx, "/cairn/v1/node/desk"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	old := r.ok("devices", "--json")
+	if strings.TrimSpace(old) != "[]" {
+		t.Fatalf("old realm devices: %s", old)
+	}
+	// node serve makes the CA (named by the host name) and serves.
+	s := r.serve("2s")
+	c, err := pki.LoadCredentials(realm.CredentialsDir(r.home))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pki.LoadCA(realm.CADir(r.home)); err != nil {
+		t.Fatal(err)
+	}
+	r.waitState(c.Identity.Name, "online", 5*time.Second)
+	if !strings.Contains(s.out.String(), "join endpoint") {
+		t.Fatalf("serve: %s", s.out)
+	}
+	// Another home on the same metadata, without the CA: it is told where
+	// the CA is instead of making a second one.
+	if err := os.RemoveAll(filepath.Join(r.home, "pki")); err != nil {
+		t.Fatal(err)
+	}
+	res := r.fails(cli.ExitExist, "invite", "--role", "device")
+	if !strings.Contains(res.stderr, "held by device "+c.Identity.Name) {
+		t.Fatalf("invite without the CA: %s", res.stderr)
+	}
 }

@@ -252,6 +252,14 @@ type registeringTokens struct {
 }
 
 func (t registeringTokens) Redeem(ctx context.Context, id, usedBy string, now time.Time) (pki.TokenRecord, error) {
+	// A joiner that proposes its own name must not take a member's: its
+	// certificate would carry that node's identity. Checked before the
+	// token is used, so the joiner can try again with another name.
+	if st, err := t.meta.Node(ctx, usedBy); err == nil && st.Removed == 0 {
+		return pki.TokenRecord{}, cairn.E("join", cairn.Exist, usedBy, fmt.Errorf("the realm already has a %s named %s: join with another --name", st.Role, usedBy))
+	} else if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+		return pki.TokenRecord{}, err
+	}
 	rec, err := t.TokenStore.Redeem(ctx, id, usedBy, now)
 	if err != nil {
 		return rec, err
