@@ -43,6 +43,9 @@ type NodeRecord struct {
 	Registered int64 `json:"registered"`
 	LastSeen   int64 `json:"last_seen,omitempty"`
 	Removed    int64 `json:"removed,omitempty"`
+	// Lease is the running node's heartbeat lease (ns); it reports every
+	// Lease/3.
+	Lease int64 `json:"lease,omitempty"`
 }
 
 // Node states, as `cairn devices` shows them.
@@ -96,15 +99,23 @@ func (s *Service) Node(ctx context.Context, name string) (*NodeStatus, error) {
 	if err := json.Unmarshal(kvs[0].Value, &st.NodeRecord); err != nil {
 		return nil, cairn.E("node", cairn.Corrupt, name, err)
 	}
-	st.State = nodeState(&st.NodeRecord, resp.Responses[1].GetResponseRange().Count > 0)
+	st.State = nodeState(&st.NodeRecord, resp.Responses[1].GetResponseRange().Count > 0, time.Now())
 	return &st, nil
 }
 
-func nodeState(r *NodeRecord, alive bool) string {
+// StaleAfter is how many leases after its last report a node whose
+// liveness key still exists is nevertheless shown offline. etcd extends
+// every lease when it starts, so an embedded etcd that restarts while a
+// node is dead would keep the dead node's key alive; its reports, every
+// lease/3, stop all the same. Two leases leave room for clock skew between
+// the node and the reader.
+const StaleAfter = 2
+
+func nodeState(r *NodeRecord, alive bool, now time.Time) string {
 	switch {
 	case r.Removed != 0:
 		return NodeRemoved
-	case alive:
+	case alive && (r.Lease == 0 || now.UnixNano()-r.LastSeen <= StaleAfter*r.Lease):
 		return NodeOnline
 	}
 	return NodeOffline
@@ -125,12 +136,13 @@ func (s *Service) Nodes(ctx context.Context) ([]NodeStatus, error) {
 		alive[string(kv.Key[len(ap):])] = true
 	}
 	var out []NodeStatus
+	now := time.Now()
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		var st NodeStatus
 		if err := json.Unmarshal(kv.Value, &st.NodeRecord); err != nil {
 			return nil, cairn.E("list nodes", cairn.Corrupt, string(kv.Key), err)
 		}
-		st.State = nodeState(&st.NodeRecord, alive[st.Name])
+		st.State = nodeState(&st.NodeRecord, alive[st.Name], now)
 		out = append(out, st)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -180,6 +192,7 @@ type Registration struct {
 	s      *Service
 	name   string
 	since  int64 // unix ns of Register
+	ttl    time.Duration
 	lease  clientv3.LeaseID
 	cancel context.CancelFunc
 	lost   chan struct{}
@@ -214,7 +227,7 @@ func (s *Service) Register(ctx context.Context, rec NodeRecord, ttl time.Duratio
 	if rec.Registered == 0 {
 		rec.Registered = now
 	}
-	rec.LastSeen = now
+	rec.LastSeen, rec.Lease = now, int64(ttl)
 	b, _ := json.Marshal(rec)
 	ab, _ := json.Marshal(map[string]any{"addr": rec.Addr, "since": now})
 	if _, err := s.cli.Txn(octx).Then(clientv3.OpPut(s.nodeKey(rec.Name), string(b)), clientv3.OpPut(s.aliveKey(rec.Name), string(ab), clientv3.WithLease(lg.ID))).Commit(); err != nil {
@@ -226,7 +239,7 @@ func (s *Service) Register(ctx context.Context, rec NodeRecord, ttl time.Duratio
 		cancel()
 		return nil, etcdErr(op, rec.Name, err)
 	}
-	r := &Registration{s: s, name: rec.Name, since: now, lease: lg.ID, cancel: cancel, lost: make(chan struct{})}
+	r := &Registration{s: s, name: rec.Name, since: now, ttl: ttl, lease: lg.ID, cancel: cancel, lost: make(chan struct{})}
 	go func() {
 		for range ch {
 		}
@@ -262,7 +275,7 @@ func (r *Registration) Update(ctx context.Context, rec NodeRecord) error {
 		if old.Removed != 0 {
 			return cairn.E(op, cairn.Permission, r.name, errors.New("this node was removed from the realm"))
 		}
-		rec.Name, rec.Registered, rec.LastSeen = r.name, old.Registered, time.Now().UnixNano()
+		rec.Name, rec.Registered, rec.LastSeen, rec.Lease = r.name, old.Registered, time.Now().UnixNano(), int64(r.ttl)
 		b, _ := json.Marshal(rec)
 		k := s.nodeKey(r.name)
 		tr, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).

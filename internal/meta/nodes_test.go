@@ -73,6 +73,20 @@ func TestNodeRegistry(t *testing.T) {
 	if st := state(t, s, "desk"); st.Used != 7 || st.Rate != 1e6 || st.Name != "desk" || st.Registered == 0 {
 		t.Fatalf("after update: %+v", st)
 	}
+	// A liveness key that outlives its node's reports (etcd extends leases
+	// when it restarts) does not make it online.
+	if err := s.PutNode(ctx, meta.NodeRecord{Name: "desk", Role: "device", LastSeen: time.Now().Add(-3 * time.Second).UnixNano(), Lease: int64(time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "desk"); st.State != meta.NodeOffline {
+		t.Fatalf("stale reports: %s", st.State)
+	}
+	if err := reg.Update(ctx, meta.NodeRecord{}); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "desk"); st.State != meta.NodeOnline || st.Lease != int64(time.Second) {
+		t.Fatalf("after a fresh report: %+v", st)
+	}
 	if err := reg.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
