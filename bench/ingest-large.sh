@@ -26,6 +26,7 @@ for i in $(seq 1 "$RUNS"); do
 	if want cairn; then
 		realm=$WORK/realm-$i
 		new_realm "$realm"
+		settle
 		timed "$WORK/cairn-$i" env CAIRN_HOME="$realm" "$CAIRN" put --json "$INPUT" home:/
 		cw=$T_WALL cmbs=$(calc "$MB / $cw")
 		drss=$(daemon_rss_mb "$realm")
@@ -38,6 +39,7 @@ for i in $(seq 1 "$RUNS"); do
 	if want restic; then
 		repo=$WORK/restic-$i
 		new_restic_repo "$repo"
+		settle
 		timed "$WORK/restic-$i" restic backup --repo "$repo" --json "$INPUT"
 		rw=$T_WALL rrss=$T_RSS_MB rmbs=$(calc "$MB / $rw")
 		r_mbs+=("$rmbs") r_rss+=("$rrss")
@@ -64,7 +66,8 @@ fi
 record "ingest of one ${SIZE_MIB} MiB incompressible file" <<END
 Per run: fresh realm / repo (init not timed), then \`cairn put --json FILE home:/\` and
 \`restic backup --repo REPO --json FILE\` (repo from \`restic init\`, default compression and cache),
-each under \`/usr/bin/time -v\`, on the same page-cached file; wall clock of the whole process;
+each under \`/usr/bin/time -v\`, on the same page-cached file, each after \`sync; sleep ${SETTLE:-3}\`
+(not timed: the previous run's removed realm or repo is flushed and discarded first); wall clock of the whole process;
 MB = 10^6 bytes. cairn's peak RSS is the put process's (time -v) plus the peak (VmHWM) of the
 realm's embedded-etcd daemon, which \`cairn init\` started and the put connected to.
 

@@ -127,6 +127,15 @@ new_restic_repo() {
 
 now() { date +%s.%N; }
 
+# settle: before a timed command, let the previous run's writes and deletions (the realm or
+# repository just removed; the disk is mounted with discard) reach the disk, so they are not
+# billed to the next tool's run. Not timed. SETTLE=0 skips it.
+settle() {
+	[[ ${SETTLE:-3} == 0 ]] && return 0
+	sync
+	sleep "${SETTLE:-3}"
+}
+
 # timed PREFIX CMD...: runs CMD under /usr/bin/time -v, stdout to PREFIX.out, stderr to
 # PREFIX.err. Sets T_WALL (seconds, wall clock around the whole process) and T_RSS_MB
 # (peak RSS of the process tree's largest process, from time -v). Dies if CMD fails.
