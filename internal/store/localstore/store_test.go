@@ -2,6 +2,7 @@ package localstore
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"testing"
 
@@ -71,5 +72,38 @@ func TestConcurrentCreate(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(dir, ".cairn-store.tmp*")); len(left) > 0 {
 		t.Fatalf("temporary files left: %v", left)
+	}
+}
+
+// With TrustIDs, Put does not hash; a wrong ID slips in but is caught on
+// read, and Verify names it.
+func TestTrustIDs(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, t.TempDir(), Options{TrustIDs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id, data := storetest.Blob(1, 5000)
+	if err := s.Put(ctx, id, data); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, id); err != nil || string(got) != string(data) {
+		t.Fatalf("Get = %v", err)
+	}
+	wrong, _ := storetest.Blob(2, 10)
+	if err := s.Put(ctx, wrong, data); err != nil {
+		t.Fatalf("trusted Put with a wrong ID: %v (it is not checked)", err)
+	}
+	bad := 0
+	if err := s.Verify(ctx, func(got cairn.ID, err error) {
+		if got == wrong && errors.Is(err, cairn.ErrCorrupt) {
+			bad++
+		}
+	}); err != nil || bad != 1 {
+		t.Fatalf("Verify found %d bad objects (err %v), want the wrongly named one", bad, err)
+	}
+	if _, err := s.Get(ctx, wrong); !errors.Is(err, cairn.ErrCorrupt) {
+		t.Fatalf("Get of a wrongly named object = %v, want Corrupt", err)
 	}
 }
