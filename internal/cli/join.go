@@ -49,9 +49,9 @@ nearby untrusted machine) receives a certificate only: no key, no metadata.`,
 			fmt.Fprintln(e.stdout, tok)
 			who := "the new " + role
 			if name != "" {
-				who = role + " " + name
+				who = "the " + role + " " + name
 			}
-			fmt.Fprintf(e.stderr, "valid once, for %s, until %s: on %s run 'cairn join TOKEN'\n", ttl, time.Now().Add(ttl).Format(time.DateTime), who)
+			fmt.Fprintf(e.stderr, "valid once, for %s, until %s: on %s, run 'cairn join TOKEN'\n", ttl, time.Now().Add(ttl).Format(time.DateTime), who)
 			return nil
 		},
 	}

@@ -257,6 +257,18 @@ func TestInviteJoinRemove(t *testing.T) {
 	if got := b.ok("cat", "home:/laptop/l.txt"); got != "written on laptop\n" {
 		t.Fatalf("cat on laptop: %q", got)
 	}
+	// The new device runs its own node (no join endpoint: it holds no CA),
+	// which the first device's certificate opens.
+	bs := b.serve("2s")
+	if strings.Contains(bs.out.String(), "join endpoint") {
+		t.Fatalf("a joined device serves joins: %s", bs.out)
+	}
+	a.waitState("laptop", "online", 5*time.Second)
+	desk := dial(t, a.home, bs.addr, "laptop")
+	if _, err := desk.Stats(ctx); err != nil {
+		t.Fatalf("desk asks laptop's node: %v", err)
+	}
+	desk.Close()
 	laptop := dial(t, b.home, s.addr, "desk")
 	defer laptop.Close()
 	if err := laptop.List(ctx, func(cairn.ID, int64) error { return nil }); err != nil {
@@ -331,6 +343,16 @@ func TestInviteJoinRemove(t *testing.T) {
 	}
 	if d := a.devices()["laptop"]; d["state"] != "removed" || d["removed"] == nil {
 		t.Fatalf("removed laptop in devices: %v", d)
+	}
+	// Its running node notices at its next report and stops.
+	select {
+	case err := <-bs.done:
+		bs.done <- err
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != cli.ExitPermission {
+			t.Fatalf("removed node's serve ended with %v\n%s", err, bs.out)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the removed node still serves")
 	}
 
 	// The killed node goes offline within its lease.
