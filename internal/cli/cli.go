@@ -278,13 +278,19 @@ func (e *env) open(ctx context.Context) (*realm.Realm, error) {
 	return r, nil
 }
 
-// vol parses a cairn path and opens its volume.
-func (e *env) vol(ctx context.Context, s string) (*fs.Volume, vpath.Path, error) {
+// parseOpen parses a cairn path and opens the realm.
+func (e *env) parseOpen(ctx context.Context, s string) (*realm.Realm, vpath.Path, error) {
 	p, err := vpath.Parse(s)
 	if err != nil {
 		return nil, p, err
 	}
 	r, err := e.open(ctx)
+	return r, p, err
+}
+
+// vol parses a cairn path and opens its volume (keys included).
+func (e *env) vol(ctx context.Context, s string) (*fs.Volume, vpath.Path, error) {
+	r, p, err := e.parseOpen(ctx, s)
 	if err != nil {
 		return nil, p, err
 	}

@@ -26,11 +26,7 @@ func lutimes(path string, t time.Time) error {
 
 // metaVol opens only a volume's namespace: no key (and no passphrase) needed.
 func (e *env) metaVol(ctx context.Context, s string) (*meta.Vol, vpath.Path, error) {
-	p, err := vpath.Parse(s)
-	if err != nil {
-		return nil, p, err
-	}
-	r, err := e.open(ctx)
+	r, p, err := e.parseOpen(ctx, s)
 	if err != nil {
 		return nil, p, err
 	}
