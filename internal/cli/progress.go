@@ -31,6 +31,7 @@ func newProgress(w io.Writer, show bool, totalFiles, totalBytes int64) *progress
 	p.bar = progressbar.NewOptions64(totalBytes,
 		progressbar.OptionSetWriter(w),
 		progressbar.OptionShowBytes(true),
+		progressbar.OptionShowCount(),
 		progressbar.OptionUseIECUnits(true),
 		progressbar.OptionSetWidth(24),
 		progressbar.OptionThrottle(100*time.Millisecond),
