@@ -6,8 +6,9 @@ set -euo pipefail
 
 # Debian packages: restic/rsync are peers the benchmarks compare against, fuse3 gives
 # fusermount3 for mount tests, time gives /usr/bin/time -v (peak RSS), jq reads
-# the --json output of cairn and restic in bench/.
-PKGS=(restic rsync fuse3 time jq)
+# the --json output of cairn and restic in bench/, iproute2 gives ip(8) for the
+# network-namespace hosts of internal/netnstest.
+PKGS=(restic rsync fuse3 time jq iproute2)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -27,6 +27,7 @@ var layer = map[string]int{
 	"internal/keyring":                  3,
 	"internal/store/memstore":           3,
 	"internal/store/localstore":         3,
+	"internal/store/cachestore":         3, // read cache wrapped around any store
 	"internal/store/storetest":          4, // test helper: may use any store
 	"internal/node/wire":                3, // node wire protocol v1: shared by server and client
 	"internal/node":                     4, // a node's chunk service (server)
@@ -34,6 +35,7 @@ var layer = map[string]int{
 	"internal/etcdsvc":                  3,
 	"internal/etcdsvc/etcdtest":         4,
 	"internal/etcdsvc/etcdtest/etcdbin": 5,
+	"internal/netnstest":                4, // test helper: hosts in network namespaces
 
 	"internal/meta": 5,
 
