@@ -72,7 +72,7 @@ disk, and when it last reported.`,
 				}
 				cap, used := "-", "-"
 				if d.Capacity > 0 {
-					cap, used = humanBytes(d.Capacity), humanBytes(d.Used)
+					cap, used = human1024(d.Capacity), human1024(d.Used)
 				}
 				addr := d.Addr
 				if addr == "" {
@@ -85,19 +85,6 @@ disk, and when it last reported.`,
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 func (e *env) nodeCmd() *cobra.Command {
