@@ -38,8 +38,9 @@ func (q *queue[T]) add(c T) bool {
 }
 
 // take removes up to what fits from the queue (fits is asked of each call
-// in turn, with the number taken so far); if nothing is waiting, the runner
-// stops (ok false).
+// in turn, the first included, with the number taken so far; the first is
+// taken even if it does not fit); if nothing is waiting, the runner stops
+// (ok false).
 func (q *queue[T]) take(fits func(c T, n int) bool) (batch []T, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -48,7 +49,7 @@ func (q *queue[T]) take(fits func(c T, n int) bool) (batch []T, ok bool) {
 		return nil, false
 	}
 	n := 0
-	for n < len(q.waiting) && (n == 0 || fits(q.waiting[n], n)) {
+	for n < len(q.waiting) && (fits(q.waiting[n], n) || n == 0) {
 		n++
 	}
 	batch = append(batch, q.waiting[:n]...)
