@@ -115,6 +115,9 @@ damaged file and version on any problem.`,
 				if readData {
 					fmt.Fprintf(e.stdout, ", read %s", human1024(rep.BytesRead))
 				}
+				if rep.Elsewhere > 0 {
+					fmt.Fprintf(e.stdout, " (%d versions held by other nodes not checked: run fsck there)", rep.Elsewhere)
+				}
 				fmt.Fprintln(e.stdout)
 			}
 			if !rep.OK() {

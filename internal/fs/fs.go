@@ -271,7 +271,7 @@ func (v *Volume) putManifest(ctx context.Context, refs []manifest.Ref, size int6
 
 // Manifest fetches and opens a version's manifest.
 func (v *Volume) Manifest(ctx context.Context, ver *meta.Version) (*manifest.Manifest, error) {
-	stored, err := v.store.Get(ctx, ver.Manifest)
+	stored, err := v.store.Get(store.WithSources(ctx, ver.Stores), ver.Manifest)
 	if err != nil {
 		return nil, fmt.Errorf("manifest of version %d: %w", ver.N, err)
 	}
@@ -301,5 +301,5 @@ func (v *Volume) ReadFile(ctx context.Context, e *meta.Entry, ver *meta.Version,
 	if err != nil {
 		return err
 	}
-	return v.eng.Read(ctx, m.Chunks, w)
+	return v.eng.Read(store.WithSources(ctx, ver.Stores), m.Chunks, w)
 }

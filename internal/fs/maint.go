@@ -270,12 +270,31 @@ type FsckReport struct {
 	BytesRead   int64    `json:"bytes_read"`
 	Damaged     []Damage `json:"damaged"`
 	StoreErrors []Damage `json:"store_errors,omitempty"`
+	// Elsewhere counts versions whose data another node holds: not
+	// checked here (run fsck on that node).
+	Elsewhere int `json:"elsewhere,omitempty"`
 }
 
 // OK reports whether fsck found nothing wrong.
 func (r *FsckReport) OK() bool { return len(r.Damaged) == 0 && len(r.StoreErrors) == 0 }
 
-// Fsck checks every kept version of every file: its manifest opens and
+// storedHere reports whether ver's data is in the volume's store: its
+// metadata names that store, or no store, or "local" (versions written
+// before devices had node names).
+func (v *Volume) storedHere(ver *meta.Version) bool {
+	if len(ver.Stores) == 0 {
+		return true
+	}
+	for _, s := range ver.Stores {
+		if s == v.storeName || s == "local" {
+			return true
+		}
+	}
+	return false
+}
+
+// Fsck checks every kept version of every file whose data is in st (see
+// storedHere; the others are counted in Elsewhere): its manifest opens and
 // matches the metadata, and every chunk it lists is present. With readData
 // it also reads every chunk and verifies its hash and AEAD tag, and asks the
 // store to verify every object it holds.
@@ -290,6 +309,16 @@ func Fsck(ctx context.Context, vols []*Volume, st cairn.Store, readData bool, pr
 		files[vr.path] = true
 	}
 	rep.Files, rep.Versions = len(files), len(vers)
+	// Versions whose data another node holds are that node's to check.
+	here := vers[:0:0]
+	for _, vr := range vers {
+		if vr.vol.storedHere(&vr.ver) {
+			here = append(here, vr)
+		} else {
+			rep.Elsewhere++
+		}
+	}
+	vers = here
 	var mu sync.Mutex
 	damage := func(d Damage) {
 		mu.Lock()

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -23,7 +24,9 @@ import (
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/pki"
+	"cairn.dev/cairn/internal/store/cachestore"
 	"cairn.dev/cairn/internal/store/localstore"
+	"cairn.dev/cairn/internal/store/remotestore"
 	"cairn.dev/cairn/internal/vpath"
 )
 
@@ -84,7 +87,14 @@ type Options struct {
 	// NodeName is this machine's node name (Init; and a realm made before
 	// cairn had a CA, when it gets one). Default DefaultNodeName().
 	NodeName string
-	Logger   *slog.Logger
+	// Target names the node whose store receives what this process
+	// writes (default: this device's own store). Versions record it as
+	// where their chunks live.
+	Target string
+	// CacheBytes bounds the chunk cache of data read from other nodes
+	// (default DefaultCacheBytes).
+	CacheBytes int64
+	Logger     *slog.Logger
 }
 
 // Realm is an open realm.
@@ -98,6 +108,17 @@ type Realm struct {
 	keys   *keyring.Keyring
 	vols   map[string]*fs.Volume
 	log    *slog.Logger
+
+	// Reading from and writing to other nodes (fetch.go), opened on
+	// first need.
+	remoteMu   sync.Mutex
+	target     *remotestore.Store
+	cacheStore cairn.Store
+	cache      *cachestore.Store
+	router     *router
+	revMu      sync.Mutex
+	rev        *meta.Revocations
+	name       string
 }
 
 func (o *Options) fill() {
@@ -265,6 +286,17 @@ func (r *Realm) Close() error {
 	for _, v := range r.vols {
 		v.Close()
 	}
+	if r.cache != nil {
+		r.cache.Close()
+		r.router.Close()
+		r.cacheStore.Close()
+	}
+	if r.target != nil {
+		r.target.Close()
+	}
+	if r.rev != nil {
+		r.rev.Close()
+	}
 	err := r.Meta.Close()
 	if r.store != nil {
 		if e := r.store.Close(); err == nil {
@@ -337,11 +369,16 @@ func (r *Realm) Volume(ctx context.Context, name string) (*fs.Volume, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := r.Store(ctx)
+	local, err := r.Store(ctx)
 	if err != nil {
 		return nil, err
 	}
-	v, err := fs.Open(r.Meta, mv, master, st, fs.Options{Workers: r.opts.Workers, Logger: r.log})
+	target, storeName, err := r.targetStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ds := &deviceStore{local: local, target: target, r: r}
+	v, err := fs.Open(r.Meta, mv, master, ds, fs.Options{StoreName: storeName, Workers: r.opts.Workers, Logger: r.log})
 	if err != nil {
 		return nil, err
 	}

@@ -49,3 +49,23 @@ func CtxErr(ctx context.Context, op, path string) error {
 type Refresher interface {
 	Refresh(ctx context.Context) error
 }
+
+type sourcesKey struct{}
+
+// WithSources returns a context that tells a store which stores (node
+// names, as recorded in a version's metadata) hold the objects about to be
+// read. A store that reads from several places (the realm's device store)
+// tries those first; every other store ignores it. It is a hint: the
+// objects are still verified against their IDs wherever they come from.
+func WithSources(ctx context.Context, names []string) context.Context {
+	if len(names) == 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, sourcesKey{}, names)
+}
+
+// Sources returns the names WithSources put in ctx, or nil.
+func Sources(ctx context.Context) []string {
+	s, _ := ctx.Value(sourcesKey{}).([]string)
+	return s
+}

@@ -1,0 +1,479 @@
+package realm
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/pki"
+	"cairn.dev/cairn/internal/store"
+	"cairn.dev/cairn/internal/store/cachestore"
+	"cairn.dev/cairn/internal/store/localstore"
+	"cairn.dev/cairn/internal/store/remotestore"
+)
+
+// DefaultCacheBytes bounds the chunk cache (home/cache) that holds what this
+// device read from other nodes.
+const DefaultCacheBytes = 1 << 30
+
+// cacheDir is the chunk cache's directory in the home.
+const cacheDir = "cache"
+
+// deviceStore is the store a device's volumes use. Writes (Put, Has) go to
+// the target: this device's own store by default, so a file's chunks stay
+// where they were written (ZZFS §3.2), or the node the realm was opened to
+// write to (Options.Target). Reads try this device's store, then the target,
+// then the chunk cache, which fetches what it lacks from the nodes that
+// hold it: those the version names first (store.Sources), nearest and
+// fastest first, then any other online node.
+type deviceStore struct {
+	local  cairn.Store
+	target cairn.Store // == local unless writing to another node
+	r      *Realm
+}
+
+var _ cairn.Store = (*deviceStore)(nil)
+
+func (d *deviceStore) Put(ctx context.Context, id cairn.ID, data []byte) error {
+	return d.target.Put(ctx, id, data)
+}
+
+func (d *deviceStore) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
+	return d.target.Has(ctx, ids)
+}
+
+func (d *deviceStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	data, err := d.local.Get(ctx, id)
+	if err == nil || !errors.Is(err, cairn.ErrNotFound) {
+		return data, err
+	}
+	c, cerr := d.r.chunkCache(ctx)
+	if cerr != nil {
+		return nil, cerr
+	}
+	return c.Get(ctx, id)
+}
+
+func (d *deviceStore) Delete(ctx context.Context, id cairn.ID) error {
+	return d.target.Delete(ctx, id)
+}
+
+func (d *deviceStore) List(ctx context.Context, fn func(id cairn.ID, size int64) error) error {
+	return d.target.List(ctx, fn)
+}
+
+// Refresh passes on to the target (see store.Refresher): a write's
+// "already stored" answers come from it.
+func (d *deviceStore) Refresh(ctx context.Context) error {
+	if r, ok := d.target.(store.Refresher); ok {
+		return r.Refresh(ctx)
+	}
+	return nil
+}
+
+// Close closes nothing: the realm owns the stores.
+func (d *deviceStore) Close() error { return nil }
+
+// chunkCache opens the chunk cache on first need: a localstore in
+// home/cache kept under Options.CacheBytes, in front of the router.
+func (r *Realm) chunkCache(ctx context.Context) (*cachestore.Store, error) {
+	r.remoteMu.Lock()
+	defer r.remoteMu.Unlock()
+	if r.cache != nil {
+		return r.cache, nil
+	}
+	cst, err := localstore.Open(ctx, filepath.Join(r.Home, cacheDir), localstore.Options{
+		// A cache needs no durability, and smaller packs let eviction
+		// give space back sooner.
+		NoSync: true, TrustIDs: true, PackSize: 16 << 20, Logger: r.log})
+	if err != nil {
+		return nil, err
+	}
+	max := r.opts.CacheBytes
+	if max == 0 {
+		max = DefaultCacheBytes
+	}
+	rt := &router{r: r, nodes: map[string]*peer{}}
+	c, err := cachestore.New(ctx, rt, cst, cachestore.Options{MaxBytes: max, NoCacheOnPut: true, Logger: r.log})
+	if err != nil {
+		cst.Close()
+		return nil, err
+	}
+	r.cacheStore, r.cache, r.router = cst, c, rt
+	return c, nil
+}
+
+// CacheStats reports what the chunk cache did in this process (zero if it
+// was never opened).
+func (r *Realm) CacheStats() cachestore.Stats {
+	r.remoteMu.Lock()
+	defer r.remoteMu.Unlock()
+	if r.cache == nil {
+		return cachestore.Stats{}
+	}
+	return r.cache.Stats()
+}
+
+// peer is another node this device reads from.
+type peer struct {
+	name string
+	addr string
+	st   *remotestore.Store
+	// rtt is the last measured round trip (0: not measured); downUntil
+	// keeps a node that failed out of the first places for a while.
+	rtt       time.Duration
+	downUntil time.Time
+}
+
+// router is the chunk cache's backing store: it reads from other nodes.
+// Only Get is used by the cache; the rest answer as a store with nothing
+// of its own would.
+type router struct {
+	r *Realm
+
+	mu      sync.Mutex
+	nodes   map[string]*peer
+	listed  []meta.NodeStatus
+	listAt  time.Time
+	probing bool
+}
+
+// registryTTL is how long the router trusts its copy of the registry.
+const registryTTL = 5 * time.Second
+
+// downFor keeps a node that failed a request behind the others.
+const downFor = 30 * time.Second
+
+func (rt *router) Put(ctx context.Context, id cairn.ID, data []byte) error {
+	return cairn.E("put", cairn.Invalid, id.String(), errors.New("the chunk cache's router does not store"))
+}
+
+func (rt *router) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
+	return make([]bool, len(ids)), nil
+}
+
+func (rt *router) Delete(ctx context.Context, id cairn.ID) error {
+	return cairn.E("delete", cairn.NotFound, id.String(), errors.New("not in the chunk cache's router"))
+}
+
+func (rt *router) List(ctx context.Context, fn func(id cairn.ID, size int64) error) error {
+	return nil
+}
+
+func (rt *router) Close() error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for _, p := range rt.nodes {
+		p.st.Close()
+	}
+	rt.nodes = map[string]*peer{}
+	return nil
+}
+
+// Get fetches id from the nodes that may hold it, in order (see order),
+// and returns the first copy; the cache in front verifies it.
+func (rt *router) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	cands, skipped, err := rt.order(ctx, store.Sources(ctx))
+	if err != nil {
+		return nil, err
+	}
+	var tried []string
+	unavailable := false
+	for _, p := range cands {
+		t0 := time.Now()
+		data, err := p.st.Get(ctx, id)
+		if err == nil {
+			rt.observe(p, time.Since(t0), nil)
+			return data, nil
+		}
+		if ctx.Err() != nil {
+			return nil, store.CtxErr(ctx, "get", id.String())
+		}
+		if !errors.Is(err, cairn.ErrNotFound) {
+			unavailable = true
+			rt.observe(p, 0, err)
+			rt.r.log.Warn("fetch from node failed; trying the next", "node", p.name, "err", err)
+		}
+		tried = append(tried, p.name)
+	}
+	kind := cairn.NotFound
+	if unavailable || len(skipped) > 0 {
+		kind = cairn.Unavailable
+	}
+	why := "no other node is online"
+	if len(tried) > 0 {
+		why = "not on " + strings.Join(tried, ", ")
+	}
+	if len(skipped) > 0 {
+		why += "; held by " + strings.Join(skipped, ", ") + " (offline)"
+	}
+	return nil, cairn.E("fetch", kind, id.String(), errors.New(why))
+}
+
+// observe records a request's outcome: a round-trip sample, or a failure.
+func (rt *router) observe(p *peer, d time.Duration, err error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if err != nil {
+		p.downUntil = time.Now().Add(downFor)
+		return
+	}
+	p.downUntil = time.Time{}
+	if p.rtt == 0 || d < p.rtt {
+		p.rtt = d // the fastest answer is the best guess of distance
+	}
+}
+
+// order returns the online nodes to read from: those named by the version
+// (hint) first, then every other online node other than this device; each
+// group nearest first (smallest measured round trip, nodes never measured
+// probed now), then by reported serving rate; nodes that failed recently
+// last. skipped names hinted nodes that are offline.
+func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skipped []string, err error) {
+	nodes, err := rt.registry(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	self := rt.r.nodeName(ctx)
+	hinted := map[string]bool{}
+	for _, n := range hint {
+		hinted[n] = true
+	}
+	type cand struct {
+		p      *peer
+		hinted bool
+		rate   float64
+	}
+	var cs []cand
+	for _, n := range nodes {
+		if n.Name == self || n.Removed != 0 {
+			continue
+		}
+		if n.State != meta.NodeOnline || n.Addr == "" {
+			if hinted[n.Name] {
+				skipped = append(skipped, n.Name)
+			}
+			continue
+		}
+		p, err := rt.peer(ctx, n.Name, n.Addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		cs = append(cs, cand{p: p, hinted: hinted[n.Name], rate: n.Rate})
+	}
+	ps := make([]*peer, len(cs))
+	for i, c := range cs {
+		ps[i] = c.p
+	}
+	rt.probe(ctx, ps)
+	now := time.Now()
+	rt.mu.Lock()
+	slices.SortStableFunc(cs, func(a, b cand) int {
+		if a.hinted != b.hinted {
+			if a.hinted {
+				return -1
+			}
+			return 1
+		}
+		if da, db := now.Before(a.p.downUntil), now.Before(b.p.downUntil); da != db {
+			if db {
+				return -1
+			}
+			return 1
+		}
+		ra, rb := a.p.rtt, b.p.rtt
+		if ra == 0 {
+			ra = time.Hour
+		}
+		if rb == 0 {
+			rb = time.Hour
+		}
+		if c := cmp.Compare(ra, rb); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.rate, a.rate)
+	})
+	rt.mu.Unlock()
+	for _, c := range cs {
+		cands = append(cands, c.p)
+	}
+	return cands, skipped, nil
+}
+
+// probe measures the round trip to each node not measured yet, all at
+// once, each bounded by probeTimeout. A node that does not answer is
+// marked down.
+func (rt *router) probe(ctx context.Context, ps []*peer) {
+	rt.mu.Lock()
+	var todo []*peer
+	for _, p := range ps {
+		if p.rtt == 0 && time.Now().After(p.downUntil) {
+			todo = append(todo, p)
+		}
+	}
+	rt.mu.Unlock()
+	if len(todo) < 2 {
+		return // nothing to compare: the first request measures it
+	}
+	var wg sync.WaitGroup
+	for _, p := range todo {
+		wg.Go(func() {
+			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			defer cancel()
+			t0 := time.Now()
+			err := p.st.Health(pctx)
+			rt.observe(p, time.Since(t0), err)
+		})
+	}
+	wg.Wait()
+}
+
+const probeTimeout = 2 * time.Second
+
+// registry returns the node registry, read at most every registryTTL.
+func (rt *router) registry(ctx context.Context) ([]meta.NodeStatus, error) {
+	rt.mu.Lock()
+	if rt.listed != nil && time.Since(rt.listAt) < registryTTL {
+		l := rt.listed
+		rt.mu.Unlock()
+		return l, nil
+	}
+	rt.mu.Unlock()
+	nodes, err := rt.r.Meta.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rt.mu.Lock()
+	rt.listed, rt.listAt = nodes, time.Now()
+	rt.mu.Unlock()
+	return nodes, nil
+}
+
+// peer returns the client of node name at addr, made on first use (and
+// again when the node moved).
+func (rt *router) peer(ctx context.Context, name, addr string) (*peer, error) {
+	rt.mu.Lock()
+	p := rt.nodes[name]
+	rt.mu.Unlock()
+	if p != nil && p.addr == addr {
+		return p, nil
+	}
+	st, err := rt.r.remoteStore(ctx, name, addr)
+	if err != nil {
+		return nil, err
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if old := rt.nodes[name]; old != nil {
+		if old.addr == addr {
+			st.Close()
+			return old, nil
+		}
+		old.st.Close()
+	}
+	p = &peer{name: name, addr: addr, st: st}
+	rt.nodes[name] = p
+	return p, nil
+}
+
+// remoteStore returns a client of node name's chunk service at addr,
+// authenticated with this device's credentials; it accepts only that
+// node's certificate, and none the realm revoked.
+func (r *Realm) remoteStore(ctx context.Context, name, addr string) (*remotestore.Store, error) {
+	creds, err := r.Credentials(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rev, err := r.revocations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tlsConf, err := pki.ClientTLS(creds, pki.TLSOptions{Revocations: rev, Peer: pki.RequireNode(name)})
+	if err != nil {
+		return nil, err
+	}
+	return remotestore.New(remotestore.Options{Addr: addr, TLS: tlsConf, Logger: r.log})
+}
+
+// revocations starts the realm's revocation watch on first need; it lives
+// until Close.
+func (r *Realm) revocations(ctx context.Context) (*meta.Revocations, error) {
+	r.revMu.Lock()
+	defer r.revMu.Unlock()
+	if r.rev == nil {
+		rev, err := r.Meta.WatchRevocations(ctx)
+		if err != nil {
+			return nil, err
+		}
+		r.rev = rev
+	}
+	return r.rev, nil
+}
+
+// nodeName is this device's node name ("" if it has no credentials).
+func (r *Realm) nodeName(ctx context.Context) string {
+	r.revMu.Lock()
+	defer r.revMu.Unlock()
+	if r.name == "" {
+		if c, err := r.Credentials(ctx); err == nil {
+			r.name = c.Identity.Name
+		}
+	}
+	return r.name
+}
+
+// targetStore returns the store writes go to and the name versions record
+// for it: this device's store, or Options.Target's node.
+func (r *Realm) targetStore(ctx context.Context) (cairn.Store, string, error) {
+	local, err := r.Store(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	self := r.nodeName(ctx)
+	if self == "" {
+		self = "local" // a realm whose device has no credentials yet
+	}
+	t := r.opts.Target
+	if t == "" || t == self {
+		return local, self, nil
+	}
+	r.remoteMu.Lock()
+	defer r.remoteMu.Unlock()
+	if r.target != nil {
+		return r.target, t, nil
+	}
+	st, err := r.Meta.Node(ctx, t)
+	if err != nil {
+		if errors.Is(err, cairn.ErrNotFound) {
+			return nil, "", cairn.E("open store", cairn.NotFound, t, errors.New("no such node in the realm (see 'cairn devices')"))
+		}
+		return nil, "", err
+	}
+	switch {
+	case st.Removed != 0:
+		return nil, "", cairn.E("open store", cairn.Permission, t, errors.New("the node was removed from the realm"))
+	case st.State != meta.NodeOnline || st.Addr == "":
+		return nil, "", cairn.E("open store", cairn.Unavailable, t, fmt.Errorf("the node is %s (last seen %s)", st.State, lastSeen(st.LastSeen)))
+	}
+	rs, err := r.remoteStore(ctx, t, st.Addr)
+	if err != nil {
+		return nil, "", err
+	}
+	r.target = rs
+	return rs, t, nil
+}
+
+func lastSeen(ns int64) string {
+	if ns == 0 {
+		return "never"
+	}
+	return time.Unix(0, ns).Format(time.DateTime)
+}
