@@ -92,6 +92,7 @@ type env struct {
 	verbose        bool
 	quiet          bool
 	cpuprofile     string
+	target         string // put --store: the node that receives the data
 	log            *slog.Logger
 	realm          *realm.Realm
 }
@@ -223,7 +224,7 @@ func (e *env) etcdEndpoints() []string {
 }
 
 func (e *env) options() realm.Options {
-	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Logger: e.log}
+	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Target: e.target, Logger: e.log}
 	if s := os.Getenv("CAIRN_LOCK_TTL"); s != "" {
 		if d, err := time.ParseDuration(s); err == nil {
 			o.LockTTL = d

@@ -186,3 +186,57 @@ func TestWriteToAnotherNode(t *testing.T) {
 		t.Fatalf("read after edit: %v", err)
 	}
 }
+
+// A volume made after a device joined reaches it: the device learns the
+// key from the metadata, where it is sealed with the realm's device key.
+func TestVolumeMadeAfterJoin(t *testing.T) {
+	ctx := context.Background()
+	a, b, _ := twoDevices(t, Options{})
+	if _, err := a.CreateVolume(ctx, "later", DefaultChunkAvg, 3, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	va, err := a.Volume(ctx, "later")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, _ := va.Meta.Root(ctx)
+	if _, _, err := va.WriteFile(ctx, root, "x", func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader([]byte("made later"))), nil }, fs.Attrs{Mode: 0o644}); err != nil {
+		t.Fatal(err)
+	}
+	vb, err := b.Volume(ctx, "later")
+	if err != nil {
+		t.Fatalf("b opens a volume made after it joined: %v", err)
+	}
+	e, err := vb.Meta.Get(ctx, 1, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := vb.ReadFile(ctx, e, nil, &buf); err != nil || buf.String() != "made later" {
+		t.Fatalf("read %q: %v", buf.String(), err)
+	}
+	// The key is now in b's keyring: it opens without the metadata's copy.
+	kr, _ := b.Keyring()
+	if _, err := kr.Key(vb.Meta.V.ID, "later"); err != nil {
+		t.Fatal("b did not keep the learned key")
+	}
+
+	// What the metadata holds is ciphertext that only the device key opens.
+	sealed, err := a.Meta.SealedKey(ctx, vb.Meta.V.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ka, _ := a.Keyring()
+	m, _ := ka.Key(vb.Meta.V.ID, "later")
+	if bytes.Contains(sealed, m[:]) {
+		t.Fatal("the recorded key holds the master key in the clear")
+	}
+	var other [32]byte
+	if _, err := openVolumeKey(other, a.Config.RealmID, vb.Meta.V.ID, sealed); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("another key opened it: %v", err)
+	}
+	dk, _ := ka.Key(deviceKeyID, "")
+	if _, err := openVolumeKey(dk, a.Config.RealmID, "another-volume", sealed); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("the sealed key opened for another volume ID: %v", err)
+	}
+}

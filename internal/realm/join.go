@@ -27,6 +27,9 @@ type devicePayload struct {
 	Etcd []string `json:"etcd"`
 	// Keys maps volume ID to the volume's master key.
 	Keys map[string][]byte `json:"keys"`
+	// DeviceKey is the realm's device key (keys.go): with it the device
+	// learns the keys of volumes made after it joined.
+	DeviceKey []byte `json:"device_key,omitempty"`
 }
 
 // InviteOptions tune Invite.
@@ -93,6 +96,11 @@ func (r *Realm) Invite(ctx context.Context, o InviteOptions) (string, error) {
 		if err != nil {
 			return "", err
 		}
+		dk, err := r.deviceKey(ctx)
+		if err != nil {
+			return "", err
+		}
+		p.DeviceKey = dk[:]
 		vols, err := r.Meta.Volumes(ctx)
 		if err != nil {
 			return "", err
@@ -191,6 +199,12 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 			return nil, cairn.E(op, cairn.Corrupt, id, fmt.Errorf("volume key of %d bytes", len(k)))
 		}
 		kr.Add(id, volkey.Master(k))
+	}
+	if len(p.DeviceKey) != 0 {
+		if len(p.DeviceKey) != volkey.Size {
+			return nil, cairn.E(op, cairn.Corrupt, "", fmt.Errorf("device key of %d bytes", len(p.DeviceKey)))
+		}
+		kr.Add(deviceKeyID, volkey.Master(p.DeviceKey))
 	}
 	if err := kr.Save(); err != nil {
 		return nil, err

@@ -346,6 +346,14 @@ func (r *Realm) CreateVolume(ctx context.Context, name string, chunkAvg, keep in
 	if err := kr.Save(); err != nil {
 		return nil, err
 	}
+	// The realm's other devices learn it from the metadata, sealed.
+	dk, err := r.deviceKey(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.publishKey(ctx, dk, v.ID, master); err != nil {
+		return nil, err
+	}
 	if err := r.Meta.CreateVolume(ctx, v, 0o755, uint32(os.Getuid()), uint32(os.Getgid())); err != nil {
 		return nil, err
 	}
@@ -367,7 +375,9 @@ func (r *Realm) Volume(ctx context.Context, name string) (*fs.Volume, error) {
 	}
 	master, err := kr.Key(mv.V.ID, name)
 	if err != nil {
-		return nil, err
+		if master, err = r.learnKey(ctx, &mv.V); err != nil {
+			return nil, err
+		}
 	}
 	local, err := r.Store(ctx)
 	if err != nil {
