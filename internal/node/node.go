@@ -6,7 +6,9 @@
 // Only GET /health is served to anyone. The join exchange (if configured)
 // is authenticated by its one-time token; every other request needs a
 // client certificate of the realm that is not revoked (checked on every
-// request, not only at the handshake) and whose role may make it (Allowed).
+// request, not only at the handshake) and whose role may make it (Allowed):
+// the chunk operations are for devices, the registrar (if configured) for
+// benefactors and surrogates.
 package node
 
 import (
@@ -41,6 +43,9 @@ type Config struct {
 	// Join, if set, serves the join exchange at wire.PathJoin
 	// (pki.Authority.JoinHandler) on this node.
 	Join http.Handler
+	// Registrar, if set, takes the reports of benefactors and surrogates
+	// at wire.PathRegister (see Registrar).
+	Registrar Registrar
 	// Logger receives refusals and failures. nil discards.
 	Logger *slog.Logger
 
@@ -97,18 +102,24 @@ const (
 	OpDelete Op = "delete"
 	OpList   Op = "list"
 	OpStats  Op = "stats"
+	// OpRegister is a benefactor's or surrogate's report to its registrar.
+	OpRegister Op = "register"
 )
 
 // Allowed reports whether a client of role may make op. In protocol version
-// 1 only devices are clients: the owner's machines place, fetch and collect
-// chunks; benefactors and surrogates only serve. A benefactor's or
-// surrogate's certificate (they run on machines cairn does not trust)
-// therefore opens nothing on any other node: it can neither learn which
-// chunks a node holds nor fetch, add or remove any.
+// 1 only devices are clients of the chunk service: the owner's machines
+// place, fetch and collect chunks; benefactors and surrogates only serve. A
+// benefactor's or surrogate's certificate (they run on machines cairn does
+// not trust) therefore opens no chunk operation on any other node: it can
+// neither learn which chunks a node holds nor fetch, add or remove any. It
+// opens one thing: its own reports to a registrar (a device registers
+// directly in the metadata service, so it has no use for one).
 func Allowed(role pki.Role, op Op) bool {
 	switch op {
 	case OpHas, OpPut, OpGet, OpDelete, OpList, OpStats:
 		return role == pki.Device
+	case OpRegister:
+		return role == pki.Benefactor || role == pki.Surrogate
 	}
 	return false
 }
@@ -183,8 +194,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, err := h.authenticate(r)
 	if err != nil {
 		status := http.StatusForbidden
-		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+		switch {
+		case r.TLS == nil || len(r.TLS.VerifiedChains) == 0:
 			status = http.StatusUnauthorized
+		case cairn.KindOf(err) != cairn.Permission:
+			// The revocation list cannot be trusted now (not loaded
+			// yet, or its source lost): refused all the same, but as
+			// an outage, so the client retries instead of taking it
+			// for a removal.
+			status = http.StatusServiceUnavailable
+			err = cairn.E("admit", cairn.Unavailable, id.Name, err)
 		}
 		h.log.Warn("request refused", "remote", r.RemoteAddr, "path", p, "err", err)
 		h.fail(w, r, status, err)
@@ -193,6 +212,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	op, target, status, err := route(r.Method, p)
 	if err != nil {
 		h.fail(w, r, status, err)
+		return
+	}
+	if op == OpRegister && h.cfg.Registrar == nil {
+		h.fail(w, r, http.StatusNotFound, cairn.E("route", cairn.Invalid, p, errors.New("this node is no registrar")))
 		return
 	}
 	if !Allowed(id.Role, op) {
@@ -225,6 +248,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.list(w, r)
 	case op == OpStats:
 		h.stats(w, r)
+	case op == OpRegister:
+		h.register(w, r, id)
 	}
 }
 
@@ -238,6 +263,8 @@ var routes = map[string]struct {
 	wire.PathGet:   {http.MethodPost, OpGet},
 	wire.PathList:  {http.MethodGet, OpList},
 	wire.PathStats: {http.MethodGet, OpStats},
+	// Served only with a Registrar: see ServeHTTP.
+	wire.PathRegister: {http.MethodPost, OpRegister},
 }
 
 // route maps a request to its operation and, for wire.PathObject, the ID

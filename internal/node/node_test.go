@@ -29,7 +29,7 @@ func TestHealthIsTheOnlyAnonymousEndpoint(t *testing.T) {
 		{"POST", wire.PathHas}, {"POST", wire.PathPut}, {"POST", wire.PathGet},
 		{"GET", wire.PathList}, {"GET", wire.PathStats}, {"GET", wire.PathObject + id.String()},
 		{"PUT", wire.PathObject + id.String()}, {"DELETE", wire.PathObject + id.String()},
-		{"POST", wire.PathJoin}, {"GET", "/nope"},
+		{"POST", wire.PathJoin}, {"POST", wire.PathRegister}, {"GET", "/nope"},
 	} {
 		r := f.do(t, anon, req.method, req.path, data)
 		if r.status != http.StatusUnauthorized || !errors.Is(r.err(), cairn.ErrPermission) {

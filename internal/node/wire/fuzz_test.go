@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"testing"
+	"time"
 
 	"cairn.dev/cairn/internal/cairn"
 )
@@ -123,5 +124,32 @@ func FuzzDecodeError(f *testing.F) {
 		}
 		var res PutResult
 		wantKind(t, DecodeJSON(b, &res), cairn.Invalid)
+	})
+}
+
+func FuzzDecodeReport(f *testing.F) {
+	f.Add(EncodeReport(Report{Addr: "h:1", Capacity: 10, Lease: int64(MinLease)}))
+	f.Add(Compress(nil, []byte(`{"name":"x","addr":"[::1]:9","lease":1000000000,"rate":1e308}`)))
+	f.Add([]byte("{}"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeReport(b)
+		wantKind(t, err, cairn.Invalid)
+		if err == nil && r.Check() != nil {
+			t.Fatalf("decoded an invalid report: %+v", r)
+		}
+	})
+}
+
+func FuzzDecodeRegisterReply(f *testing.F) {
+	b, _ := EncodeJSON(RegisterReply{Lease: int64(MinLease), Registrars: []string{"a:1"},
+		Revoked: Revocations{Names: map[string]time.Time{"x": time.Unix(1, 0)}}})
+	f.Add(b)
+	f.Add(Compress(nil, []byte(`{"lease":1000000000,"revoked":{"names":{"a":"bad"}}}`)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeRegisterReply(b)
+		wantKind(t, err, cairn.Invalid)
+		if err == nil && (r.Revoked.Names == nil || r.Revoked.Serials == nil || len(r.Registrars) > MaxRegistrars) {
+			t.Fatalf("decoded %+v", r)
+		}
 	})
 }

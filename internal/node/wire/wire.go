@@ -34,6 +34,9 @@ const (
 	PathList   = "/v1/list"  // GET → list stream
 	PathStats  = "/v1/stats" // GET → stats
 	PathJoin   = "/v1/join"  // POST, token-authenticated (pki.JoinPath)
+	// POST report (JSON, zstd) → RegisterReply (JSON, zstd); benefactors
+	// and surrogates only (register.go)
+	PathRegister = "/v1/register"
 )
 
 // Headers and media types.
