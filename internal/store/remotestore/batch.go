@@ -3,11 +3,9 @@ package remotestore
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"sync"
 
@@ -70,13 +68,6 @@ type getCall struct {
 	ctx  context.Context
 	id   cairn.ID
 	done chan result // buffered: a runner never blocks on a caller that left
-}
-
-type putCall struct {
-	ctx  context.Context
-	id   cairn.ID
-	data []byte // a copy: the caller's buffer is not kept
-	done chan result
 }
 
 // wait returns the call's result, or Canceled when ctx ends first.
@@ -164,90 +155,6 @@ func (s *Store) getBatch(calls []*getCall) {
 
 func errCorrupt(id cairn.ID) error {
 	return cairn.E("get", cairn.Corrupt, id.String(), errors.New("node sent data that does not hash to the ID"))
-}
-
-// putCoalesced queues a copy of the object for the next put batch.
-func (s *Store) putCoalesced(ctx context.Context, id cairn.ID, data []byte) error {
-	c := &putCall{ctx: ctx, id: id, data: bytes.Clone(data), done: make(chan result, 1)}
-	if c.data == nil {
-		c.data = []byte{}
-	}
-	if s.puts.add(c) {
-		go s.runPuts()
-	}
-	_, err := wait(ctx, "put", id, c.done)
-	return err
-}
-
-func (s *Store) runPuts() {
-	max := s.o.PutBatchBytes
-	for {
-		size := 0
-		batch, ok := s.puts.take(func(c *putCall, n int) bool {
-			size += wire.ObjectHeader + len(c.data)
-			return n < wire.MaxBatchObjects && size <= max
-		})
-		if !ok {
-			return
-		}
-		live := batch[:0]
-		for _, c := range batch {
-			if c.ctx.Err() == nil {
-				live = append(live, c)
-			}
-		}
-		switch len(live) {
-		case 0:
-		case 1:
-			live[0].done <- result{nil, s.putOne(s.ctx, live[0].id, live[0].data)}
-		default:
-			s.putBatch(live)
-		}
-	}
-}
-
-// putBatch sends the calls as one put batch and hands each its result.
-func (s *Store) putBatch(calls []*putCall) {
-	// The body is gathered from the calls' own copies, not copied again.
-	n := 0
-	hdrs := make([]byte, 0, len(calls)*wire.ObjectHeader)
-	body := make(net.Buffers, 0, 2*len(calls))
-	for _, c := range calls {
-		n += wire.ObjectHeader + len(c.data)
-		hdrs = wire.AppendObject(hdrs, c.id, nil)
-		body = append(body, hdrs[len(hdrs)-wire.ObjectHeader:], c.data)
-	}
-	for i, c := range calls { // AppendObject wrote length 0: the real lengths
-		binary.BigEndian.PutUint32(hdrs[i*wire.ObjectHeader+cairn.IDSize:], uint32(len(c.data)))
-	}
-	errs := make([]error, len(calls))
-	err := func() error {
-		resp, err := s.doReader(s.ctx, "put", "", http.MethodPost, wire.PathPut, &body, int64(n), batchBody, http.StatusOK)
-		if err != nil {
-			return err
-		}
-		b, err := s.readBody(s.ctx, "put", "", resp, wire.MaxJSON)
-		if err != nil {
-			return err
-		}
-		var res wire.PutResult
-		if err := wire.DecodeJSON(b, &res); err != nil {
-			return s.wrap("put", "", err)
-		}
-		for _, f := range res.Failed {
-			if f.Index < 0 || f.Index >= len(calls) {
-				return s.wrap("put", "", cairn.E("put", cairn.Invalid, "", fmt.Errorf("result for object %d of %d", f.Index, len(calls))))
-			}
-			errs[f.Index] = s.wrap("put", calls[f.Index].id.String(), f.Error.Err())
-		}
-		return nil
-	}()
-	for i, c := range calls {
-		if err != nil {
-			errs[i] = err
-		}
-		c.done <- result{nil, errs[i]}
-	}
 }
 
 // guardedReader reads from b until close is called; after that it never

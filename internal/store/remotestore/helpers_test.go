@@ -44,9 +44,10 @@ func (r *realm) serve(t testing.TB, name string, st cairn.Store) string {
 	return addr
 }
 
-// serveWith is serve with the handler wrapped by wrap (if not nil); it also
-// counts the TCP connections the node accepts.
-func (r *realm) serveWith(t testing.TB, name string, st cairn.Store, wrap func(http.Handler) http.Handler) (string, *atomic.Int64) {
+// serveWith is serve with the handler wrapped by wrap (if not nil); its
+// listener counts the TCP connections the node accepts and the bytes it
+// receives.
+func (r *realm) serveWith(t testing.TB, name string, st cairn.Store, wrap func(http.Handler) http.Handler) (string, *countingListener) {
 	t.Helper()
 	tlsConf, err := pki.ServerTLS(r.creds(t, name, pki.Device), pki.TLSOptions{Revocations: r.rev})
 	if err != nil {
@@ -73,20 +74,33 @@ func (r *realm) serveWith(t testing.TB, name string, st cairn.Store, wrap func(h
 		}
 		st.Close()
 	})
-	return ln.Addr().String(), &ln.accepted
+	return ln.Addr().String(), ln
 }
 
 type countingListener struct {
 	net.Listener
 	accepted atomic.Int64
+	received atomic.Int64 // bytes read from every connection: TLS records, as on the wire
 }
 
 func (l *countingListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
-	if err == nil {
-		l.accepted.Add(1)
+	if err != nil {
+		return nil, err
 	}
-	return c, err
+	l.accepted.Add(1)
+	return &countingConn{Conn: c, n: &l.received}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // client opens a remote store on addr as a device named name, expecting the

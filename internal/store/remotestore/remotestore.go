@@ -8,6 +8,9 @@
 // concurrent Puts and Gets pipeline on the wire. Has splits a large batch
 // into requests of Options.HasBatch IDs and keeps several in flight (LBFS:
 // a large file costs about two round trips before its new chunks are sent).
+// Put sends only what the node lacks: concurrent Puts are gathered into
+// batches, and each batch first asks the node which of its objects it is
+// missing (put.go; Options.SendAlways turns this off).
 //
 // Errors keep the Kind the node gave them (errors.Is(err, cairn.ErrNotFound)
 // for a missing object); a node that cannot be reached gives Kind
@@ -62,8 +65,19 @@ type Options struct {
 	// a negative value turns coalescing off.
 	PutBatchBytes int
 	// InFlight is how many coalesced get requests, and how many put
-	// batches, are in flight at once. Default 8.
+	// batches (each a has question, then a put of what is missing), are in
+	// flight at once. Default 4.
 	InFlight int
+	// SendAlways makes Put send every object without asking the node
+	// first whether it has it. By default each put batch, and each large
+	// object sent alone, is preceded by a has request for its IDs, and
+	// only the objects the node lacks are sent: rewriting data the node
+	// holds costs a round trip and 32 bytes per object instead of the
+	// data. Asking is skipped anyway for less than 4 KiB of objects. Set
+	// SendAlways when almost everything written is new and bandwidth is
+	// plentiful (a fast LAN, loopback, filling an empty node): the
+	// question then only adds a round trip to each batch.
+	SendAlways bool
 	// DialContext replaces the default dialer (tests, network namespaces).
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Logger receives notes. nil discards.
@@ -324,9 +338,14 @@ var (
 	batchBody  = map[string]string{"Content-Type": wire.TypeObjects}
 )
 
-// Put sends the object; the node verifies its ID (Kind Corrupt) and stores
-// it durably before answering. Concurrent Puts of small objects travel
-// together in put batches.
+// Put stores the object on the node, sending its data only if the node
+// lacks it: concurrent Puts of small objects travel together in put
+// batches, each preceded by a has request, and a large object goes alone
+// after a has request of its own (see put.go and Options.SendAlways). The
+// node verifies the ID of what it receives (Kind Corrupt) and stores it
+// durably before answering. When the node already has the object, nothing
+// is sent and Put returns nil once it has checked the data against id
+// itself (Kind Corrupt), since the node did not see it.
 func (s *Store) Put(ctx context.Context, id cairn.ID, data []byte) error {
 	path := id.String()
 	if err := s.begin(ctx, "put", path); err != nil {
@@ -338,21 +357,7 @@ func (s *Store) Put(ctx context.Context, id cairn.ID, data []byte) error {
 	if s.o.PutBatchBytes > 0 && len(data) <= s.o.PutBatchBytes/4 {
 		return s.putCoalesced(ctx, id, data)
 	}
-	return s.putOne(ctx, id, data)
-}
-
-// putOne sends one object in a request of its own.
-func (s *Store) putOne(ctx context.Context, id cairn.ID, data []byte) error {
-	path := id.String()
-	g := &guardedReader{r: bytes.NewReader(data)}
-	defer g.close()
-	resp, err := s.doReader(ctx, "put", path, http.MethodPut, wire.PathObject+path, g, int64(len(data)), objectBody, http.StatusNoContent)
-	if err != nil {
-		return err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return nil
+	return s.putAlone(ctx, id, data)
 }
 
 // Get fetches the object and checks it against id. Concurrent Gets travel
@@ -413,7 +418,7 @@ func (s *Store) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if err := s.hasBatch(ctx, ids[lo:hi], found[lo:hi]); err != nil {
+			if err := s.hasBatch(ctx, "has", "", ids[lo:hi], found[lo:hi]); err != nil {
 				mu.Lock()
 				if firstErr == nil {
 					firstErr = err
@@ -433,18 +438,20 @@ func (s *Store) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 	return found, nil
 }
 
-func (s *Store) hasBatch(ctx context.Context, ids []cairn.ID, found []bool) error {
-	resp, err := s.do(ctx, "has", "", http.MethodPost, wire.PathHas, wire.EncodeIDs(ids), zstdBody, http.StatusOK)
+// hasBatch sends one has request (for op, of path, in errors) and sets
+// found[i] when the node has ids[i].
+func (s *Store) hasBatch(ctx context.Context, op, path string, ids []cairn.ID, found []bool) error {
+	resp, err := s.do(ctx, op, path, http.MethodPost, wire.PathHas, wire.EncodeIDs(ids), zstdBody, http.StatusOK)
 	if err != nil {
 		return err
 	}
-	b, err := s.readBody(ctx, "has", "", resp, int64(len(ids))+4096)
+	b, err := s.readBody(ctx, op, path, resp, int64(len(ids))+4096)
 	if err != nil {
 		return err
 	}
 	missing, err := wire.DecodeBitmap(b, len(ids))
 	if err != nil {
-		return s.wrap("has", "", err)
+		return s.wrap(op, path, err)
 	}
 	for i, m := range missing {
 		found[i] = !m
