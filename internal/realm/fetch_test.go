@@ -19,7 +19,7 @@ import (
 // twoDevices makes a realm on device "a" (serving its node until the test
 // ends, or until stopA is called) and a second device "b" joined to it;
 // both share one etcd.
-func twoDevices(t *testing.T, bOpts Options) (a, b *Realm, stopA func()) {
+func twoDevices(t testing.TB, bOpts Options) (a, b *Realm, stopA func()) {
 	t.Helper()
 	ctx := context.Background()
 	ep := etcdtest.New(t).Endpoints()
@@ -66,7 +66,7 @@ func twoDevices(t *testing.T, bOpts Options) (a, b *Realm, stopA func()) {
 	return a, b, stopA
 }
 
-func writeFile(t *testing.T, r *Realm, name string, data []byte) {
+func writeFile(t testing.TB, r *Realm, name string, data []byte) {
 	t.Helper()
 	ctx := context.Background()
 	v, err := r.Volume(ctx, DefaultVolume)
