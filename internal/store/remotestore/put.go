@@ -28,7 +28,8 @@ import (
 // large object goes alone: its Put asks with a has of its own ID first.
 //
 // No question is asked when it cannot pay: when the objects to be sent
-// hold less than askMin bytes, or when Options.SendAlways is set.
+// hold less than askMin bytes, when Has has just reported the ID missing
+// (missingIDs), or when Options.SendAlways is set.
 
 // askMin is the least number of object bytes worth a has question before
 // they are sent: the question costs a round trip and about two hundred
@@ -76,9 +77,9 @@ func (c *putCall) appendTo(b []byte) (_ []byte, ok bool) {
 }
 
 // sendAtOnce reports whether a Put of id goes without asking the node
-// first.
+// first. It takes id out of the recently missing.
 func (s *Store) sendAtOnce(id cairn.ID) bool {
-	return s.o.SendAlways
+	return s.o.SendAlways || s.missing.take(id)
 }
 
 // checkPresent is the end of a Put whose object the node already has. Its
@@ -284,4 +285,44 @@ func putBuf(b *[]byte) {
 		*b = (*b)[:0]
 		bufs.Put(b)
 	}
+}
+
+// missingIDs remembers IDs that Has reported missing, because a Put of
+// them usually follows (the write pipeline asks Has, then Puts what is
+// missing): such a Put is sent without asking again, and takes its ID out.
+// A stale entry (another client has stored the object since) costs only
+// the transfer that asking would have saved; when full, the set is
+// emptied, which costs at most one question per ID forgotten.
+type missingIDs struct {
+	mu  sync.Mutex
+	ids map[cairn.ID]struct{}
+}
+
+// maxMissing bounds missingIDs: 16384 IDs, about 1 MiB.
+const maxMissing = 16384
+
+// add records the IDs that found reports missing.
+func (m *missingIDs) add(ids []cairn.ID, found []bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, f := range found {
+		if f {
+			continue
+		}
+		if m.ids == nil || len(m.ids) >= maxMissing {
+			m.ids = make(map[cairn.ID]struct{})
+		}
+		m.ids[ids[i]] = struct{}{}
+	}
+}
+
+// take reports whether id was recorded missing, and forgets it.
+func (m *missingIDs) take(id cairn.ID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.ids[id]; ok {
+		delete(m.ids, id)
+		return true
+	}
+	return false
 }

@@ -233,6 +233,50 @@ func TestPutSmallAsksNothing(t *testing.T) {
 	checkGets(t, s, seeds(0, 5), 200)
 }
 
+// A caller that asks Has before it Puts (the write pipeline) is not asked
+// again.
+func TestPutAfterHasAsksNoMore(t *testing.T) {
+	r := newRealm(t)
+	st := memstore.New()
+	addr, wc := countedNode(t, r, st)
+	s := newClient(t, r, addr, Options{})
+	ids := make([]cairn.ID, 600)
+	for i := range ids {
+		ids[i], _ = storetest.Blob(uint64(i), 4096)
+		if i%2 == 0 { // present
+			_, data := storetest.Blob(uint64(i), 4096)
+			if err := st.Put(bg, ids[i], data); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	found, err := s.Has(bg, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := wc.has.Load()
+	var missing []uint64
+	for i, f := range found {
+		if f != (i%2 == 0) {
+			t.Fatalf("Has[%d] = %v", i, f)
+		}
+		if !f {
+			missing = append(missing, uint64(i))
+		}
+	}
+	putAll(t, s, missing, 4096)
+	if wc.has.Load() != asked || wc.putBytes.Load() < int64(len(missing))*4096 {
+		t.Fatalf("Put after Has: %d more has requests, %d put body bytes", wc.has.Load()-asked, wc.putBytes.Load())
+	}
+	checkGets(t, s, seeds(0, 600), 4096)
+	// The memory was spent: a second Put asks (and sends nothing).
+	wc.reset()
+	putAll(t, s, missing[:10], 4096)
+	if wc.has.Load() == 0 || wc.put.Load() != 0 {
+		t.Fatalf("second Put: %d has, %d put requests; want some, none", wc.has.Load(), wc.put.Load())
+	}
+}
+
 // Data is checked against its ID even when the node already has the object
 // and the data does not travel.
 func TestPutPresentWrongID(t *testing.T) {

@@ -73,10 +73,12 @@ type Options struct {
 	// object sent alone, is preceded by a has request for its IDs, and
 	// only the objects the node lacks are sent: rewriting data the node
 	// holds costs a round trip and 32 bytes per object instead of the
-	// data. Asking is skipped anyway for less than 4 KiB of objects. Set
-	// SendAlways when almost everything written is new and bandwidth is
-	// plentiful (a fast LAN, loopback, filling an empty node): the
-	// question then only adds a round trip to each batch.
+	// data. Asking is skipped anyway for less than 4 KiB of objects, and
+	// for an ID that Has has just reported missing (a caller that asks
+	// Has before it Puts pays no second question). Set SendAlways when
+	// almost everything written is new and bandwidth is plentiful (a fast
+	// LAN, loopback, filling an empty node): the question then only adds
+	// a round trip to each batch.
 	SendAlways bool
 	// DialContext replaces the default dialer (tests, network namespaces).
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -135,6 +137,8 @@ type Store struct {
 	cancel context.CancelFunc
 	gets   queue[*getCall]
 	puts   queue[*putCall]
+
+	missing missingIDs // what Has recently reported missing
 }
 
 var (
@@ -391,6 +395,8 @@ func (s *Store) getOne(ctx context.Context, id cairn.ID) ([]byte, error) {
 
 // Has asks the node which of ids it lacks, in batches of Options.HasBatch
 // with up to Options.HasInFlight requests in flight, and answers in order.
+// It remembers (boundedly) what it found missing, so that a Put of one of
+// those objects is sent without asking again.
 func (s *Store) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 	if err := s.begin(ctx, "has", ""); err != nil {
 		return nil, err
@@ -434,6 +440,9 @@ func (s *Store) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 	}
 	if err := store.CtxErr(ctx, "has", ""); err != nil {
 		return nil, err
+	}
+	if !s.o.SendAlways {
+		s.missing.add(ids, found)
 	}
 	return found, nil
 }
