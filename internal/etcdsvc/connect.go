@@ -2,6 +2,7 @@ package etcdsvc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,6 +60,12 @@ type ConnectOptions struct {
 	// Logger receives debug lines about starting and finding the daemon.
 	// Nil discards them.
 	Logger *slog.Logger
+	// TLS, if set, is the client TLS configuration of ConnectExternal: a
+	// device's pki.ClientTLS, to reach a realm's metadata gateway. Its
+	// endpoints are then "host:port" or "https://host:port" ("http://" is
+	// refused: etcd's client would drop TLS for it). Connect, which talks
+	// to the realm's own server over loopback, ignores it.
+	TLS *tls.Config
 }
 
 func (o *ConnectOptions) fill() {
@@ -267,7 +274,7 @@ func dialLocal(ctx context.Context, ep endpoint, opts ConnectOptions) (*clientv3
 		return nil, err
 	}
 	nc.Close()
-	cli, err := newClient([]string{ep.addr}, opts)
+	cli, err := newClient([]string{ep.addr}, opts, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -285,9 +292,10 @@ func dialLocal(ctx context.Context, ep endpoint, opts ConnectOptions) (*clientv3
 	return cli, nil
 }
 
-func newClient(endpoints []string, opts ConnectOptions) (*clientv3.Client, error) {
+func newClient(endpoints []string, opts ConnectOptions, tlsConf *tls.Config) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
+		TLS:         tlsConf,
 		DialTimeout: opts.DialTimeout,
 		// clientv3's default logger writes retry warnings to stderr.
 		Logger: zap.NewNop(),

@@ -2,6 +2,7 @@ package etcdsvc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"strings"
@@ -102,4 +103,33 @@ func deadAddr(t *testing.T) string {
 	addr := l.Addr().String()
 	l.Close()
 	return addr
+}
+
+// With TLS, an http:// endpoint is refused (etcd's client would talk
+// cleartext to it), and a server that does not speak TLS is Unavailable,
+// reported at once. (Connecting through TLS, and refusals of certificates,
+// are tested against the metadata gateway, internal/metagw.)
+func TestConnectExternalTLS(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conf := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true}
+	for _, ep := range []string{"http://127.0.0.1:2379", "unix://x", "HTTP://127.0.0.1:2379"} {
+		if _, err := ConnectExternal(ctx, []string{ep}, ConnectOptions{TLS: conf}); !errors.Is(err, cairn.ErrInvalid) {
+			t.Errorf("%s with TLS: %v, want Invalid", ep, err)
+		}
+	}
+	s, err := StartEmbedded(ctx, t.TempDir(), Options{NoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	t0 := time.Now()
+	_, err = ConnectExternal(ctx, []string{"https://" + s.Endpoint()}, ConnectOptions{TLS: conf})
+	if !errors.Is(err, cairn.ErrUnavailable) || errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("TLS to a cleartext etcd: %v, want Unavailable", err)
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Errorf("took %v to report", d)
+	}
+	t.Logf("%v", err)
 }
