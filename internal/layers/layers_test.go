@@ -36,6 +36,7 @@ var layer = map[string]int{
 	"internal/etcdsvc/etcdtest":         4,
 	"internal/etcdsvc/etcdtest/etcdbin": 5,
 	"internal/netnstest":                4, // test helper: hosts in network namespaces
+	"internal/metagw":                   4, // metadata gateway: mutual-TLS front of etcd, devices only
 
 	"internal/meta": 5,
 
