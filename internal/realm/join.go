@@ -164,7 +164,16 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 		if len(payload) != 0 {
 			return nil, cairn.E(op, cairn.Permission, "", fmt.Errorf("a %s must receive no payload", creds.Identity.Role))
 		}
-		return creds, creds.Save(CredentialsDir(home))
+		if err := creds.Save(CredentialsDir(home)); err != nil {
+			return creds, err
+		}
+		// It reports to a registrar (ServeStandalone): at first the
+		// device that admitted it, at the join address.
+		t, err := pki.ParseToken(token)
+		if err != nil {
+			return creds, err
+		}
+		return creds, (&registrarState{Format: registrarFormat, Registrars: []string{t.Addr}}).save(home)
 	}
 	var p devicePayload
 	if err := json.Unmarshal(payload, &p); err != nil {

@@ -42,8 +42,9 @@ type ServeOptions struct {
 }
 
 // Serve runs this device's node until ctx ends: it serves the local store
-// over HTTP/2 and mutual TLS 1.3 (internal/node), and the join exchange if
-// this device holds the realm CA; it registers in the node registry with a
+// over HTTP/2 and mutual TLS 1.3 (internal/node), the join exchange if
+// this device holds the realm CA, and the registrar of benefactors and
+// surrogates (registrar.go); it registers in the node registry with a
 // lease kept alive, and reports capacity, free space, use and serving rate.
 // When ctx ends it deregisters (the node shows offline at once) and
 // returns nil. It fails with Permission if the node has been removed.
@@ -60,7 +61,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		return err
 	}
 	if creds.Identity.Role != pki.Device {
-		return cairn.E(op, cairn.Permission, creds.Identity.Name, fmt.Errorf("a %s registers through a device (not done yet); only devices run 'cairn node serve' now", creds.Identity.Role))
+		return cairn.E(op, cairn.Permission, creds.Identity.Name, fmt.Errorf("a %s has no realm of its own: it serves with ServeStandalone and registers through a device", creds.Identity.Role))
 	}
 	if st, err := r.Meta.Node(ctx, creds.Identity.Name); err == nil && st.Removed != 0 {
 		return cairn.E(op, cairn.Permission, creds.Identity.Name, errors.New("this node was removed from the realm (join again with a new invitation)"))
@@ -97,11 +98,16 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	} else if !errors.Is(err, cairn.ErrNotFound) {
 		return err
 	}
-	tlsConf, err := pki.ServerTLS(creds, pki.TLSOptions{Revocations: rev})
+	// The chunk service checks rev on every request; the handshake refuses
+	// only what rev says is revoked, so that a peer can tell a removal
+	// from a list that cannot be trusted for the moment (503).
+	tlsConf, err := pki.ServerTLS(creds, pki.TLSOptions{Revocations: node.HandshakeRevocations(rev)})
 	if err != nil {
 		return err
 	}
-	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Logger: r.log}, tlsConf)
+	registrar := newRegistrar(r.Meta, addr, r.log)
+	defer registrar.close()
+	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Registrar: registrar, Logger: r.log}, tlsConf)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,492 @@
+package realm
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/keyring"
+	"cairn.dev/cairn/internal/node"
+	"cairn.dev/cairn/internal/node/wire"
+	"cairn.dev/cairn/internal/pki"
+	"cairn.dev/cairn/internal/store/localstore"
+)
+
+// A benefactor's or surrogate's home holds its credentials (pki/node), its
+// store (store/) and pki/registrar.json: where its registrars are and the
+// last revocation list one of them sent. It has no realm.json, no keys and
+// no metadata access.
+const (
+	registrarFile   = "registrar.json"
+	standaloneStore = "store"
+	registrarFormat = 1
+)
+
+// RegistrarPath is the registrar state of a benefactor's or surrogate's
+// home (format.md, "Registrar").
+func RegistrarPath(home string) string { return filepath.Join(home, pkiDir, registrarFile) }
+
+// registrarState is pki/registrar.json.
+type registrarState struct {
+	Format int `json:"format"`
+	// Registrars are the addresses to report to, the last that answered
+	// first; at join, the join endpoint's (the CA holder's node).
+	Registrars []string `json:"registrars"`
+	// Revoked is the last revocation list a registrar sent; absent until
+	// one has answered (the node then refuses every request: fails
+	// closed).
+	Revoked *wire.Revocations `json:"revoked,omitempty"`
+	// Updated is when Revoked was received.
+	Updated time.Time `json:"updated,omitzero"`
+}
+
+func loadRegistrarState(home string) (*registrarState, error) {
+	const op = "read registrar state"
+	p := RegistrarPath(home)
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return &registrarState{Format: registrarFormat}, nil
+	}
+	if err != nil {
+		return nil, cairn.E(op, cairn.IO, p, err)
+	}
+	var s registrarState
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, cairn.E(op, cairn.Corrupt, p, err)
+	}
+	if s.Format != registrarFormat {
+		return nil, cairn.E(op, cairn.Corrupt, p, fmt.Errorf("format %d, this cairn reads %d", s.Format, registrarFormat))
+	}
+	return &s, nil
+}
+
+func (s *registrarState) save(home string) error {
+	b, _ := json.MarshalIndent(s, "", "  ")
+	if err := keyring.WriteFileAtomic(RegistrarPath(home), append(b, '\n'), 0o600); err != nil {
+		return cairn.E("write registrar state", cairn.IO, RegistrarPath(home), err)
+	}
+	return nil
+}
+
+// StandaloneOptions configure ServeStandalone.
+type StandaloneOptions struct {
+	// Listen, Advertise and Lease as in ServeOptions. The node reports to
+	// its registrar every Lease/3.
+	Listen    string
+	Advertise string
+	Lease     time.Duration
+	// Registrars, if set, are reported to instead of those in the home's
+	// registrar state (at first the join endpoint's address).
+	Registrars []string
+	Logger     *slog.Logger
+	// Ready, if set, is called once the node listens and has made its
+	// first report, with its address and the registrar that took the
+	// report ("" if none could be reached yet: it keeps trying).
+	Ready func(addr, registrar string)
+}
+
+// ServeStandalone runs the node of a benefactor's or surrogate's home until
+// ctx ends. It serves the home's store (made on first run) to the realm's
+// devices over the chunk service (internal/node), and reports every
+// lease/3 to a registrar, a device's node that writes its registry record
+// on its behalf (the node has no metadata access): the first registrar
+// that answers, trying the others the registrars name when one does not.
+// A registrar's reply carries the realm's revocation list, which the node
+// applies to its clients and keeps in the home; until it has one, it
+// refuses every request (503). When ctx ends it tells its registrar it is
+// leaving (it shows offline at once) and returns nil. It fails with
+// Permission once a registrar refuses it: the node was removed.
+func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) error {
+	const op = "node serve"
+	if o.Lease == 0 {
+		o.Lease = DefaultLease
+	}
+	if o.Lease < wire.MinLease || o.Lease > wire.MaxLease {
+		return cairn.E(op, cairn.Invalid, "", fmt.Errorf("lease %v outside [%v, %v]", o.Lease, wire.MinLease, wire.MaxLease))
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	log := o.Logger
+	creds, err := pki.LoadCredentials(CredentialsDir(home))
+	if err != nil {
+		return err
+	}
+	name := creds.Identity.Name
+	if !creds.Identity.HasRole(pki.Benefactor, pki.Surrogate) {
+		return cairn.E(op, cairn.Invalid, name, errors.New("a device serves its node with its realm ('cairn node serve' where realm.json is)"))
+	}
+	state, err := loadRegistrarState(home)
+	if err != nil {
+		return err
+	}
+	configured := state.Registrars
+	if len(o.Registrars) > 0 {
+		configured = o.Registrars
+	}
+	for _, a := range configured {
+		if err := wire.CheckAddr(a); err != nil {
+			return cairn.E(op, cairn.Invalid, a, fmt.Errorf("registrar address: %w", err))
+		}
+	}
+	if len(configured) == 0 {
+		return cairn.E(op, cairn.Invalid, RegistrarPath(home), errors.New("no registrar known: pass --registrar ADDR (a device's node address)"))
+	}
+	rev := &learnedRevocations{}
+	if state.Revoked != nil {
+		rev.set(*state.Revoked)
+	}
+
+	storeDir := filepath.Join(home, standaloneStore)
+	// The chunk service checks every ID it is given before Put.
+	st, err := localstore.Open(ctx, storeDir, localstore.Options{Logger: log, TrustIDs: true})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	m := &meteredStore{Store: st}
+
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return cairn.E(op, cairn.Unavailable, o.Listen, err)
+	}
+	defer ln.Close()
+	addr := o.Advertise
+	if addr == "" {
+		addr = advertised(ln.Addr().(*net.TCPAddr))
+	}
+	if err := wire.CheckAddr(addr); err != nil {
+		return cairn.E(op, cairn.Invalid, addr, err)
+	}
+	tlsConf, err := pki.ServerTLS(creds, pki.TLSOptions{Revocations: node.HandshakeRevocations(rev)})
+	if err != nil {
+		return err
+	}
+	srv, err := node.NewServer(node.Config{Store: m, Realm: creds.Identity.Realm, Revocations: rev, Logger: log}, tlsConf)
+	if err != nil {
+		return err
+	}
+	hb, err := newHeartbeat(home, creds, rev, state, configured, o.Lease, log)
+	if err != nil {
+		return err
+	}
+	defer hb.close()
+
+	report := func() wire.Report {
+		rep := wire.Report{Addr: addr, Served: m.served.Load(), Rate: m.rate(time.Now()), Lease: int64(o.Lease)}
+		var fs unix.Statfs_t
+		if err := unix.Statfs(storeDir, &fs); err == nil {
+			rep.Capacity = int64(fs.Blocks) * fs.Bsize
+			rep.Free = int64(fs.Bavail) * fs.Bsize
+		}
+		if u, err := st.Stats(ctx); err == nil {
+			rep.Used = u.Disk
+		}
+		return rep
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeTLS(ln, "", "") }()
+	stop := func(cause error) error {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if cause == nil {
+			rep := report()
+			rep.Leaving = true
+			if _, err := hb.round(dctx, rep); err != nil {
+				log.Warn("tell the registrar this node leaves", "err", err)
+			}
+		}
+		_ = srv.Shutdown(dctx)
+		return cause
+	}
+
+	reg, err := hb.round(ctx, report())
+	switch {
+	case ctx.Err() != nil:
+		return stop(nil)
+	case errors.Is(err, cairn.ErrPermission):
+		return stop(removed(name, err))
+	case err != nil:
+		log.Warn("no registrar reached: this node serves, and keeps trying", "node", name, "err", err)
+	}
+	log.Info("node serving", "node", name, "role", creds.Identity.Role, "addr", addr, "registrar", reg)
+	if o.Ready != nil {
+		o.Ready(addr, reg)
+	}
+	tick := time.NewTicker(o.Lease / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return stop(nil)
+		case err := <-served:
+			return stop(cairn.E(op, cairn.IO, addr, err))
+		case <-tick.C:
+			_, err := hb.round(ctx, report())
+			switch {
+			case ctx.Err() != nil:
+				return stop(nil)
+			case errors.Is(err, cairn.ErrPermission):
+				return stop(removed(name, err))
+			case err != nil:
+				log.Warn("node report", "node", name, "err", err)
+			}
+		}
+	}
+}
+
+func removed(name string, err error) error {
+	return cairn.E("node serve", cairn.Permission, name, fmt.Errorf("the realm refuses this node: it was removed (join again with a new invitation): %w", err))
+}
+
+// learnedRevocations is a standalone node's revocation list: the one its
+// registrar sent last (kept in the home, so a restart has it). Until it has
+// one it answers with an error: every client is refused (fails closed).
+// While no registrar can be reached it keeps the last list it had.
+type learnedRevocations struct {
+	mu   sync.RWMutex
+	list *wire.Revocations
+}
+
+var _ pki.Revocations = (*learnedRevocations)(nil)
+
+func (l *learnedRevocations) set(r wire.Revocations) {
+	l.mu.Lock()
+	l.list = &r
+	l.mu.Unlock()
+}
+
+// Revoked implements pki.Revocations, with the rules of meta.Revocations.
+func (l *learnedRevocations) Revoked(cert *x509.Certificate) (bool, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.list == nil {
+		return true, cairn.E("revocations", cairn.Unavailable, "", errors.New("no revocation list from a registrar yet"))
+	}
+	if _, ok := l.list.Serials[cert.SerialNumber.Text(16)]; ok {
+		return true, nil
+	}
+	if at, ok := l.list.Names[cert.Subject.CommonName]; ok && !cert.NotBefore.Add(pki.Backdate).After(at) {
+		return true, nil
+	}
+	return false, nil
+}
+
+// heartbeat sends a standalone node's reports to its registrars, over
+// HTTP/2 and mutual TLS 1.3: a registrar must be a device of the realm not
+// revoked by the last list (before the node has a list, any device of its
+// CA: the first answer brings it).
+type heartbeat struct {
+	home       string
+	rev        *learnedRevocations
+	tlsConf    *tls.Config
+	tr         *http.Transport
+	client     *http.Client
+	timeout    time.Duration
+	configured []string
+	log        *slog.Logger
+
+	state *registrarState // as last saved
+	order []string        // addresses to try, the last that answered first
+}
+
+func newHeartbeat(home string, creds *pki.Credentials, rev *learnedRevocations, state *registrarState, configured []string, lease time.Duration, log *slog.Logger) (*heartbeat, error) {
+	tlsConf, err := pki.ClientTLS(creds, pki.TLSOptions{Revocations: node.HandshakeRevocations(rev), Peer: pki.RequireRole(pki.Device)})
+	if err != nil {
+		return nil, err
+	}
+	var protos http.Protocols
+	protos.SetHTTP2(true)
+	tr := &http.Transport{
+		TLSClientConfig:        tlsConf,
+		Protocols:              &protos,
+		DialContext:            (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:    5 * time.Second,
+		MaxResponseHeaderBytes: 64 << 10,
+		DisableCompression:     true,
+		IdleConnTimeout:        5 * time.Minute,
+		HTTP2:                  &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 10 * time.Second},
+	}
+	return &heartbeat{
+		home: home, rev: rev, tlsConf: tlsConf, tr: tr, client: &http.Client{Transport: tr},
+		timeout: max(lease/2, 2*time.Second), configured: configured, log: log,
+		state: state, order: dedup(configured),
+	}, nil
+}
+
+func (h *heartbeat) close() { h.tr.CloseIdleConnections() }
+
+func dedup(lists ...[]string) []string {
+	var out []string
+	for _, l := range lists {
+		for _, a := range l {
+			if a != "" && !slices.Contains(out, a) {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
+}
+
+// round sends rep to the registrars in turn until one takes it, and
+// returns that one's address. Kind Permission if a registrar refused this
+// node (it was removed); Unavailable if none could be reached.
+func (h *heartbeat) round(ctx context.Context, rep wire.Report) (string, error) {
+	var errs []error
+	for _, a := range h.order {
+		actx, cancel := context.WithTimeout(ctx, h.timeout)
+		reply, err := h.report(actx, a, rep)
+		cancel()
+		if err == nil {
+			h.learn(a, reply)
+			return a, nil
+		}
+		if ctx.Err() != nil {
+			return "", cairn.E("node report", cairn.Canceled, a, ctx.Err())
+		}
+		if errors.Is(err, cairn.ErrPermission) {
+			return "", err
+		}
+		h.log.Debug("registrar did not take the report", "registrar", a, "err", err)
+		errs = append(errs, err)
+	}
+	return "", cairn.E("node report", cairn.Unavailable, "", fmt.Errorf("no registrar took the report: %w", errors.Join(errs...)))
+}
+
+// learn applies a registrar's reply: its revocation list, and the
+// registrars to try next time (the one that answered first), both kept in
+// the home.
+func (h *heartbeat) learn(from string, r wire.RegisterReply) {
+	h.rev.set(r.Revoked)
+	h.order = dedup([]string{from}, r.Registrars, h.configured)
+	if len(h.order) > wire.MaxRegistrars {
+		h.order = h.order[:wire.MaxRegistrars]
+	}
+	old := h.state
+	if old.Revoked != nil && slices.Equal(old.Registrars, h.order) && sameRevocations(*old.Revoked, r.Revoked) {
+		return
+	}
+	ns := &registrarState{Format: registrarFormat, Registrars: h.order, Revoked: &r.Revoked, Updated: time.Now().UTC()}
+	if err := ns.save(h.home); err != nil {
+		h.log.Warn("keep the registrar state", "err", err)
+		return
+	}
+	h.state = ns
+}
+
+func sameRevocations(a, b wire.Revocations) bool {
+	eq := func(x, y time.Time) bool { return x.Equal(y) }
+	return maps.EqualFunc(a.Names, b.Names, eq) && maps.EqualFunc(a.Serials, b.Serials, eq)
+}
+
+// report sends one report to the registrar at addr.
+func (h *heartbeat) report(ctx context.Context, addr string, rep wire.Report) (wire.RegisterReply, error) {
+	const op = "node report"
+	body := wire.EncodeReport(rep)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+wire.PathRegister, bytes.NewReader(body))
+	if err != nil {
+		return wire.RegisterReply{}, cairn.E(op, cairn.Invalid, addr, err)
+	}
+	req.Header.Set("Content-Type", wire.TypeJSON)
+	req.Header.Set("Content-Encoding", wire.Zstd)
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return wire.RegisterReply{}, h.transportErr(ctx, addr, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, wire.MaxRegisterReply+1))
+	if err != nil {
+		return wire.RegisterReply{}, cairn.E(op, cairn.Unavailable, addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		err := wire.DecodeError(resp.StatusCode, resp.Header.Get("Content-Encoding"), b)
+		return wire.RegisterReply{}, cairn.E(op, cairn.KindOf(err), addr, err)
+	}
+	r, err := wire.DecodeRegisterReply(b)
+	if err != nil {
+		// A broken registrar: try another.
+		return wire.RegisterReply{}, cairn.E(op, cairn.Unavailable, addr, err)
+	}
+	return r, nil
+}
+
+// transportErr classifies a failure to get a reply. Only a registrar that
+// refuses this node's certificate (a TLS alert: it is revoked; a registrar
+// whose list cannot be trusted lets the handshake through and answers
+// 503, node.HandshakeRevocations) gives Kind Permission; this node
+// refusing the registrar (not a device of the realm, or revoked) and
+// anything else give Unavailable: try another.
+func (h *heartbeat) transportErr(ctx context.Context, addr string, err error) error {
+	const op = "node report"
+	if ctx.Err() != nil {
+		return cairn.E(op, cairn.Unavailable, addr, ctx.Err())
+	}
+	if refusedByPeer(err) {
+		return cairn.E(op, cairn.Permission, addr, err)
+	}
+	var verify *tls.CertificateVerificationError
+	if cairn.KindOf(err) == cairn.Permission || errors.As(err, &verify) {
+		return cairn.E(op, cairn.Unavailable, addr, fmt.Errorf("not a registrar of this realm: %w", err))
+	}
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "dial" {
+		// A connection was made and then failed. In TLS 1.3 a server
+		// refuses a client certificate only after the client has
+		// finished its handshake, so HTTP/2 may report a refusal as a
+		// broken connection: ask once more, by hand.
+		if perr := h.probe(ctx, addr); perr != nil {
+			return cairn.E(op, cairn.Permission, addr, perr)
+		}
+	}
+	return cairn.E(op, cairn.Unavailable, addr, err)
+}
+
+// refusedByPeer reports whether err is a TLS alert the peer sent.
+func refusedByPeer(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "remote error"
+}
+
+// probe makes one TLS connection to addr and reads from it briefly: it
+// returns the refusal if the registrar refuses this node's certificate,
+// nil otherwise.
+func (h *heartbeat) probe(ctx context.Context, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil
+	}
+	defer raw.Close()
+	conn := tls.Client(raw, h.tlsConf.Clone())
+	if err := conn.HandshakeContext(ctx); err != nil {
+		if refusedByPeer(err) {
+			return err
+		}
+		return nil
+	}
+	dl, _ := ctx.Deadline()
+	_ = conn.SetReadDeadline(dl)
+	if _, err := conn.Read(make([]byte, 1)); err != nil && refusedByPeer(err) {
+		return err
+	}
+	return nil
+}
