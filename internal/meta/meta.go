@@ -78,12 +78,23 @@ func (s *Service) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.session != nil {
-		err := s.session.Close()
+		// Session.Close waits up to the lease's TTL for the revoke; an
+		// unreachable etcd must not hold a closing process that long
+		// (the lease lapses by itself).
+		s.session.Orphan()
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		_, err := s.cli.Revoke(ctx, s.session.Lease())
+		cancel()
 		s.session = nil
-		return err
+		if err != nil {
+			return etcdErr("close", "", err)
+		}
 	}
 	return nil
 }
+
+// closeTimeout bounds Close's revoke of the writer-lock lease.
+const closeTimeout = 2 * time.Second
 
 // Client returns the underlying etcd client.
 func (s *Service) Client() *clientv3.Client { return s.cli }

@@ -27,6 +27,9 @@ type NodeRecord struct {
 	// Addr is where the node's chunk service listens (host:port); empty
 	// until it first serves.
 	Addr string `json:"addr,omitempty"`
+	// Gateway is where the node serves the metadata gateway (etcd over
+	// mutual TLS, devices only), if it does.
+	Gateway string `json:"gateway,omitempty"`
 	// Capacity and Free are the bytes of the file system that holds the
 	// node's store (statfs); Used is what the store takes on it.
 	Capacity int64 `json:"capacity,omitempty"`

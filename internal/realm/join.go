@@ -23,8 +23,12 @@ const devicePayloadFormat = 1
 type devicePayload struct {
 	Format  int    `json:"format"`
 	RealmID string `json:"realm_id"`
-	// Etcd is where the realm's metadata service answers.
+	// Etcd is where the realm's metadata service answers: an external
+	// cluster's endpoints. Empty when Gateway is set.
 	Etcd []string `json:"etcd"`
+	// Gateway lists the metadata gateways of the realm's embedded etcd
+	// (host:port, mutual TLS with the device's node certificate).
+	Gateway []string `json:"gateway,omitempty"`
 	// Keys maps volume ID to the volume's master key.
 	Keys map[string][]byte `json:"keys"`
 	// DeviceKey is the realm's device key (keys.go): with it the device
@@ -85,12 +89,15 @@ func (r *Realm) Invite(ctx context.Context, o InviteOptions) (string, error) {
 	}
 	var payload []byte
 	if o.Role == pki.Device {
-		p := devicePayload{Format: devicePayloadFormat, RealmID: r.Config.RealmID, Etcd: r.Config.Etcd, Keys: map[string][]byte{}}
-		if len(p.Etcd) == 0 {
-			// The embedded etcd, reached on its current (loopback)
-			// address. Metadata over the network (etcd over mutual TLS)
-			// is not done yet: such a device works on this machine only.
-			p.Etcd = r.conn.Endpoints()
+		p := devicePayload{Format: devicePayloadFormat, RealmID: r.Config.RealmID, Etcd: r.Config.Etcd, Gateway: r.Config.Gateway, Keys: map[string][]byte{}}
+		if len(p.Etcd) == 0 && len(p.Gateway) == 0 {
+			// The embedded etcd, reached through the metadata gateways
+			// of the devices serving one.
+			gws, err := r.gateways(ctx)
+			if err != nil {
+				return "", err
+			}
+			p.Gateway = gws
 		}
 		kr, err := r.Keyring()
 		if err != nil {
@@ -179,8 +186,8 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 	if err := json.Unmarshal(payload, &p); err != nil {
 		return nil, cairn.E(op, cairn.Corrupt, "", fmt.Errorf("device payload: %w", err))
 	}
-	if p.Format != devicePayloadFormat || p.RealmID != creds.Identity.Realm || len(p.Etcd) == 0 {
-		return nil, cairn.E(op, cairn.Corrupt, "", fmt.Errorf("device payload: format %d, realm %q, %d etcd endpoints", p.Format, p.RealmID, len(p.Etcd)))
+	if p.Format != devicePayloadFormat || p.RealmID != creds.Identity.Realm || len(p.Etcd)+len(p.Gateway) == 0 {
+		return nil, cairn.E(op, cairn.Corrupt, "", fmt.Errorf("device payload: format %d, realm %q, %d etcd endpoints, %d gateways", p.Format, p.RealmID, len(p.Etcd), len(p.Gateway)))
 	}
 	// The credentials first: a failure below leaves a home that can be
 	// given a new invitation after 'rm -r'.
@@ -218,7 +225,7 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 	if err := kr.Save(); err != nil {
 		return nil, err
 	}
-	cfg := Config{Format: ConfigVersion, RealmID: p.RealmID, Created: time.Now().UTC(), Etcd: p.Etcd, StorePath: "store"}
+	cfg := Config{Format: ConfigVersion, RealmID: p.RealmID, Created: time.Now().UTC(), Etcd: p.Etcd, Gateway: p.Gateway, StorePath: "store"}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
 	if err := keyring.WriteFileAtomic(configPath(home), b, 0o600); err != nil {
 		return nil, err

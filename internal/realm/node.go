@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metagw"
 	"cairn.dev/cairn/internal/node"
 	"cairn.dev/cairn/internal/pki"
 )
@@ -36,6 +38,12 @@ type ServeOptions struct {
 	// Lease is the heartbeat lease (default DefaultLease, at least 1 s);
 	// the node reports its figures every Lease/3.
 	Lease time.Duration
+	// GatewayListen is where the metadata gateway listens (the realm's
+	// embedded etcd over mutual TLS, for the other devices), on the device
+	// that runs that etcd. Default: Listen's host, port+1 (port 0 if
+	// Listen's is 0). NoGateway turns it off.
+	GatewayListen string
+	NoGateway     bool
 	// Ready, if set, is called once the node listens and is registered,
 	// with the address it advertises and whether it serves joins.
 	Ready func(addr string, join bool)
@@ -87,6 +95,30 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		addr = advertised(ln.Addr().(*net.TCPAddr))
 	}
 
+	var gw *metagw.Gateway
+	var gln net.Listener
+	gwAddr := ""
+	if !o.NoGateway && r.servesGateway() {
+		if gw, err = r.gateway(ctx, creds); err != nil {
+			return err
+		}
+		gl := o.GatewayListen
+		if gl == "" {
+			gl = nextPort(o.Listen)
+		}
+		if gln, err = net.Listen("tcp", gl); err != nil {
+			return cairn.E(op, cairn.Unavailable, gl, fmt.Errorf("metadata gateway: %w", err))
+		}
+		defer gln.Close()
+		gwAddr = advertised(gln.Addr().(*net.TCPAddr))
+		if o.Advertise != "" {
+			if h, _, err := net.SplitHostPort(o.Advertise); err == nil {
+				_, p, _ := net.SplitHostPort(gwAddr)
+				gwAddr = net.JoinHostPort(h, p)
+			}
+		}
+	}
+
 	var join http.Handler
 	if ca, err := pki.LoadCA(CADir(r.Home)); err == nil {
 		tokens, err := pki.OpenTokenList(TokensPath(r.Home))
@@ -115,7 +147,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	name := creds.Identity.Name
 	storeDir := filepath.Join(r.Home, r.Config.StorePath)
 	report := func() meta.NodeRecord {
-		rec := meta.NodeRecord{Name: name, Role: string(creds.Identity.Role), Addr: addr, Served: m.served.Load(), Rate: m.rate(time.Now())}
+		rec := meta.NodeRecord{Name: name, Role: string(creds.Identity.Role), Addr: addr, Gateway: gwAddr, Served: m.served.Load(), Rate: m.rate(time.Now())}
 		var fs unix.Statfs_t
 		if err := unix.Statfs(storeDir, &fs); err == nil {
 			rec.Capacity = int64(fs.Blocks) * fs.Bsize
@@ -132,9 +164,18 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	if err != nil {
 		return err
 	}
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()
-	r.log.Info("node serving", "node", name, "addr", addr, "join", join != nil)
+	if gw != nil {
+		gctx, gcancel := context.WithCancel(ctx)
+		defer gcancel()
+		go func() {
+			if err := gw.Serve(gctx, gln); err != nil {
+				served <- fmt.Errorf("metadata gateway: %w", err)
+			}
+		}()
+	}
+	r.log.Info("node serving", "node", name, "addr", addr, "join", join != nil, "gateway", gwAddr)
 	if o.Ready != nil {
 		o.Ready(addr, join != nil)
 	}
@@ -190,6 +231,19 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 
 // advertised turns a listener's address into one others can dial: an
 // unspecified host (":7461", "0.0.0.0") becomes this machine's host name.
+// nextPort is addr with its port plus one (port 0 stays 0).
+func nextPort(addr string) string {
+	h, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n == 0 || n == 65535 {
+		return net.JoinHostPort(h, "0")
+	}
+	return net.JoinHostPort(h, strconv.Itoa(n+1))
+}
+
 func advertised(a *net.TCPAddr) string {
 	if a.IP == nil || a.IP.IsUnspecified() {
 		h, err := os.Hostname()

@@ -48,6 +48,11 @@ type Config struct {
 	Created time.Time `json:"created"`
 	// Etcd lists external etcd endpoints; empty means the embedded one.
 	Etcd []string `json:"etcd,omitempty"`
+	// Gateway lists metadata gateways (host:port): another device's etcd
+	// reached over mutual TLS with this device's node certificate. A
+	// device that joined a realm on an embedded etcd has these instead of
+	// Etcd.
+	Gateway []string `json:"gateway,omitempty"`
 	// StorePath is the local store's directory, relative to the home.
 	StorePath string `json:"store_path"`
 }
@@ -249,9 +254,23 @@ func Open(ctx context.Context, home string, opts Options) (*Realm, error) {
 func connect(ctx context.Context, home string, cfg Config, opts Options) (*Realm, error) {
 	var conn *etcdsvc.Conn
 	var err error
-	if len(cfg.Etcd) > 0 {
+	switch {
+	case len(opts.Etcd) == 0 && len(cfg.Gateway) > 0:
+		creds, cerr := pki.LoadCredentials(CredentialsDir(home))
+		if cerr != nil {
+			return nil, cerr
+		}
+		// The realm's revocation list lives behind the gateway: the
+		// gateway's certificate is checked against the realm CA and
+		// must be a device's.
+		tlsConf, terr := pki.ClientTLS(creds, pki.TLSOptions{Revocations: pki.NoRevocations{}, Peer: pki.RequireRole(pki.Device)})
+		if terr != nil {
+			return nil, terr
+		}
+		conn, err = etcdsvc.ConnectExternal(ctx, cfg.Gateway, etcdsvc.ConnectOptions{TLS: tlsConf})
+	case len(cfg.Etcd) > 0:
 		conn, err = etcdsvc.ConnectExternal(ctx, cfg.Etcd, etcdsvc.ConnectOptions{})
-	} else {
+	default:
 		conn, err = etcdsvc.Connect(ctx, home, etcdsvc.ConnectOptions{})
 	}
 	if err != nil {

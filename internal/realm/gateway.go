@@ -1,0 +1,84 @@
+package realm
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metagw"
+	"cairn.dev/cairn/internal/pki"
+)
+
+// servesGateway reports whether this device can serve the metadata
+// gateway: it runs the realm's embedded etcd (a realm on an external
+// cluster gives devices that cluster's endpoints; a device that itself
+// reaches the metadata through a gateway does not relay it).
+func (r *Realm) servesGateway() bool {
+	return len(r.Config.Etcd) == 0 && len(r.Config.Gateway) == 0 && len(r.opts.Etcd) == 0
+}
+
+// gateway makes the metadata gateway of this device: the realm's etcd,
+// relayed to the devices that present a realm certificate of role device,
+// not revoked (internal/metagw). It holds this process's connection to the
+// embedded etcd, which keeps the daemon up while it serves, and dials the
+// daemon's current address for each device.
+func (r *Realm) gateway(ctx context.Context, creds *pki.Credentials) (*metagw.Gateway, error) {
+	if !r.servesGateway() {
+		return nil, cairn.E("metadata gateway", cairn.Invalid, "", errors.New("only the device running the realm's embedded etcd serves the metadata gateway"))
+	}
+	rev, err := r.revocations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d := net.Dialer{Timeout: 3 * time.Second}
+	return metagw.New(metagw.Config{
+		Credentials: creds,
+		Revocations: rev,
+		Dial: func(ctx context.Context) (net.Conn, error) {
+			eps := r.conn.Endpoints()
+			if len(eps) == 0 {
+				return nil, errors.New("no etcd endpoint")
+			}
+			return d.DialContext(ctx, "tcp", hostPort(eps[0]))
+		},
+		Logger: r.log,
+	})
+}
+
+// hostPort strips a URL scheme from an etcd endpoint.
+func hostPort(ep string) string {
+	for _, p := range []string{"http://", "https://"} {
+		if len(ep) > len(p) && ep[:len(p)] == p {
+			return ep[len(p):]
+		}
+	}
+	return ep
+}
+
+// gateways lists the metadata gateways of the realm's online devices, this
+// device's first.
+func (r *Realm) gateways(ctx context.Context) ([]string, error) {
+	nodes, err := r.Meta.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	self := r.nodeName(ctx)
+	var out []string
+	for _, n := range nodes {
+		if n.Gateway == "" || n.State != meta.NodeOnline || n.Role != string(pki.Device) {
+			continue
+		}
+		if n.Name == self {
+			out = append([]string{n.Gateway}, out...)
+		} else {
+			out = append(out, n.Gateway)
+		}
+	}
+	if len(out) == 0 {
+		return nil, cairn.E("invite", cairn.Unavailable, self, errors.New("no device serves the metadata gateway: run 'cairn node serve' on this device first"))
+	}
+	return out, nil
+}
