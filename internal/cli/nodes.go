@@ -90,20 +90,39 @@ disk, and when it last reported.`,
 func (e *env) nodeCmd() *cobra.Command {
 	c := &cobra.Command{Use: "node", Short: "Run this machine's node, or remove a node from the realm"}
 	var listen, advertise string
+	var registrars []string
 	var lease time.Duration
 	serve := &cobra.Command{
-		Use:   "serve [--listen HOST:PORT]",
-		Short: "Serve this device's store to the realm's devices, and the join endpoint",
-		Long: `Serve this device's local store to the realm's devices over HTTP/2 with mutual
-TLS 1.3 (realm certificates only), and, on the device holding the realm CA, the
-join endpoint that 'cairn invite' tokens point to. The node registers in the
-realm's registry with a lease (its heartbeat: if it stops, it shows offline
-once the lease lapses) and reports its capacity, free space, use and serving
-rate. SIGINT or SIGTERM deregisters it and exits 0.
+		Use:   "serve [--listen HOST:PORT] [--registrar ADDR]",
+		Short: "Serve this machine's store to the realm's devices (and, on a device, the join and registrar endpoints)",
+		Long: `Serve this machine's local store to the realm's devices over HTTP/2 with mutual
+TLS 1.3 (realm certificates only). The node registers in the realm's registry
+with a lease (its heartbeat: if it stops, it shows offline once the lease
+lapses) and reports its capacity, free space, use and serving rate. SIGINT or
+SIGTERM deregisters it and exits 0; a node removed from the realm stops with
+exit code 4.
+
+On a device the node also serves, on the device holding the realm CA, the join
+endpoint that 'cairn invite' tokens point to, and on every device the
+registrar of benefactors and surrogates.
+
+On a benefactor or surrogate (a home made by 'cairn join' with such a token:
+credentials only, no keys, no metadata access) it serves the store in
+$CAIRN_HOME/store and reports every lease/3 to a registrar, a device's node,
+which records it in the registry: at first the device that admitted it (the
+join address), then any online device the registrars name. --registrar
+ADDR[,ADDR] reports to those instead. It learns the realm's revocation list
+from its registrar, and refuses every request until it has one.
 
 It prints "serving NAME on ADDRESS" once ready.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if c, err := pki.LoadCredentials(realm.CredentialsDir(e.home)); err == nil && c.Identity.Role != pki.Device {
+				return e.serveStandalone(cmd, c, realm.StandaloneOptions{Listen: listen, Advertise: advertise, Lease: lease, Registrars: registrars})
+			}
+			if len(registrars) > 0 {
+				return withCode(ExitUsage, errors.New("node serve: --registrar is for a benefactor or surrogate; a device registers in the metadata itself"))
+			}
 			r, err := e.open(cmd.Context())
 			if err != nil {
 				return err
@@ -129,6 +148,7 @@ It prints "serving NAME on ADDRESS" once ready.`,
 	serve.Flags().StringVar(&listen, "listen", ":7461", "address to listen on (port 0 picks one)")
 	serve.Flags().StringVar(&advertise, "advertise", "", "address other nodes dial (default: the listening address, the host name for an unspecified host)")
 	serve.Flags().DurationVar(&lease, "lease", realm.DefaultLease, "heartbeat lease: a node that stops shows offline after this long")
+	serve.Flags().StringSliceVar(&registrars, "registrar", nil, "benefactor or surrogate: the registrars (devices' node addresses HOST:PORT) to report to, instead of those it knows")
 	remove := &cobra.Command{
 		Use:   "remove NAME",
 		Short: "Remove a node from the realm: its certificates are refused everywhere",
@@ -158,4 +178,22 @@ can join again only with a new invitation.`,
 	}
 	c.AddCommand(serve, remove)
 	return c
+}
+
+// serveStandalone runs the node of a benefactor's or surrogate's home.
+func (e *env) serveStandalone(cmd *cobra.Command, c *pki.Credentials, o realm.StandaloneOptions) error {
+	name := c.Identity.Name
+	o.Logger = e.log
+	o.Ready = func(addr, registrar string) {
+		via := "registered through " + registrar
+		if registrar == "" {
+			via = "no registrar reached yet: retrying"
+		}
+		fmt.Fprintf(e.stdout, "serving %s on %s (%s; %s)\n", name, addr, c.Identity.Role, via)
+	}
+	if err := realm.ServeStandalone(cmd.Context(), e.home, o); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "stopped %s\n", name)
+	return nil
 }

@@ -1,0 +1,167 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/cli"
+	"cairn.dev/cairn/internal/node/wire"
+	"cairn.dev/cairn/internal/pki"
+	"cairn.dev/cairn/internal/realm"
+	"cairn.dev/cairn/internal/store/storetest"
+)
+
+// register posts a raw report body to the registrar at addr with a client
+// presenting c; verify false makes it accept any server, as an attacker
+// would. It returns the HTTP status, or the error of a refused connection.
+func register(t *testing.T, addr string, c *pki.Credentials, verify bool, body []byte) (int, error) {
+	t.Helper()
+	cfg, err := pki.ClientTLS(c, pki.TLSOptions{Revocations: pki.NoRevocations{}, Peer: pki.RequireRole(pki.Device)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !verify {
+		cfg.InsecureSkipVerify, cfg.VerifyConnection = true, nil
+	}
+	var protos http.Protocols
+	protos.SetHTTP2(true)
+	tr := &http.Transport{TLSClientConfig: cfg, Protocols: &protos}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequest(http.MethodPost, "https://"+addr+wire.PathRegister, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Encoding", wire.Zstd)
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// A benefactor and a surrogate, on loopback: each joins with a certificate
+// only, runs `node serve` on its own home (no realm.json, no key, no etcd),
+// and shows online in `devices` with its role and disk through the device
+// it reports to; a device stores and fetches chunks on the benefactor; a
+// killed surrogate goes offline within its lease; a removed benefactor's
+// serve stops with exit 4. The registrar believes certificates only.
+func TestBenefactorAndSurrogateServe(t *testing.T) {
+	ctx := context.Background()
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	s := a.serve("2s")
+	a.waitState("desk", "online", 5*time.Second)
+	a.fails(cli.ExitUsage, "node", "serve", "--registrar", "elsewhere:7461")
+
+	join := func(role, name string) *realmT {
+		tok := strings.TrimSpace(a.ok("invite", "--role", role, "--name", name))
+		j := joiner(t)
+		if out := j.ok("join", tok); !strings.Contains(out, "as "+role+" "+name) {
+			t.Fatalf("%s join: %s", role, out)
+		}
+		if _, err := os.Stat(realm.RegistrarPath(j.home)); err != nil {
+			t.Fatalf("%s: no registrar state: %v", name, err)
+		}
+		return j
+	}
+	ben, sur := join("benefactor", "donor"), join("surrogate", "cafe")
+
+	// The registrar believes the certificate, not the body: a report that
+	// names desk changes cafe's record only; a certificate of another CA
+	// naming cafe is refused.
+	cafe, err := pki.LoadCredentials(realm.CredentialsDir(sur.home))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := wire.Compress(nil, []byte(`{"name":"desk","role":"device","addr":"evil.example:1","capacity":1,"lease":2000000000}`))
+	if status, err := register(t, s.addr, cafe, true, claim); err != nil || status != 200 {
+		t.Fatalf("cafe's report: %d %v", status, err)
+	}
+	devs := a.devices()
+	if d := devs["desk"]; d["role"] != "device" || d["addr"] != s.addr {
+		t.Fatalf("a report naming desk changed desk: %v", d)
+	}
+	if d := devs["cafe"]; d["role"] != "surrogate" || d["addr"] != "evil.example:1" || d["state"] != "online" {
+		t.Fatalf("cafe after its report: %v", d)
+	}
+	other, err := pki.CreateCA(t.TempDir(), cafe.Identity.Realm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := other.NewCredentials(cafe.Identity, pki.IssueOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status, err := register(t, s.addr, forged, false, wire.EncodeReport(wire.Report{Addr: "evil.example:2", Lease: int64(2 * time.Second)})); err == nil {
+		t.Fatalf("another CA's certificate was answered %d", status)
+	}
+	if d := a.devices()["cafe"]; d["addr"] != "evil.example:1" {
+		t.Fatalf("a forged certificate changed cafe: %v", d)
+	}
+
+	// Both serve.
+	bs, cs := ben.serve("2s"), sur.serve("2s")
+	for _, x := range []*server{bs, cs} {
+		if !strings.Contains(x.out.String(), "registered through "+s.addr) {
+			t.Fatalf("serve: %s", x.out)
+		}
+	}
+	for name, want := range map[string]struct {
+		role string
+		s    *server
+	}{"donor": {"benefactor", bs}, "cafe": {"surrogate", cs}} {
+		d := a.waitState(name, "online", 5*time.Second)
+		if d["role"] != want.role || d["addr"] != want.s.addr || d["capacity"].(float64) <= 0 || d["free"].(float64) <= 0 || d["last_seen"] == nil {
+			t.Fatalf("%s in devices: %v", name, d)
+		}
+	}
+	if out := a.ok("devices"); !strings.Contains(out, "benefactor") || !strings.Contains(out, "surrogate") || !strings.Contains(out, bs.addr) {
+		t.Fatalf("devices:\n%s", out)
+	}
+
+	// A device stores and fetches chunks on the benefactor's node.
+	st := dial(t, a.home, bs.addr, "donor")
+	defer st.Close()
+	id, data := storetest.Blob(3, 100000)
+	if err := st.Put(ctx, id, data); err != nil {
+		t.Fatalf("put on the benefactor: %v", err)
+	}
+	if got, err := st.Get(ctx, id); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("get from the benefactor: %v", err)
+	}
+	if u, err := st.Stats(ctx); err != nil || u.Objects != 1 {
+		t.Fatalf("benefactor's store: %+v %v", u, err)
+	}
+	// The surrogate's certificate opens nothing on it.
+	if _, err := dial(t, sur.home, bs.addr, "donor").Get(ctx, id); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("surrogate reads the benefactor: %v", err)
+	}
+
+	// A killed surrogate goes offline within its lease.
+	killAndWaitOffline(t, a, cs, "cafe")
+
+	// A removed benefactor's serve stops with exit 4, and it is refused
+	// if it starts again.
+	a.ok("node", "remove", "donor")
+	select {
+	case err := <-bs.done:
+		bs.done <- err
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != cli.ExitPermission {
+			t.Fatalf("removed benefactor's serve ended with %v\n%s", err, bs.out)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the removed benefactor still serves")
+	}
+	if d := a.devices()["donor"]; d["state"] != "removed" {
+		t.Fatalf("donor after removal: %v", d)
+	}
+	ben.fails(cli.ExitPermission, "node", "serve", "--listen", "127.0.0.1:0", "--lease", "2s")
+}
