@@ -136,6 +136,7 @@ type Store struct {
 	ctx    context.Context // of the runners' requests; canceled by Close
 	cancel context.CancelFunc
 	gets   queue[*getCall]
+	hases  queue[*hasCall]
 	puts   queue[*putCall]
 
 	missing missingIDs // what Has recently reported missing
@@ -176,7 +177,7 @@ func New(o Options) (*Store, error) {
 	}
 	s := &Store{o: o, base: "https://" + o.Addr, tr: tr, client: &http.Client{Transport: tr}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.gets.max, s.puts.max = o.InFlight, o.InFlight
+	s.gets.max, s.puts.max, s.hases.max = o.InFlight, o.InFlight, o.HasInFlight
 	return s, nil
 }
 
@@ -403,6 +404,15 @@ func (s *Store) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 	}
 	found := make([]bool, len(ids))
 	if len(ids) == 0 {
+		return found, nil
+	}
+	if len(ids) <= s.coalesceHasBelow() {
+		if err := s.hasCoalesced(ctx, ids, found); err != nil {
+			return nil, err
+		}
+		if !s.o.SendAlways {
+			s.missing.add(ids, found)
+		}
 		return found, nil
 	}
 	ctx, cancel := context.WithCancel(ctx)
