@@ -89,7 +89,8 @@ disk, and when it last reported.`,
 
 func (e *env) nodeCmd() *cobra.Command {
 	c := &cobra.Command{Use: "node", Short: "Run this machine's node, or remove a node from the realm"}
-	var listen, advertise string
+	var listen, advertise, gatewayListen string
+	var noGateway bool
 	var registrars []string
 	var lease time.Duration
 	serve := &cobra.Command{
@@ -104,7 +105,12 @@ exit code 4.
 
 On a device the node also serves, on the device holding the realm CA, the join
 endpoint that 'cairn invite' tokens point to, and on every device the
-registrar of benefactors and surrogates.
+registrar of benefactors and surrogates. The device that runs the realm's
+embedded etcd also serves it to the other devices, over mutual TLS with
+their node certificates (the metadata gateway: only devices get in), on
+--gateway-listen (default: the node's port + 1); a device that joins gets
+the gateways of the online devices, so run 'node serve' here before 'cairn
+invite', and keep it running while other devices use the realm.
 
 On a benefactor or surrogate (a home made by 'cairn join' with such a token:
 credentials only, no keys, no metadata access) it serves the store in
@@ -131,10 +137,13 @@ It prints "serving NAME on ADDRESS" once ready.`,
 			if err != nil {
 				return err
 			}
-			err = r.Serve(cmd.Context(), realm.ServeOptions{Listen: listen, Advertise: advertise, Lease: lease, Ready: func(addr string, join bool) {
+			err = r.Serve(cmd.Context(), realm.ServeOptions{Listen: listen, Advertise: advertise, Lease: lease, GatewayListen: gatewayListen, NoGateway: noGateway, Ready: func(addr string, join bool) {
 				extra := ""
 				if join {
 					extra = " (and the join endpoint)"
+				}
+				if st, err := r.Meta.Node(cmd.Context(), creds.Identity.Name); err == nil && st.Gateway != "" {
+					extra += ", metadata gateway on " + st.Gateway
 				}
 				fmt.Fprintf(e.stdout, "serving %s on %s%s\n", creds.Identity.Name, addr, extra)
 			}})
@@ -148,6 +157,8 @@ It prints "serving NAME on ADDRESS" once ready.`,
 	serve.Flags().StringVar(&listen, "listen", ":7461", "address to listen on (port 0 picks one)")
 	serve.Flags().StringVar(&advertise, "advertise", "", "address other nodes dial (default: the listening address, the host name for an unspecified host)")
 	serve.Flags().DurationVar(&lease, "lease", realm.DefaultLease, "heartbeat lease: a node that stops shows offline after this long")
+	serve.Flags().StringVar(&gatewayListen, "gateway-listen", "", "device running the embedded etcd: where the metadata gateway listens (default: the node's port + 1)")
+	serve.Flags().BoolVar(&noGateway, "no-gateway", false, "do not serve the metadata gateway (no other device can then reach this realm's metadata)")
 	serve.Flags().StringSliceVar(&registrars, "registrar", nil, "benefactor or surrogate: the registrars (devices' node addresses HOST:PORT) to report to, instead of those it knows")
 	remove := &cobra.Command{
 		Use:   "remove NAME",
