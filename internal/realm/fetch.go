@@ -102,7 +102,9 @@ func (r *Realm) chunkCache(ctx context.Context) (*cachestore.Store, error) {
 		max = DefaultCacheBytes
 	}
 	rt := &router{r: r, nodes: map[string]*peer{}}
-	c, err := cachestore.New(ctx, rt, cst, cachestore.Options{MaxBytes: max, NoCacheOnPut: true, Logger: r.log})
+	c, err := cachestore.New(ctx, rt, cst, cachestore.Options{MaxBytes: max, NoCacheOnPut: true,
+		// The router's remote stores check every object they fetch.
+		TrustBacking: true, Logger: r.log})
 	if err != nil {
 		cst.Close()
 		return nil, err
