@@ -105,7 +105,7 @@ func TestMetadataGateway(t *testing.T) {
 		t.Fatalf("a surrogate reached the metadata: %v", err)
 	}
 
-	// Removed: b is cut off.
+	// Removed: b is cut off, and its node stops.
 	if err := a.Meta.RemoveNode(ctx, "b", time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -124,5 +124,16 @@ func TestMetadataGateway(t *testing.T) {
 	}
 	if _, err := Open(ctx, homeB, Options{NoPassphrase: true}); !errors.Is(err, cairn.ErrPermission) {
 		t.Fatalf("a removed device opened the realm: %v", err)
+	}
+	// Its node stops, whether its next report saw the removal or its
+	// revocation list did (cut off, its reports would only time out).
+	select {
+	case err := <-bserved:
+		bserved <- err // for the deferred wait
+		if !errors.Is(err, cairn.ErrPermission) {
+			t.Fatalf("removed b's serve ended with %v, want Permission", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("removed b's node still serves")
 	}
 }

@@ -219,6 +219,13 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			}
 			reg = nreg
 		case <-tick.C:
+			// The revocation list this node watches names it: removed.
+			// Its report may never tell: a device reaching the metadata
+			// through a gateway is cut off there within a second, and
+			// its reports then only time out.
+			if revoked, err := rev.Revoked(creds.Leaf); err == nil && revoked {
+				return stop(cairn.E(op, cairn.Permission, name, errors.New("this node was removed from the realm (its certificate is revoked)")))
+			}
 			if err := reg.Update(ctx, report()); err != nil {
 				if errors.Is(err, cairn.ErrPermission) || errors.Is(err, cairn.ErrNotFound) {
 					return stop(err)

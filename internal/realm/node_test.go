@@ -2,9 +2,13 @@ package realm
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/etcdsvc"
 	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/store/memstore"
 	"cairn.dev/cairn/internal/store/storetest"
@@ -51,5 +55,53 @@ func TestServingRate(t *testing.T) {
 func TestDefaultNodeName(t *testing.T) {
 	if err := pki.ValidName(DefaultNodeName()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A node whose certificate is revoked stops at its next report, with
+// Permission, although its registry record does not say it was removed: a
+// device that reaches the metadata through a gateway is cut off there at
+// once and never reads that record again; the revocation list it watches
+// is what tells it.
+func TestServeStopsWhenRevoked(t *testing.T) {
+	ctx := context.Background()
+	home := t.TempDir()
+	t.Setenv(etcdsvc.EnvLinger, "1s")
+	r, err := Init(ctx, home, Options{NoPassphrase: true, NodeName: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		r.Close()
+		etcdsvc.StopDaemon(home)
+	})
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ready := make(chan struct{})
+	served := make(chan error, 1)
+	go func() {
+		served <- r.Serve(sctx, ServeOptions{Listen: "127.0.0.1:0", Lease: 1500 * time.Millisecond, NoGateway: true, Ready: func(string, bool) { close(ready) }})
+	}()
+	select {
+	case <-ready:
+	case err := <-served:
+		t.Fatalf("serve: %v", err)
+	}
+	creds, err := r.Credentials(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Meta.RevokeSerial(ctx, creds.Leaf.SerialNumber); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-served:
+		if !errors.Is(err, cairn.ErrPermission) || !strings.Contains(err.Error(), "revoked") {
+			t.Fatalf("serve of a revoked node ended with %v, want Permission (revoked)", err)
+		}
+	case <-time.After(5 * time.Second):
+		cancel()
+		<-served
+		t.Fatal("a revoked node still serves 5 s later")
 	}
 }
