@@ -18,6 +18,7 @@ import (
 
 	"cairn.dev/cairn/internal/cli"
 	"cairn.dev/cairn/internal/etcdsvc"
+	"cairn.dev/cairn/internal/netnstest"
 )
 
 func TestMain(m *testing.M) {
@@ -33,6 +34,18 @@ type realmT struct {
 	t    *testing.T
 	home string
 	env  []string
+	// net, if set, runs every command inside host's network namespace
+	// (netns_test.go).
+	net  *netnstest.Net
+	host int
+}
+
+// command is the CLI with args, run where the realm's machine is.
+func (r *realmT) command(args ...string) *exec.Cmd {
+	if r.net != nil {
+		return r.net.Command(r.host, os.Args[0], args...)
+	}
+	return exec.Command(os.Args[0], args...)
 }
 
 func newRealm(t *testing.T, initArgs ...string) *realmT {
@@ -58,7 +71,7 @@ func (r *realmT) run(args ...string) result {
 
 func (r *realmT) runEnv(extra []string, args ...string) result {
 	r.t.Helper()
-	cmd := exec.Command(os.Args[0], args...)
+	cmd := r.command(args...)
 	cmd.Env = append(append([]string{}, r.env...), extra...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

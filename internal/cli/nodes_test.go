@@ -55,7 +55,9 @@ func TestInitMakesCA(t *testing.T) {
 type server struct {
 	cmd  *exec.Cmd
 	addr string
+	line string // the "serving ..." line
 	out  *bytes.Buffer
+	errb *bytes.Buffer // stderr: read it only once done has answered
 	done chan error
 }
 
@@ -63,7 +65,14 @@ type server struct {
 // waits until it is ready.
 func (r *realmT) serve(lease string) *server {
 	r.t.Helper()
-	cmd := exec.Command(os.Args[0], "node", "serve", "--listen", "127.0.0.1:0", "--lease", lease)
+	return r.serveOn("127.0.0.1:0", lease)
+}
+
+// serveOn starts `cairn node serve --listen listen` and waits until it is
+// ready.
+func (r *realmT) serveOn(listen, lease string) *server {
+	r.t.Helper()
+	cmd := r.command("node", "serve", "--listen", listen, "--lease", lease)
 	cmd.Env = r.env
 	pr, pw := io.Pipe()
 	var out, errb bytes.Buffer
@@ -72,7 +81,7 @@ func (r *realmT) serve(lease string) *server {
 	if err := cmd.Start(); err != nil {
 		r.t.Fatal(err)
 	}
-	s := &server{cmd: cmd, out: &out, done: make(chan error, 1)}
+	s := &server{cmd: cmd, out: &out, errb: &errb, done: make(chan error, 1)}
 	go func() { s.done <- cmd.Wait(); pw.Close() }()
 	r.t.Cleanup(func() { cmd.Process.Kill(); <-s.done })
 	line := make(chan string, 1)
@@ -88,7 +97,7 @@ func (r *realmT) serve(lease string) *server {
 	select {
 	case l := <-line:
 		f := strings.Fields(l)
-		s.addr = f[3]
+		s.addr, s.line = f[3], l
 	case <-time.After(20 * time.Second):
 		r.t.Fatalf("node serve did not start: %s", errb.String())
 	}
