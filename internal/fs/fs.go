@@ -5,6 +5,7 @@
 package fs
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -148,22 +150,17 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 		if err != nil {
 			return nil, total, err
 		}
-		r, err := open()
-		if err != nil {
+		cur, err := v.Meta.Get(ctx, dir.Ino, name)
+		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
 			return nil, total, err
 		}
-		refs, st, err := v.eng.Write(ctx, r)
-		r.Close()
+		refs, st, err := v.write(ctx, currentOf(cur), open)
 		total = addStats(total, st)
 		if err != nil {
 			return nil, total, err
 		}
 		digest := v.digest(refs, st.LogicalBytes)
 		var mid cairn.ID
-		cur, err := v.Meta.Get(ctx, dir.Ino, name)
-		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
-			return nil, total, err
-		}
 		if c := currentOf(cur); c != nil && c.Digest == digest && c.Size == st.LogicalBytes {
 			// Unchanged content: its manifest is already stored (and was live
 			// when we read the GC generation); commit refreshes mtime only.
@@ -184,6 +181,41 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 		}
 		return e, total, err
 	}
+}
+
+// precheckLimit is the size up to which a file whose current version
+// lives in the store this volume writes to is read into memory and its
+// chunk IDs computed before anything is stored: unchanged content then
+// costs no store round trip at all (over a slow link, the has request of
+// every unchanged small file was most of what a re-put of a source tree
+// sent).
+const precheckLimit = 256 << 10
+
+// write stores the content open yields and returns its refs. When cur is
+// a small version stored where this volume writes, the content is first
+// read whole and, if its chunks are cur's, nothing is stored: cur is live,
+// so its chunks are too.
+func (v *Volume) write(ctx context.Context, cur *meta.Version, open func() (io.ReadCloser, error)) ([]manifest.Ref, WriteStats, error) {
+	r, err := open()
+	if err != nil {
+		return nil, WriteStats{}, err
+	}
+	defer r.Close()
+	if cur == nil || cur.Digest == "" || cur.Size > precheckLimit || !slices.Contains(cur.Stores, v.storeName) {
+		return v.eng.Write(ctx, r)
+	}
+	b, err := io.ReadAll(io.LimitReader(r, precheckLimit+1))
+	if err != nil {
+		return nil, WriteStats{}, cairn.E("write", cairn.IO, "", fmt.Errorf("reading input: %w", err))
+	}
+	if len(b) > precheckLimit { // it grew: the rest streams after what was read
+		return v.eng.Write(ctx, io.MultiReader(bytes.NewReader(b), r))
+	}
+	if refs := v.eng.Refs(b); int64(len(b)) == cur.Size && v.digest(refs, cur.Size) == cur.Digest {
+		st := WriteStats{LogicalBytes: int64(len(b)), Chunks: len(refs), DupChunks: len(refs), DupBytes: int64(len(b))}
+		return refs, st, nil
+	}
+	return v.eng.WriteBytes(ctx, b)
 }
 
 // writeGen returns the GC generation writers must commit with. It is read

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,13 +16,15 @@ import (
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/store/memstore"
+	"cairn.dev/cairn/internal/volkey"
 )
 
 type fixture struct {
-	svc  *meta.Service
-	vol  *fs.Volume
-	st   *tamper
-	root *meta.Entry
+	master volkey.Master
+	svc    *meta.Service
+	vol    *fs.Volume
+	st     *tamper
+	root   *meta.Entry
 }
 
 // tamper is a memory store whose objects a test can damage: Get returns the
@@ -30,6 +33,12 @@ type fixture struct {
 type tamper struct {
 	*memstore.Store
 	bad map[cairn.ID][]byte
+	has atomic.Int64 // Has calls
+}
+
+func (s *tamper) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
+	s.has.Add(1)
+	return s.Store.Has(ctx, ids)
 }
 
 func (s *tamper) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
@@ -69,7 +78,7 @@ func newFixture(t *testing.T, keep int) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{svc: svc, vol: v, st: st, root: root}
+	return &fixture{master: master, svc: svc, vol: v, st: st, root: root}
 }
 
 func source(b []byte) func() (io.ReadCloser, error) {
@@ -273,4 +282,42 @@ func (h *hookReader) Close() error {
 		h.atEOF()
 	}
 	return nil
+}
+
+// Rewriting a small file with unchanged content asks the store nothing
+// (its chunk IDs are computed first and match the current version's);
+// changed content is stored as usual.
+func TestUnchangedSmallFileAsksNothing(t *testing.T) {
+	f := newFixture(t, 5)
+	ctx := context.Background()
+	data := random(100 << 10)
+	f.write(t, "s", data)
+	// Another process: its pipeline has not just stored these chunks.
+	v2, err := fs.Open(f.svc, f.vol.Meta, f.master, f.st, fs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v2.Close()
+	asked := f.st.has.Load()
+	e, st, err := v2.WriteFile(ctx, f.root, "s", source(data), fs.Attrs{Mode: 0o644, Mtime: time.Unix(1e9, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := f.st.has.Load() - asked; n != 0 {
+		t.Fatalf("unchanged rewrite asked the store %d times", n)
+	}
+	if len(e.Versions) != 1 || e.Mtime != time.Unix(1e9, 0).UnixNano() || st.NewChunks != 0 || st.DupChunks != st.Chunks {
+		t.Fatalf("unchanged rewrite: %d versions, mtime %d, stats %+v", len(e.Versions), e.Mtime, st)
+	}
+	data[5000] ^= 1
+	e, _, err = v2.WriteFile(ctx, f.root, "s", source(data), fs.Attrs{Mode: 0o644})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.st.has.Load() == asked || len(e.Versions) != 2 {
+		t.Fatalf("changed rewrite: asked %d times, %d versions", f.st.has.Load()-asked, len(e.Versions))
+	}
+	if got, err := f.read(t, "s"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back: %v", err)
+	}
 }

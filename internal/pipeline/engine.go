@@ -527,3 +527,20 @@ func (e *Engine) Forget() {
 	e.known.cur, e.known.old = map[cairn.ID]struct{}{}, nil
 	e.known.mu.Unlock()
 }
+
+// Refs returns the refs WriteBytes(b) would return, without storing
+// anything: it cuts and encodes b on the caller's goroutine. A writer that
+// already holds a file's previous chunk list compares them to learn,
+// before any store round trip, that the content has not changed.
+func (e *Engine) Refs(b []byte) []manifest.Ref {
+	var refs []manifest.Ref
+	for len(b) > 0 {
+		n := e.cutter.Cut(b)
+		buf := getBuf(n + Overhead)
+		ref, _, _ := encodeChunk(e.hp, b[:n], 0, *buf)
+		putBuf(buf)
+		refs = append(refs, ref)
+		b = b[n:]
+	}
+	return refs
+}

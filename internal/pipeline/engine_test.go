@@ -433,3 +433,31 @@ func TestWriteMemoryBounded(t *testing.T) {
 		t.Fatalf("heap grew by %d MiB while writing %d MiB: the window does not bound memory", grew>>20, size>>20)
 	}
 }
+
+// Refs names the chunks WriteBytes stores, and stores nothing.
+func TestRefsWithoutStoring(t *testing.T) {
+	st := newMapStore()
+	e := newEngine(t, st, nil)
+	for name, data := range map[string][]byte{
+		"empty": nil, "small": {1, 2, 3}, "random 1M": randomBytes(1<<20, 9), "text 1M": textBytes(1<<20, 10),
+	} {
+		before := st.len()
+		planned := e.Refs(data)
+		if n := st.len() - before; n != 0 {
+			t.Fatalf("%s: Refs stored %d objects", name, n)
+		}
+		refs, _, err := e.WriteBytes(context.Background(), data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(planned) != len(refs) {
+			t.Fatalf("%s: Refs gave %d refs, WriteBytes %d", name, len(planned), len(refs))
+		}
+		for i := range refs {
+			if planned[i] != refs[i] {
+				t.Fatalf("%s: ref %d differs", name, i)
+			}
+		}
+		e.Forget()
+	}
+}
