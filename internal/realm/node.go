@@ -85,15 +85,11 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	defer rev.Close()
 
-	ln, err := net.Listen("tcp", o.Listen)
+	ln, addr, err := listen(op, o.Listen, o.Advertise)
 	if err != nil {
-		return cairn.E(op, cairn.Unavailable, o.Listen, err)
+		return err
 	}
 	defer ln.Close()
-	addr := o.Advertise
-	if addr == "" {
-		addr = advertised(ln.Addr().(*net.TCPAddr))
-	}
 
 	var gw *metagw.Gateway
 	var gln net.Listener
@@ -238,6 +234,19 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 
 // advertised turns a listener's address into one others can dial: an
 // unspecified host (":7461", "0.0.0.0") becomes this machine's host name.
+// listen opens a node's listener and returns the address it advertises:
+// advertise, else the listener's (see advertised).
+func listen(op, addr, advertise string) (net.Listener, string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", cairn.E(op, cairn.Unavailable, addr, err)
+	}
+	if advertise == "" {
+		advertise = advertised(ln.Addr().(*net.TCPAddr))
+	}
+	return ln, advertise, nil
+}
+
 // nextPort is addr with its port plus one (port 0 stays 0).
 func nextPort(addr string) string {
 	h, p, err := net.SplitHostPort(addr)

@@ -163,15 +163,11 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 	defer st.Close()
 	m := &meteredStore{Store: st}
 
-	ln, err := net.Listen("tcp", o.Listen)
+	ln, addr, err := listen(op, o.Listen, o.Advertise)
 	if err != nil {
-		return cairn.E(op, cairn.Unavailable, o.Listen, err)
+		return err
 	}
 	defer ln.Close()
-	addr := o.Advertise
-	if addr == "" {
-		addr = advertised(ln.Addr().(*net.TCPAddr))
-	}
 	if err := wire.CheckAddr(addr); err != nil {
 		return cairn.E(op, cairn.Invalid, addr, err)
 	}
