@@ -16,16 +16,8 @@ source "$(dirname "$0")/lib.sh"
 V1=v0.27.0 V2=v0.28.0
 build_cairn
 
-# A private module cache under the bench cache makes the inputs reproducible.
-MODCACHE=$CACHE/gomodcache
 declare -A DIRS
-while IFS=$'\t' read -r ver dir err; do
-	[[ -z $err ]] || die "go mod download golang.org/x/tools@$ver: $err"
-	DIRS[$ver]=$dir
-done < <(cd "$WORK" && GOMODCACHE=$MODCACHE GOFLAGS=-modcacherw GO111MODULE=on \
-	go mod download -json "golang.org/x/tools@$V1" "golang.org/x/tools@$V2" |
-	jq -r '[.Version, .Dir, (.Error // "")] | @tsv')
-for v in $V1 $V2; do [[ -d ${DIRS[$v]:-} ]] || die "no extracted tree for x/tools@$v"; done
+xtools_dirs $V1 $V2
 
 STAGE=$WORK/stage/xtools
 stage() { # stage VERSION: make $STAGE exactly that version's tree, changing only what differs

@@ -192,3 +192,17 @@ record() {
 		printf '%s\n' "$body"
 	} | tee -a "$RESULTS"
 }
+
+# xtools_dirs V...: fills the associative array DIRS (declare it first: declare -A DIRS) with
+# the extracted tree of each golang.org/x/tools version, from a private module cache under the
+# bench cache (reproducible inputs, downloaded once).
+xtools_dirs() {
+	local ver dir err
+	while IFS=$'\t' read -r ver dir err; do
+		[[ -z $err ]] || die "go mod download golang.org/x/tools@$ver: $err"
+		DIRS[$ver]=$dir
+	done < <(cd "$WORK" && GOMODCACHE=$CACHE/gomodcache GOFLAGS=-modcacherw GO111MODULE=on \
+		go mod download -json "${@/#/golang.org/x/tools@}" |
+		jq -r '[.Version, .Dir, (.Error // "")] | @tsv')
+	for ver in "$@"; do [[ -d ${DIRS[$ver]:-} ]] || die "no extracted tree for x/tools@$ver"; done
+}
