@@ -138,7 +138,11 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	conf, err := pki.ServerTLS(cfg.Credentials, pki.TLSOptions{
-		Revocations:       cfg.Revocations,
+		// The handshake refuses what is revoked; a list that cannot be
+		// read lets it through and handle closes the connection before
+		// etcd, so a device tells "removed" (a TLS refusal: Permission)
+		// from "the gateway cannot check anyone now" (Unavailable).
+		Revocations:       definiteRevocations{cfg.Revocations},
 		RequireClientCert: true,
 		Peer:              pki.RequireRole(pki.Device),
 	})
@@ -294,6 +298,13 @@ func (s *session) handle(ctx context.Context, raw net.Conn) {
 		raw.Close()
 		return
 	}
+	if err := g.stillAdmitted(leaf, time.Now()); err != nil {
+		// Fails closed: the revocation list cannot be read (a revoked
+		// certificate was refused in the handshake).
+		g.log.Warn("metadata gateway: closed after the handshake: the revocation list cannot be checked", "node", id.Name, "remote", remote, "err", err)
+		raw.Close()
+		return
+	}
 
 	up, err := g.dialUpstream(ctx)
 	if err != nil {
@@ -440,6 +451,15 @@ func (s *session) recheck(ctx context.Context) {
 
 // stillAdmitted checks an admitted peer's certificate again: not expired,
 // of this realm, not revoked (a failing revocation check refuses).
+// definiteRevocations answers the handshake: revoked or not, and not
+// revoked when the list cannot be read (handle then closes the connection).
+type definiteRevocations struct{ rev pki.Revocations }
+
+func (d definiteRevocations) Revoked(c *x509.Certificate) (bool, error) {
+	revoked, err := d.rev.Revoked(c)
+	return revoked && err == nil, nil
+}
+
 func (g *Gateway) stillAdmitted(leaf *x509.Certificate, now time.Time) error {
 	if now.After(leaf.NotAfter) {
 		return cairn.E("admit", cairn.Permission, leaf.Subject.CommonName, errors.New("certificate expired"))

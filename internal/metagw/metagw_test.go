@@ -255,6 +255,12 @@ func TestRevocationsUnavailable(t *testing.T) {
 	if _, err := cli.Get(rctx, "k"); err == nil {
 		t.Error("read while the revocation list is down")
 	}
+	// A new connection gets through the handshake (it is not revoked) and
+	// is closed before etcd: Unavailable, not Permission, which would say
+	// the device was removed.
+	if _, err := f.connect(t, clientTLS(t, f.creds(t, "desk", pki.Device))); !errors.Is(err, cairn.ErrUnavailable) {
+		t.Errorf("connect while the revocation list is down: %v, want Unavailable", err)
+	}
 	rev.broken.Store(false)
 	if _, err := f.device(t, "laptop").Get(ctx, "k"); err != nil {
 		t.Fatalf("after the list is back: %v", err)
