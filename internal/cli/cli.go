@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -138,7 +139,9 @@ and it stops by itself when idle.
 
 Environment: CAIRN_HOME, CAIRN_PASSPHRASE (the keyring passphrase, else a prompt),
 CAIRN_ETCD (external etcd endpoints, host:port,...), CAIRN_LOCK_TTL (writer lock
-lease, default 15s: how long a crashed writer can block others).`,
+lease, default 15s: how long a crashed writer can block others),
+CAIRN_CHUNK_CACHE (bound of the cache of chunks read from other nodes, e.g.
+512MiB or 4GiB; default 1GiB).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
@@ -225,6 +228,13 @@ func (e *env) etcdEndpoints() []string {
 
 func (e *env) options() realm.Options {
 	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Target: e.target, Logger: e.log}
+	if s := os.Getenv("CAIRN_CHUNK_CACHE"); s != "" {
+		if n, err := parseSize(s); err == nil && n > 0 {
+			o.CacheBytes = n
+		} else {
+			e.log.Warn("ignoring CAIRN_CHUNK_CACHE (want a size such as 512MiB or 4GiB)", "value", s)
+		}
+	}
 	if s := os.Getenv("CAIRN_LOCK_TTL"); s != "" {
 		if d, err := time.ParseDuration(s); err == nil {
 			o.LockTTL = d
@@ -233,6 +243,29 @@ func (e *env) options() realm.Options {
 		}
 	}
 	return o
+}
+
+// parseSize reads a byte count with an optional binary suffix: 4096,
+// 512KiB, 64MiB, 4GiB, 1TiB (K, M, G, T and KB... are read as the same
+// powers of 1024).
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	i := strings.IndexFunc(s, func(r rune) bool { return r < '0' || r > '9' })
+	num, unit := s, ""
+	if i >= 0 {
+		num, unit = s[:i], strings.ToUpper(strings.TrimSpace(s[i:]))
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: %w", s, err)
+	}
+	shift := map[string]uint{"": 0, "B": 0, "K": 10, "KB": 10, "KIB": 10, "M": 20, "MB": 20, "MIB": 20,
+		"G": 30, "GB": 30, "GIB": 30, "T": 40, "TB": 40, "TIB": 40}
+	sh, ok := shift[unit]
+	if !ok || n > (1<<62)>>sh {
+		return 0, fmt.Errorf("size %q: unknown unit or too large", s)
+	}
+	return n << sh, nil
 }
 
 // passphrase reads CAIRN_PASSPHRASE or prompts on the terminal.
