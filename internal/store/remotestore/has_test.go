@@ -44,7 +44,9 @@ func TestHasCoalesced(t *testing.T) {
 	wg.Wait()
 	reqs := wc.has.Load()
 	t.Logf("%d Has calls of 2 IDs: %d has requests", n, reqs)
-	if reqs > n/8 {
+	// Without coalescing it is exactly n; how far below depends on the
+	// scheduling of 64 callers (~200 on an idle machine).
+	if reqs > n/2 {
 		t.Fatalf("%d Has calls made %d requests: not coalesced", n, reqs)
 	}
 }
