@@ -1,0 +1,555 @@
+package mount
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/vpath"
+)
+
+// node is one cairn entry the kernel knows. cairn has no hard links, so
+// an entry is its inode: the node's number is the entry's Ino, and where
+// its record lives (parent and name) is the node's place in go-fuse's
+// tree, which follows this mount's renames and removals.
+//
+// Contexts: go-fuse cancels a request's context when the calling process
+// gets any signal, and the Go runtime signals its threads (SIGURG) all the
+// time; an open that restarted its fetch at every signal, or a close that
+// gave up its commit, would be worse than one that finishes. Every method
+// works on context.WithoutCancel of what it is given.
+type node struct {
+	gofs.Inode
+	m   *Mount
+	ino uint64
+	typ meta.Type
+
+	mu sync.Mutex
+	// content is the open copy of a regular file that new opens share
+	// (file.go); nil when no handle is open.
+	content *content
+	// last is the entry as last read: what a removed file that is
+	// still open reports, and the attributes it is written back with.
+	last meta.Entry
+}
+
+var (
+	_ gofs.NodeLookuper       = (*node)(nil)
+	_ gofs.NodeGetattrer      = (*node)(nil)
+	_ gofs.NodeSetattrer      = (*node)(nil)
+	_ gofs.NodeReadlinker     = (*node)(nil)
+	_ gofs.NodeOpener         = (*node)(nil)
+	_ gofs.NodeCreater        = (*node)(nil)
+	_ gofs.NodeMkdirer        = (*node)(nil)
+	_ gofs.NodeMknoder        = (*node)(nil)
+	_ gofs.NodeSymlinker      = (*node)(nil)
+	_ gofs.NodeLinker         = (*node)(nil)
+	_ gofs.NodeUnlinker       = (*node)(nil)
+	_ gofs.NodeRmdirer        = (*node)(nil)
+	_ gofs.NodeRenamer        = (*node)(nil)
+	_ gofs.NodeOpendirHandler = (*node)(nil)
+	_ gofs.NodeStatfser       = (*node)(nil)
+	_ gofs.NodeFsyncer        = (*node)(nil)
+
+	_ gofs.FileReaddirenter = (*dirHandle)(nil)
+	_ gofs.FileLookuper     = (*dirHandle)(nil)
+	_ gofs.FileSeekdirer    = (*dirHandle)(nil)
+	_ gofs.FileReleasedirer = (*dirHandle)(nil)
+)
+
+func bg(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// typeMode is the file type bits of an entry type.
+func typeMode(t meta.Type) uint32 {
+	switch t {
+	case meta.TypeDir:
+		return syscall.S_IFDIR
+	case meta.TypeSymlink:
+		return syscall.S_IFLNK
+	}
+	return syscall.S_IFREG
+}
+
+// caller returns the uid and gid of the process making the request.
+func caller(ctx context.Context) (uint32, uint32) {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return c.Uid, c.Gid
+	}
+	return 0, 0
+}
+
+// checkName refuses names cairn cannot store (vpath.ValidName).
+func checkName(name string) syscall.Errno {
+	if len(name) > vpath.MaxName {
+		return syscall.ENAMETOOLONG
+	}
+	if vpath.ValidName(name) != nil {
+		return syscall.EINVAL
+	}
+	return 0
+}
+
+func (n *node) remember(e *meta.Entry) {
+	n.mu.Lock()
+	n.last = *e
+	n.last.Versions = nil
+	n.mu.Unlock()
+}
+
+// place returns n's name and parent directory as this mount knows them;
+// ok is false for a node no longer in the tree (removed). The root has
+// no name and no parent.
+func (n *node) place() (name string, parent *node, ok bool) {
+	if n.IsRoot() {
+		return "", nil, true
+	}
+	name, p := n.Parent()
+	if p == nil {
+		return "", nil, false
+	}
+	return name, p.Operations().(*node), true
+}
+
+// dirEntry is directory n as the meta calls that take a parent need it:
+// its inode and where its own record lives (checked by the calls, so a
+// directory removed or moved elsewhere fails them cleanly).
+func (n *node) dirEntry() (*meta.Entry, syscall.Errno) {
+	if n.typ != meta.TypeDir {
+		return nil, syscall.ENOTDIR
+	}
+	if n.IsRoot() {
+		return &meta.Entry{Ino: meta.RootIno, Type: meta.TypeDir}, 0
+	}
+	name, p, ok := n.place()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	return &meta.Entry{Name: name, Parent: p.ino, Ino: n.ino, Type: meta.TypeDir}, 0
+}
+
+// path names n (or its child name) for logs and the trash: VOLUME:/a/b.
+func (n *node) path(child string) string {
+	p := n.m.vol.Name() + ":/" + n.Path(nil)
+	if child != "" {
+		if p[len(p)-1] != '/' {
+			p += "/"
+		}
+		p += child
+	}
+	return p
+}
+
+// entry reads n's current entry from the metadata service. A node whose
+// name now holds another entry (replaced on another device) is ESTALE:
+// the kernel then looks the name up again.
+func (n *node) entry(ctx context.Context) (*meta.Entry, error) {
+	var e *meta.Entry
+	var err error
+	if n.IsRoot() {
+		e, err = n.m.vol.Meta.Root(ctx)
+	} else {
+		name, p, ok := n.place()
+		if !ok {
+			return nil, syscall.ENOENT
+		}
+		e, err = n.m.vol.Meta.Get(ctx, p.ino, name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if e.Ino != n.ino {
+		return nil, syscall.ESTALE
+	}
+	n.remember(e)
+	return e, nil
+}
+
+// fill sets a's attributes from e, then from the open copy where this
+// mount holds writes the metadata does not have yet.
+func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
+	a.Ino = e.Ino
+	a.Mode = typeMode(e.Type) | e.Mode&07777
+	a.Size = uint64(e.Size)
+	if e.Type == meta.TypeSymlink {
+		a.Size = uint64(len(e.Target))
+	}
+	// 1 for directories too: "subdirectories unknown" to find and fts,
+	// which would otherwise skip entries on a count cairn does not keep.
+	a.Nlink = 1
+	a.Uid, a.Gid = e.UID, e.GID
+	mtime, ctime := time.Unix(0, e.Mtime), time.Unix(0, e.Ctime)
+	a.SetTimes(&mtime, &mtime, &ctime)
+	a.Blksize = 4096
+	n.mu.Lock()
+	c := n.content
+	n.mu.Unlock()
+	if c != nil {
+		if size, mtime, ok := c.local(); ok {
+			a.Size = uint64(size)
+			a.SetTimes(&mtime, &mtime, nil)
+		}
+	}
+	a.Blocks = (a.Size + 511) / 512
+}
+
+// child returns the inode of entry e in directory n, filling out.
+func (n *node) child(ctx context.Context, e *meta.Entry, out *fuse.EntryOut) *gofs.Inode {
+	if ch := n.GetChild(e.Name); ch != nil && ch.StableAttr().Ino == e.Ino {
+		cn := ch.Operations().(*node)
+		cn.remember(e)
+		cn.fill(e, &out.Attr)
+		return ch
+	}
+	cn := &node{m: n.m, ino: e.Ino, typ: e.Type}
+	cn.remember(e)
+	cn.fill(e, &out.Attr)
+	return n.NewInode(ctx, cn, gofs.StableAttr{Mode: typeMode(e.Type), Ino: e.Ino})
+}
+
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ctx = bg(ctx)
+	if n.typ != meta.TypeDir {
+		return nil, syscall.ENOTDIR
+	}
+	e, err := n.m.vol.Meta.Get(ctx, n.ino, name)
+	if err != nil {
+		return nil, n.m.errno("lookup", n.path(name), err)
+	}
+	return n.child(ctx, e, out), 0
+}
+
+func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	ctx = bg(ctx)
+	e, err := n.entry(ctx)
+	if err != nil {
+		if _, _, ok := n.place(); !ok {
+			// Removed while open (fstat of an unlinked file).
+			n.mu.Lock()
+			last, open := n.last, n.content != nil
+			n.mu.Unlock()
+			if open {
+				n.fill(&last, &out.Attr)
+				out.Nlink = 0
+				return 0
+			}
+		}
+		return n.m.errno("stat", n.path(""), err)
+	}
+	n.fill(e, &out.Attr)
+	return 0
+}
+
+// Setattr changes mode, owner, mtime (in the metadata, at once) and size
+// (in the open copy; a truncate by path commits at once). atime is not
+// kept: it reads as mtime.
+func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	ctx = bg(ctx)
+	h, _ := f.(*handle)
+	if size, ok := in.GetSize(); ok {
+		switch n.typ {
+		case meta.TypeDir:
+			return syscall.EISDIR
+		case meta.TypeSymlink:
+			return syscall.EINVAL
+		}
+		if errno := n.truncate(ctx, h, int64(size)); errno != 0 {
+			return errno
+		}
+	}
+	mode, setMode := in.GetMode()
+	uid, setUID := in.GetUID()
+	gid, setGID := in.GetGID()
+	mtime, setMtime := in.GetMTime()
+	if setMtime {
+		n.mu.Lock()
+		c := n.content
+		n.mu.Unlock()
+		if c != nil {
+			c.touch(mtime) // the commit at close keeps it
+		}
+	}
+	if setMode || setUID || setGID || setMtime {
+		for attempt := 0; ; attempt++ {
+			e, err := n.entry(ctx)
+			if err != nil {
+				return n.m.errno("setattr", n.path(""), err)
+			}
+			if setMode {
+				e.Mode = mode & 07777
+			}
+			if setUID {
+				e.UID = uid
+			}
+			if setGID {
+				e.GID = gid
+			}
+			if setMtime {
+				e.Mtime = mtime.UnixNano()
+			}
+			ne, err := n.m.vol.Meta.Update(ctx, e)
+			if errors.Is(err, cairn.ErrConflict) && attempt < 20 {
+				continue // a concurrent change won: read again
+			}
+			if err != nil {
+				return n.m.errno("setattr", n.path(""), err)
+			}
+			n.remember(ne)
+			break
+		}
+	}
+	return n.Getattr(ctx, f, out)
+}
+
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	e, err := n.entry(bg(ctx))
+	if err != nil {
+		return nil, n.m.errno("readlink", n.path(""), err)
+	}
+	if e.Type != meta.TypeSymlink {
+		return nil, syscall.EINVAL
+	}
+	return []byte(e.Target), 0
+}
+
+// create adds entry e (a directory, symlink or empty file) to directory n.
+func (n *node) create(ctx context.Context, e meta.Entry) (*meta.Entry, syscall.Errno) {
+	if errno := checkName(e.Name); errno != 0 {
+		return nil, errno
+	}
+	dir, errno := n.dirEntry()
+	if errno != 0 {
+		return nil, errno
+	}
+	e.UID, e.GID = caller(ctx)
+	ne, err := n.m.vol.Meta.Create(ctx, dir, e)
+	if err != nil {
+		if errors.Is(err, cairn.ErrExist) {
+			return ne, syscall.EEXIST
+		}
+		return nil, n.m.errno("create", n.path(e.Name), err)
+	}
+	return ne, 0
+}
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ctx = bg(ctx)
+	e, errno := n.create(ctx, meta.Entry{Name: name, Type: meta.TypeDir, Mode: mode & 07777})
+	if errno != 0 {
+		return nil, errno
+	}
+	return n.child(ctx, e, out), 0
+}
+
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ctx = bg(ctx)
+	e, errno := n.create(ctx, meta.Entry{Name: name, Type: meta.TypeSymlink, Mode: 0o777, Target: target, Size: int64(len(target))})
+	if errno != 0 {
+		return nil, errno
+	}
+	return n.child(ctx, e, out), 0
+}
+
+// Mknod makes regular files only: cairn keeps no device nodes, FIFOs or
+// sockets (EPERM, as file systems without them answer).
+func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	ctx = bg(ctx)
+	if mode&syscall.S_IFMT != syscall.S_IFREG {
+		n.m.log.Debug("mknod refused: cairn keeps regular files, directories and symlinks only", "path", n.path(name), "mode", mode)
+		return nil, syscall.EPERM
+	}
+	e, errno := n.create(ctx, meta.Entry{Name: name, Type: meta.TypeFile, Mode: mode & 07777})
+	if errno != 0 {
+		return nil, errno
+	}
+	return n.child(ctx, e, out), 0
+}
+
+// Link fails with EPERM, what link(2) answers on a file system without
+// hard links: a cairn entry is its inode.
+func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	n.m.log.Debug("hard link refused: cairn has no hard links", "path", n.path(name))
+	return nil, syscall.EPERM
+}
+
+// remove moves name to the trash after checking its type.
+func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno {
+	ctx = bg(ctx)
+	parent, errno := n.dirEntry()
+	if errno != 0 {
+		return errno
+	}
+	e, err := n.m.vol.Meta.Get(ctx, n.ino, name)
+	if err != nil {
+		return n.m.errno("remove", n.path(name), err)
+	}
+	switch {
+	case dir && !e.IsDir():
+		return syscall.ENOTDIR
+	case !dir && e.IsDir():
+		return syscall.EISDIR
+	}
+	if _, err := n.m.vol.Meta.Remove(ctx, parent, name, n.path(name), false); err != nil {
+		return n.m.errno("remove", n.path(name), err)
+	}
+	return 0
+}
+
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	return n.remove(ctx, name, false)
+}
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return n.remove(ctx, name, true)
+}
+
+// Rename moves an entry, replacing an existing file (to the trash) or an
+// empty directory. RENAME_EXCHANGE is not supported (EINVAL).
+func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	ctx = bg(ctx)
+	if flags&gofs.RENAME_EXCHANGE != 0 {
+		return syscall.EINVAL
+	}
+	if errno := checkName(newName); errno != 0 {
+		return errno
+	}
+	np, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	src, errno := n.dirEntry()
+	if errno != 0 {
+		return errno
+	}
+	dst, errno := np.dirEntry()
+	if errno != 0 {
+		return errno
+	}
+	if flags&unix.RENAME_NOREPLACE != 0 {
+		if _, err := n.m.vol.Meta.Get(ctx, np.ino, newName); err == nil {
+			return syscall.EEXIST
+		} else if !errors.Is(err, cairn.ErrNotFound) {
+			return n.m.errno("rename", np.path(newName), err)
+		}
+	}
+	if err := n.m.vol.Meta.Rename(ctx, src, name, dst, newName, np.path(newName)); err != nil {
+		return n.m.errno("rename", n.path(name), err)
+	}
+	return 0
+}
+
+// Statfs reports the space of the disk that holds the open-file copies,
+// where writes land first.
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	var st unix.Statfs_t
+	if err := unix.Statfs(n.m.cache, &st); err != nil {
+		return n.m.errno("statfs", n.m.cache, err)
+	}
+	out.Blocks, out.Bfree, out.Bavail = st.Blocks, st.Bfree, st.Bavail
+	out.Files, out.Ffree = st.Files, st.Ffree
+	out.Bsize, out.Frsize = uint32(st.Bsize), uint32(st.Frsize)
+	out.NameLen = vpath.MaxName
+	return 0
+}
+
+// Fsync of a directory: every namespace change is already committed in
+// the metadata service when its call returns.
+func (n *node) Fsync(ctx context.Context, f gofs.FileHandle, flags uint32) syscall.Errno {
+	if h, ok := f.(*handle); ok {
+		return h.Fsync(ctx, flags)
+	}
+	return 0
+}
+
+// ---- directories ----
+
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if n.typ != meta.TypeDir {
+		return nil, 0, syscall.ENOTDIR
+	}
+	return &dirHandle{n: n}, 0, 0
+}
+
+// dirHandle lists a directory: one ReadDir from the metadata service when
+// reading starts (and again after a rewind), "." and ".." first. Its
+// Lookup answers READDIRPLUS from that listing, without a request per
+// entry.
+type dirHandle struct {
+	n      *node
+	mu     sync.Mutex
+	loaded bool
+	list   []fuse.DirEntry
+	ents   map[string]*meta.Entry
+	pos    int
+}
+
+func (d *dirHandle) load(ctx context.Context) syscall.Errno {
+	ents, err := d.n.m.vol.Meta.ReadDir(ctx, d.n.ino)
+	if err != nil {
+		return d.n.m.errno("readdir", d.n.path(""), err)
+	}
+	parent := d.n.ino
+	if _, p, ok := d.n.place(); ok && p != nil {
+		parent = p.ino
+	}
+	d.list = append(d.list[:0], fuse.DirEntry{Name: ".", Ino: d.n.ino, Mode: syscall.S_IFDIR},
+		fuse.DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR})
+	d.ents = make(map[string]*meta.Entry, len(ents))
+	for i := range ents {
+		e := &ents[i]
+		d.list = append(d.list, fuse.DirEntry{Name: e.Name, Ino: e.Ino, Mode: typeMode(e.Type)})
+		d.ents[e.Name] = e
+	}
+	d.loaded = true
+	return 0
+}
+
+func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.loaded {
+		if errno := d.load(bg(ctx)); errno != 0 {
+			return nil, errno
+		}
+	}
+	if d.pos >= len(d.list) {
+		return nil, 0
+	}
+	de := d.list[d.pos]
+	d.pos++
+	de.Off = uint64(d.pos)
+	return &de, 0
+}
+
+// Seekdir to 0 (rewinddir) lists the directory afresh.
+func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if off == 0 {
+		d.loaded, d.pos = false, 0
+		return 0
+	}
+	if !d.loaded || off > uint64(len(d.list)) {
+		return syscall.EINVAL
+	}
+	d.pos = int(off)
+	return 0
+}
+
+func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	d.mu.Lock()
+	e := d.ents[name]
+	d.mu.Unlock()
+	if e == nil {
+		return d.n.Lookup(ctx, name, out)
+	}
+	return d.n.child(bg(ctx), e, out), 0
+}
+
+func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {}
