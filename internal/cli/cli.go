@@ -192,6 +192,7 @@ CAIRN_CHUNK_CACHE (bound of the cache of chunks read from other nodes, e.g.
 	root.AddCommand(e.initCmd(), e.putCmd(), e.getCmd(), e.lsCmd(), e.catCmd(), e.mkdirCmd(), e.rmCmd(),
 		e.mvCmd(), e.versionsCmd(), e.restoreCmd(), e.trashCmd(), e.gcCmd(), e.fsckCmd(), e.statsCmd(), e.volumeCmd(),
 		e.devicesCmd(), e.nodeCmd(), e.inviteCmd(), e.joinCmd())
+	root.AddCommand(e.mountCmds()...)
 	return root
 }
 

@@ -1,0 +1,315 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/mount"
+	"cairn.dev/cairn/internal/realm"
+	"cairn.dev/cairn/internal/vpath"
+)
+
+// envMountChild marks the process 'cairn mount' starts in the background:
+// file descriptor 3 is a pipe on which it reports "ready" or "error MSG",
+// and a passphrase the parent asked for arrives on its standard input.
+const envMountChild = "CAIRN_MOUNT_CHILD"
+
+// mountReadyTimeout bounds how long 'cairn mount' waits for its
+// background process to mount.
+const mountReadyTimeout = 2 * time.Minute
+
+func (e *env) mountCmds() []*cobra.Command {
+	var foreground, debug bool
+	var attrTimeout time.Duration
+	m := &cobra.Command{
+		Use:   "mount [--foreground] VOLUME MOUNTPOINT",
+		Short: "Mount a volume as a directory (FUSE)",
+		Long: `Mount VOLUME (for example 'home') on the directory MOUNTPOINT, so unmodified
+programs read and write it. It runs in the background (log: $CAIRN_HOME/mount.log)
+until 'cairn umount MOUNTPOINT'; --foreground stays attached and unmounts on
+Ctrl-C or SIGTERM. A mount point left broken by a killed mount is repaired first.
+
+Consistency is close-to-open: every open reads the file's current version into a
+copy on local disk ($CAIRN_HOME/mountcache), and every close of a descriptor that
+wrote commits the copy as a new version (close returns the commit's error), which
+any later open on any device sees. fsync makes writes durable on local disk only;
+close makes them durable in the store. Attributes are cached by the kernel for
+--attr-timeout (0 disables).
+
+Not supported yet: extended attributes (EOPNOTSUPP), hard links, device nodes and
+FIFOs (EPERM), RENAME_EXCHANGE (EINVAL); atime reads as mtime. Writes not yet
+closed are lost if the mount is killed.`,
+		Args: exactArgs(2, "VOLUME and MOUNTPOINT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, err := mountVolumeName(args[0])
+			if err != nil {
+				return err
+			}
+			dir, err := filepath.Abs(args[1])
+			if err != nil {
+				return cairn.E("mount", cairn.Invalid, args[1], err)
+			}
+			if attrTimeout < 0 {
+				return withCode(ExitUsage, errors.New("mount: --attr-timeout must not be negative"))
+			}
+			o := mount.Options{AttrTimeout: attrTimeout, Debug: debug, CacheDir: filepath.Join(e.home, "mountcache")}
+			if attrTimeout == 0 {
+				o.AttrTimeout = mount.NoAttrCache
+			}
+			if foreground || os.Getenv(envMountChild) != "" {
+				return e.mountHere(cmd.Context(), name, dir, o)
+			}
+			return e.mountBackground(cmd.Context(), name, dir, attrTimeout, debug)
+		},
+	}
+	m.Flags().BoolVar(&foreground, "foreground", false, "stay in the foreground; Ctrl-C or SIGTERM unmounts")
+	m.Flags().DurationVar(&attrTimeout, "attr-timeout", mount.DefaultAttrTimeout, "how long the kernel caches attributes and names (0: not at all)")
+	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")
+
+	var lazy bool
+	u := &cobra.Command{
+		Use:   "umount [--lazy] MOUNTPOINT",
+		Short: "Unmount a volume mounted with 'cairn mount'",
+		Long: `Unmount MOUNTPOINT (fusermount3 -u). Every close has already committed its file;
+the mount's process exits once the kernel lets go. It fails while a file there is
+open or a process works in it; --lazy detaches it at once and lets them finish.
+A mount point left broken by a killed mount is unmounted too.`,
+		Args: exactArgs(1, "MOUNTPOINT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return mount.Unmount(args[0], lazy)
+		},
+	}
+	u.Flags().BoolVar(&lazy, "lazy", false, "detach now even if busy (fusermount3 -u -z)")
+	return []*cobra.Command{m, u}
+}
+
+// mountVolumeName accepts "home", "home:" and "home:/".
+func mountVolumeName(s string) (string, error) {
+	name, rest, hasColon := strings.Cut(s, ":")
+	if hasColon && strings.Trim(rest, "/") != "" {
+		return "", cairn.E("mount", cairn.Invalid, s, errors.New("mounting a directory inside a volume is not supported yet: give the volume name"))
+	}
+	if err := vpath.ValidVolume(name); err != nil {
+		return "", cairn.E("mount", cairn.Invalid, s, err)
+	}
+	return name, nil
+}
+
+// mountOpen opens the realm for a mount. In the background process a
+// passphrase, if the keyring needs one and CAIRN_PASSPHRASE is unset,
+// comes from the parent on standard input.
+func (e *env) mountOpen(ctx context.Context, ask func() ([]byte, error)) (*realm.Realm, error) {
+	o := e.options()
+	if ask != nil {
+		o.Passphrase = ask
+	}
+	r, err := realm.Open(ctx, e.home, o)
+	if err != nil {
+		return nil, err
+	}
+	e.realm = r
+	return r, nil
+}
+
+// mountHere mounts in this process and serves until the file system is
+// unmounted, from outside or by SIGINT/SIGTERM (ctx).
+func (e *env) mountHere(ctx context.Context, name, dir string, o mount.Options) error {
+	var ready *os.File
+	var ask func() ([]byte, error)
+	if os.Getenv(envMountChild) != "" {
+		ready = os.NewFile(3, "ready")
+		syscall.CloseOnExec(3) // not for fusermount3
+		if _, ok := os.LookupEnv("CAIRN_PASSPHRASE"); !ok {
+			ask = func() ([]byte, error) {
+				p, err := io.ReadAll(e.stdin)
+				if err != nil || len(p) == 0 {
+					return nil, cairn.E("passphrase", cairn.Permission, "", errors.New("the keyring is sealed and no passphrase was passed to the mount"))
+				}
+				return p, nil
+			}
+		}
+	}
+	report := func(err error) error {
+		if ready != nil {
+			if err != nil {
+				fmt.Fprintf(ready, "error %d %s\n", ExitCode(err), strings.ReplaceAll(err.Error(), "\n", " "))
+			} else {
+				fmt.Fprintln(ready, "ready")
+			}
+			ready.Close()
+			ready = nil
+		}
+		return err
+	}
+	r, err := e.mountOpen(ctx, ask)
+	if err != nil {
+		return report(err)
+	}
+	v, err := r.Volume(ctx, name)
+	if err != nil {
+		return report(err)
+	}
+	o.Logger = e.log
+	m, err := mount.Start(ctx, v, dir, o)
+	if err != nil {
+		return report(err)
+	}
+	fmt.Fprintf(e.stdout, "mounted %s at %s (pid %d)\n", name, dir, os.Getpid())
+	report(nil)
+	done := make(chan struct{})
+	go func() { m.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	// SIGINT or SIGTERM: unmount; if a file is still open there, detach
+	// now and serve the open files until they are closed.
+	if err := m.Unmount(); err != nil {
+		fmt.Fprintf(e.stderr, "cairn: %v: detaching now; open files are served until they are closed\n", err)
+		if err := mount.Unmount(dir, true); err != nil {
+			return err
+		}
+	}
+	<-done
+	fmt.Fprintf(e.stdout, "unmounted %s\n", dir)
+	return nil
+}
+
+// mountBackground checks what can be checked here (realm, volume, key,
+// mount point), then starts this program again, detached, to serve the
+// mount, and returns once it reports the mount ready.
+func (e *env) mountBackground(ctx context.Context, name, dir string, attrTimeout time.Duration, debug bool) error {
+	var pass []byte
+	ask := e.passphrase(false)
+	r, err := e.mountOpen(ctx, func() ([]byte, error) {
+		p, err := ask()
+		pass = p
+		return p, err
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := r.Volume(ctx, name); err != nil {
+		return err
+	}
+	if repaired, err := mount.Repair(dir); err != nil {
+		return err
+	} else if repaired {
+		fmt.Fprintf(e.stderr, "cairn: repaired %s, left broken by a mount that was killed\n", dir)
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return cairn.E("mount", cairn.NotFound, dir, errors.New("no such directory"))
+	} else if !fi.IsDir() {
+		return cairn.E("mount", cairn.NotDir, dir, errors.New("the mount point must be a directory"))
+	}
+	if mounted, err := mount.IsMounted(dir); err == nil && mounted {
+		return cairn.E("mount", cairn.Exist, dir, errors.New("something is already mounted there (cairn umount it first)"))
+	}
+
+	exe, err := os.Executable()
+	if err != nil {
+		return cairn.E("mount", cairn.IO, "", err)
+	}
+	args := []string{"--home", e.home}
+	if e.etcd != "" {
+		args = append(args, "--etcd", e.etcd)
+	}
+	if e.verbose {
+		args = append(args, "--verbose")
+	}
+	args = append(args, "mount", "--attr-timeout", attrTimeout.String())
+	if debug {
+		args = append(args, "--debug")
+	}
+	args = append(args, name, dir)
+	logPath := filepath.Join(e.home, "mount.log")
+	if fi, err := os.Stat(logPath); err == nil && fi.Size() > 1<<20 {
+		_ = os.Rename(logPath, logPath+".old")
+	}
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return cairn.E("mount", cairn.IO, logPath, err)
+	}
+	defer logf.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return cairn.E("mount", cairn.IO, "", err)
+	}
+	defer readyR.Close()
+	passR, passW, err := os.Pipe()
+	if err != nil {
+		readyW.Close()
+		return cairn.E("mount", cairn.IO, "", err)
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), envMountChild+"=1")
+	cmd.Dir = "/" // do not pin the caller's working directory
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = passR, logf, logf
+	cmd.ExtraFiles = []*os.File{readyW} // fd 3
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	readyW.Close()
+	passR.Close()
+	if err != nil {
+		passW.Close()
+		return cairn.E("mount", cairn.IO, exe, err)
+	}
+	passW.Write(pass) // empty when none was asked for
+	passW.Close()
+
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(readyR).ReadString('\n')
+		line <- strings.TrimSuffix(s, "\n")
+	}()
+	var msg string
+	select {
+	case msg = <-line:
+	case <-ctx.Done():
+		cmd.Process.Kill()
+		cmd.Wait()
+		return ctx.Err()
+	case <-time.After(mountReadyTimeout):
+		cmd.Process.Kill()
+		cmd.Wait()
+		return cairn.E("mount", cairn.Unavailable, dir, fmt.Errorf("the mount did not come up within %v (log: %s)", mountReadyTimeout, logPath))
+	}
+	if msg == "ready" {
+		fmt.Fprintf(e.stdout, "mounted %s at %s (pid %d, log %s); 'cairn umount %s' unmounts it\n", name, dir, cmd.Process.Pid, logPath, dir)
+		cmd.Process.Release()
+		return nil
+	}
+	cmd.Wait()
+	if code, text, ok := parseMountError(msg); ok {
+		fmt.Fprintf(e.stderr, "cairn: %s\n", text)
+		return withCode(code, errQuiet)
+	}
+	return cairn.E("mount", cairn.IO, dir, fmt.Errorf("the mount process exited without mounting (log: %s)", logPath))
+}
+
+// parseMountError reads the background process's "error CODE MESSAGE".
+func parseMountError(msg string) (int, string, bool) {
+	rest, ok := strings.CutPrefix(msg, "error ")
+	if !ok {
+		return 0, "", false
+	}
+	codeStr, text, _ := strings.Cut(rest, " ")
+	var code int
+	if _, err := fmt.Sscanf(codeStr, "%d", &code); err != nil || code == 0 {
+		code = ExitError
+	}
+	return code, text, true
+}
