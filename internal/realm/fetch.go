@@ -30,10 +30,10 @@ const cacheDir = "cache"
 // deviceStore is the store a device's volumes use. Writes (Put, Has) go to
 // the target: this device's own store by default, so a file's chunks stay
 // where they were written (ZZFS §3.2), or the node the realm was opened to
-// write to (Options.Target). Reads try this device's store, then the target,
-// then the chunk cache, which fetches what it lacks from the nodes that
-// hold it: those the version names first (store.Sources), nearest and
-// fastest first, then any other online node.
+// write to (Options.Target). Reads try this device's store, then the chunk
+// cache, which fetches what it lacks from the nodes that hold it (the
+// target among them): those the version names first (store.Sources),
+// nearest and fastest first, then any other online node.
 type deviceStore struct {
 	local  cairn.Store
 	target cairn.Store // == local unless writing to another node
@@ -82,11 +82,16 @@ func (d *deviceStore) Refresh(ctx context.Context) error {
 // Close closes nothing: the realm owns the stores.
 func (d *deviceStore) Close() error { return nil }
 
+var errRealmClosed = cairn.E("fetch", cairn.Canceled, "", errors.New("the realm is closed"))
+
 // chunkCache opens the chunk cache on first need: a localstore in
 // home/cache kept under Options.CacheBytes, in front of the router.
 func (r *Realm) chunkCache(ctx context.Context) (*cachestore.Store, error) {
 	r.remoteMu.Lock()
 	defer r.remoteMu.Unlock()
+	if r.remoteClosed {
+		return nil, errRealmClosed
+	}
 	if r.cache != nil {
 		return r.cache, nil
 	}
@@ -141,11 +146,11 @@ type peer struct {
 type router struct {
 	r *Realm
 
-	mu      sync.Mutex
-	nodes   map[string]*peer
-	listed  []meta.NodeStatus
-	listAt  time.Time
-	probing bool
+	mu     sync.Mutex
+	nodes  map[string]*peer
+	listed []meta.NodeStatus
+	listAt time.Time
+	closed bool
 }
 
 // registryTTL is how long the router trusts its copy of the registry.
@@ -177,6 +182,7 @@ func (rt *router) Close() error {
 		p.st.Close()
 	}
 	rt.nodes = map[string]*peer{}
+	rt.closed = true
 	return nil
 }
 
@@ -198,6 +204,9 @@ func (rt *router) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 		}
 		if ctx.Err() != nil {
 			return nil, store.CtxErr(ctx, "get", id.String())
+		}
+		if errors.Is(err, cairn.ErrPermission) {
+			return nil, err // this device was removed: no other node will answer either
 		}
 		if !errors.Is(err, cairn.ErrNotFound) {
 			unavailable = true
@@ -332,7 +341,9 @@ func (rt *router) probe(ctx context.Context, ps []*peer) {
 			defer cancel()
 			t0 := time.Now()
 			err := p.st.Health(pctx)
-			rt.observe(p, time.Since(t0), err)
+			if ctx.Err() == nil { // the caller gave up: says nothing of the node
+				rt.observe(p, time.Since(t0), err)
+			}
 		})
 	}
 	wg.Wait()
@@ -374,6 +385,10 @@ func (rt *router) peer(ctx context.Context, name, addr string) (*peer, error) {
 	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	if rt.closed {
+		st.Close()
+		return nil, errRealmClosed
+	}
 	if old := rt.nodes[name]; old != nil {
 		if old.addr == addr {
 			st.Close()
@@ -422,14 +437,26 @@ func (r *Realm) revocations(ctx context.Context) (*meta.Revocations, error) {
 
 // nodeName is this device's node name ("" if it has no credentials).
 func (r *Realm) nodeName(ctx context.Context) string {
+	n, _ := r.selfName(ctx)
+	return n
+}
+
+// selfName is this device's node name: "" with no error if it has no
+// credentials yet, an error if they cannot be read.
+func (r *Realm) selfName(ctx context.Context) (string, error) {
 	r.revMu.Lock()
 	defer r.revMu.Unlock()
 	if r.name == "" {
-		if c, err := r.Credentials(ctx); err == nil {
+		c, err := r.Credentials(ctx)
+		switch {
+		case err == nil:
 			r.name = c.Identity.Name
+		case errors.Is(err, cairn.ErrNotFound):
+		default:
+			return "", err
 		}
 	}
-	return r.name
+	return r.name, nil
 }
 
 // targetStore returns the store writes go to and the name versions record
@@ -439,7 +466,11 @@ func (r *Realm) targetStore(ctx context.Context) (cairn.Store, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	self := r.nodeName(ctx)
+	self, err := r.selfName(ctx)
+	if err != nil {
+		// Versions must name where their data is: never guess.
+		return nil, "", err
+	}
 	if self == "" {
 		self = "local" // a realm whose device has no credentials yet
 	}
@@ -449,6 +480,9 @@ func (r *Realm) targetStore(ctx context.Context) (cairn.Store, string, error) {
 	}
 	r.remoteMu.Lock()
 	defer r.remoteMu.Unlock()
+	if r.remoteClosed {
+		return nil, "", errRealmClosed
+	}
 	if r.target != nil {
 		return r.target, t, nil
 	}

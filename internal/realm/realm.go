@@ -116,14 +116,15 @@ type Realm struct {
 
 	// Reading from and writing to other nodes (fetch.go), opened on
 	// first need.
-	remoteMu   sync.Mutex
-	target     *remotestore.Store
-	cacheStore cairn.Store
-	cache      *cachestore.Store
-	router     *router
-	revMu      sync.Mutex
-	rev        *meta.Revocations
-	name       string
+	remoteMu     sync.Mutex
+	remoteClosed bool
+	target       *remotestore.Store
+	cacheStore   cairn.Store
+	cache        *cachestore.Store
+	router       *router
+	revMu        sync.Mutex
+	rev          *meta.Revocations
+	name         string
 }
 
 func (o *Options) fill() {
@@ -305,6 +306,8 @@ func (r *Realm) Close() error {
 	for _, v := range r.vols {
 		v.Close()
 	}
+	r.remoteMu.Lock()
+	r.remoteClosed = true // no read opens the cache or a remote store again
 	if r.cache != nil {
 		r.cache.Close()
 		r.router.Close()
@@ -313,9 +316,12 @@ func (r *Realm) Close() error {
 	if r.target != nil {
 		r.target.Close()
 	}
+	r.remoteMu.Unlock()
+	r.revMu.Lock()
 	if r.rev != nil {
 		r.rev.Close()
 	}
+	r.revMu.Unlock()
 	err := r.Meta.Close()
 	if r.store != nil {
 		if e := r.store.Close(); err == nil {
