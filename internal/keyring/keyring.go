@@ -141,6 +141,9 @@ func (k *Keyring) Key(volID, volName string) (volkey.Master, error) {
 // Add records a volume's key (call Save to persist).
 func (k *Keyring) Add(volID string, m volkey.Master) { k.keys[volID] = m }
 
+// Remove forgets a key (call Save to persist).
+func (k *Keyring) Remove(id string) { delete(k.keys, id) }
+
 // NewMaster returns a fresh random volume master key.
 func NewMaster() volkey.Master { return volkey.Master(random(volkey.Size)) }
 

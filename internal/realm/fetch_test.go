@@ -240,3 +240,18 @@ func TestVolumeMadeAfterJoin(t *testing.T) {
 		t.Fatalf("the sealed key opened for another volume ID: %v", err)
 	}
 }
+
+// A device whose device key is not the one the realm recorded cannot seal
+// volume keys for the others: it is told to join again.
+func TestForeignDeviceKeyRefused(t *testing.T) {
+	ctx := context.Background()
+	_, b, _ := twoDevices(t, Options{})
+	kr, _ := b.Keyring()
+	kr.Add(deviceKeyID, [32]byte{1, 2, 3})
+	if _, err := b.deviceKey(ctx); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("a foreign device key: %v, want Permission", err)
+	}
+	if _, err := b.CreateVolume(ctx, "v2", DefaultChunkAvg, 3, time.Hour); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("create volume with a foreign device key: %v, want Permission", err)
+	}
+}

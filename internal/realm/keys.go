@@ -78,18 +78,32 @@ func (r *Realm) deviceKey(ctx context.Context) (volkey.Master, error) {
 		return volkey.Master{}, err
 	}
 	if dk, err := kr.Key(deviceKeyID, "realm device key"); err == nil {
-		return dk, nil
-	}
-	dk := keyring.NewMaster()
-	err = r.Meta.PutSealedKey(ctx, deviceKeyCheckID, []byte(deviceKeyCheck(dk)))
-	if errors.Is(err, cairn.ErrExist) {
-		return dk, cairn.E("device key", cairn.Permission, r.Home, errors.New("this device lacks the realm's device key (it joined before cairn had one): join again with a new invitation"))
-	}
-	if err != nil {
+		// Joined devices got it; the first device made it. Record its
+		// check if a crash came between saving and recording it (the
+		// record is written once: a different one means another key won).
+		err := r.Meta.PutSealedKey(ctx, deviceKeyCheckID, []byte(deviceKeyCheck(dk)))
+		if errors.Is(err, cairn.ErrExist) {
+			return dk, cairn.E("device key", cairn.Permission, r.Home, errors.New("this device's device key is not the realm's: join again with a new invitation"))
+		}
 		return dk, err
 	}
+	// Saved before it is recorded: a crash in between leaves an unused
+	// key here, never a realm that records a key no device holds.
+	dk := keyring.NewMaster()
 	kr.Add(deviceKeyID, dk)
 	if err := kr.Save(); err != nil {
+		kr.Remove(deviceKeyID)
+		return dk, err
+	}
+	err = r.Meta.PutSealedKey(ctx, deviceKeyCheckID, []byte(deviceKeyCheck(dk)))
+	if err != nil {
+		kr.Remove(deviceKeyID)
+		if serr := kr.Save(); serr != nil {
+			r.log.Warn("drop the unused device key", "err", serr)
+		}
+		if errors.Is(err, cairn.ErrExist) {
+			return dk, cairn.E("device key", cairn.Permission, r.Home, errors.New("this device lacks the realm's device key (it joined before cairn had one): join again with a new invitation"))
+		}
 		return dk, err
 	}
 	vols, err := r.Meta.Volumes(ctx)
