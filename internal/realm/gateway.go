@@ -58,27 +58,16 @@ func hostPort(ep string) string {
 	return ep
 }
 
-// gateways lists the metadata gateways of the realm's online devices, this
-// device's first.
-func (r *Realm) gateways(ctx context.Context) ([]string, error) {
-	nodes, err := r.Meta.Nodes(ctx)
-	if err != nil {
-		return nil, err
-	}
+// gateway1 is the address of this device's metadata gateway, from its
+// registry record (it must be serving: 'cairn node serve').
+func (r *Realm) gateway1(ctx context.Context) (string, error) {
 	self := r.nodeName(ctx)
-	var out []string
-	for _, n := range nodes {
-		if n.Gateway == "" || n.State != meta.NodeOnline || n.Role != string(pki.Device) {
-			continue
-		}
-		if n.Name == self {
-			out = append([]string{n.Gateway}, out...)
-		} else {
-			out = append(out, n.Gateway)
-		}
+	st, err := r.Meta.Node(ctx, self)
+	if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+		return "", err
 	}
-	if len(out) == 0 {
-		return nil, cairn.E("invite", cairn.Unavailable, self, errors.New("no device serves the metadata gateway: run 'cairn node serve' on this device first"))
+	if err != nil || st.Gateway == "" || st.State != meta.NodeOnline {
+		return "", cairn.E("invite", cairn.Unavailable, self, errors.New("this device serves no metadata gateway: run 'cairn node serve' here first"))
 	}
-	return out, nil
+	return st.Gateway, nil
 }

@@ -29,6 +29,8 @@ type devicePayload struct {
 	// Gateway lists the metadata gateways of the realm's embedded etcd
 	// (host:port, mutual TLS with the device's node certificate).
 	Gateway []string `json:"gateway,omitempty"`
+	// GatewayNode is the node name the gateways' certificate carries.
+	GatewayNode string `json:"gateway_node,omitempty"`
 	// Keys maps volume ID to the volume's master key.
 	Keys map[string][]byte `json:"keys"`
 	// DeviceKey is the realm's device key (keys.go): with it the device
@@ -89,15 +91,16 @@ func (r *Realm) Invite(ctx context.Context, o InviteOptions) (string, error) {
 	}
 	var payload []byte
 	if o.Role == pki.Device {
-		p := devicePayload{Format: devicePayloadFormat, RealmID: r.Config.RealmID, Etcd: r.Config.Etcd, Gateway: r.Config.Gateway, Keys: map[string][]byte{}}
+		p := devicePayload{Format: devicePayloadFormat, RealmID: r.Config.RealmID, Etcd: r.Config.Etcd,
+			Gateway: r.Config.Gateway, GatewayNode: r.Config.GatewayNode, Keys: map[string][]byte{}}
 		if len(p.Etcd) == 0 && len(p.Gateway) == 0 {
-			// The embedded etcd, reached through the metadata gateways
-			// of the devices serving one.
-			gws, err := r.gateways(ctx)
+			// The embedded etcd, reached through the metadata gateway
+			// of the device serving it: this one.
+			gw, err := r.gateway1(ctx)
 			if err != nil {
 				return "", err
 			}
-			p.Gateway = gws
+			p.Gateway, p.GatewayNode = []string{gw}, creds.Identity.Name
 		}
 		kr, err := r.Keyring()
 		if err != nil {
@@ -225,7 +228,7 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 	if err := kr.Save(); err != nil {
 		return nil, err
 	}
-	cfg := Config{Format: ConfigVersion, RealmID: p.RealmID, Created: time.Now().UTC(), Etcd: p.Etcd, Gateway: p.Gateway, StorePath: "store"}
+	cfg := Config{Format: ConfigVersion, RealmID: p.RealmID, Created: time.Now().UTC(), Etcd: p.Etcd, Gateway: p.Gateway, GatewayNode: p.GatewayNode, StorePath: "store"}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
 	if err := keyring.WriteFileAtomic(configPath(home), b, 0o600); err != nil {
 		return nil, err

@@ -53,6 +53,10 @@ type Config struct {
 	// device that joined a realm on an embedded etcd has these instead of
 	// Etcd.
 	Gateway []string `json:"gateway,omitempty"`
+	// GatewayNode is the node name the gateways' certificate must carry
+	// (the device running the realm's embedded etcd): a removed device
+	// that takes the gateway's address is refused.
+	GatewayNode string `json:"gateway_node,omitempty"`
 	// StorePath is the local store's directory, relative to the home.
 	StorePath string `json:"store_path"`
 }
@@ -263,8 +267,12 @@ func connect(ctx context.Context, home string, cfg Config, opts Options) (*Realm
 		}
 		// The realm's revocation list lives behind the gateway: the
 		// gateway's certificate is checked against the realm CA and
-		// must be a device's.
-		tlsConf, terr := pki.ClientTLS(creds, pki.TLSOptions{Revocations: pki.NoRevocations{}, Peer: pki.RequireRole(pki.Device)})
+		// must name the device that serves it.
+		peer := pki.RequireRole(pki.Device)
+		if cfg.GatewayNode != "" {
+			peer = pki.RequireNode(cfg.GatewayNode)
+		}
+		tlsConf, terr := pki.ClientTLS(creds, pki.TLSOptions{Revocations: pki.NoRevocations{}, Peer: peer})
 		if terr != nil {
 			return nil, terr
 		}
