@@ -116,7 +116,7 @@ damaged file and version on any problem.`,
 					fmt.Fprintf(e.stdout, ", read %s", human1024(rep.BytesRead))
 				}
 				if rep.Elsewhere > 0 {
-					fmt.Fprintf(e.stdout, " (%d versions held by other nodes not checked: run fsck there)", rep.Elsewhere)
+					fmt.Fprintf(e.stdout, " (%d versions whose data other nodes hold were not checked here)", rep.Elsewhere)
 				}
 				fmt.Fprintln(e.stdout)
 			}

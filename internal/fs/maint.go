@@ -340,6 +340,15 @@ func Fsck(ctx context.Context, vols []*Volume, st cairn.Store, readData bool, pr
 				}
 				mu.Unlock()
 			}()
+			// The manifest must be in this store itself: the volume's
+			// store would also find a copy in the chunk cache or on
+			// another node.
+			if found, err := st.Has(gctx, []cairn.ID{vr.ver.Manifest}); err != nil {
+				return err
+			} else if !found[0] {
+				damage(Damage{Path: vr.path, Version: vr.ver.N, Object: vr.ver.Manifest.String(), Problem: "manifest missing from this store"})
+				return nil
+			}
 			m, err := vr.vol.Manifest(gctx, &vr.ver)
 			if err != nil {
 				if gctx.Err() != nil {
