@@ -272,6 +272,18 @@ func (m *Mount) end() {
 	m.busyMu.Unlock()
 }
 
+// Available reports why this machine cannot mount (Kind Unavailable), or
+// nil: /dev/fuse must open and fusermount3 (Debian's fuse3) be installed.
+func Available() error {
+	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
+		return cairn.E("mount", cairn.Unavailable, "/dev/fuse", fmt.Errorf("no usable /dev/fuse: %w", err))
+	}
+	f.Close()
+	_, err = fusermount()
+	return err
+}
+
 // fusermount is the helper that unmounts without privileges (Debian's
 // fuse3 package).
 func fusermount() (string, error) {

@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -32,13 +31,8 @@ import (
 // root with Debian's fuse3).
 func skipWithoutFUSE(t *testing.T) {
 	t.Helper()
-	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
-	if err != nil {
-		t.Skipf("no usable /dev/fuse: %v", err)
-	}
-	f.Close()
-	if _, err := exec.LookPath("fusermount3"); err != nil {
-		t.Skip("no fusermount3 (Debian package fuse3)")
+	if err := mount.Available(); err != nil {
+		t.Skip(err)
 	}
 }
 
