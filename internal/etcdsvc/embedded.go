@@ -62,6 +62,22 @@ const (
 	// can be lost on a loaded machine: lease users should ask for more.
 	tickMs     = 10
 	electionMs = 100
+	// snapshotCount is how many raft entries etcd applies between two
+	// snapshots recorded in its WAL (etcd's default: 10000). It must stay
+	// below 100, etcd's in-memory snapshot interval. On restart raft takes
+	// every entry after the last WAL snapshot as not yet applied, and etcd
+	// replays them; once the replay passes 100 entries etcd's apply loop
+	// compacts its in-memory raft log: from index 1 on if no snapshot was
+	// ever taken (a realm's first 10000 entries, with the default), and past
+	// the snapshot if the replay is longer than 5000. An election tick that raft handles before it hears
+	// that the replay was applied then scans compacted entries, and etcd
+	// panics: "error scanning unapplied entries [1, N): requested index is
+	// unavailable due to compaction". The data dir is intact (the next start
+	// usually succeeds), but any start may hit it. With a WAL snapshot at
+	// most snapshotCount entries back, a restart replays too little to
+	// compact anything. The cost: an extra backend commit and snapshot
+	// record every 50 writes.
+	snapshotCount = 50
 	// startAttempts bounds retries when a picked free port is taken by
 	// someone else before etcd binds it.
 	startAttempts = 5
@@ -154,6 +170,7 @@ func startOnce(ctx context.Context, dir string, opts Options) (*Server, error) {
 	if ret == 0 {
 		ret = defaultRetention
 	}
+	cfg.SnapshotCount = snapshotCount
 	cfg.AutoCompactionMode = embed.CompactorModePeriodic
 	cfg.AutoCompactionRetention = ret.String()
 	cfg.UnsafeNoFsync = opts.NoFsync
