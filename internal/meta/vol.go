@@ -434,6 +434,9 @@ func (v *Vol) PurgeTrash(ctx context.Context, cutoff time.Time) (int, error) {
 				return n, err
 			}
 		}
+		if err := v.deleteXattrs(ctx, it.Entry.Ino); err != nil {
+			return n, err
+		}
 		cctx, cancel := v.s.opCtx(ctx)
 		_, err := v.s.cli.Delete(cctx, v.base+"trash/"+it.ID)
 		cancel()
@@ -455,6 +458,9 @@ func (v *Vol) deleteSubtree(ctx context.Context, ino uint64) error {
 			if err := v.deleteSubtree(ctx, k.Ino); err != nil {
 				return err
 			}
+		}
+		if err := v.deleteXattrs(ctx, k.Ino); err != nil {
+			return err
 		}
 	}
 	cctx, cancel := v.s.opCtx(ctx)
