@@ -154,12 +154,15 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
 			return nil, total, err
 		}
-		refs, st, err := v.write(ctx, currentOf(cur), open)
+		refs, plain, st, err := v.write(ctx, currentOf(cur), open)
 		total = addStats(total, st)
 		if err != nil {
 			return nil, total, err
 		}
-		digest := v.digest(refs, st.LogicalBytes)
+		// The digest hashes the plain chunk IDs, whatever encoding (plain
+		// or delta) the manifest records, so equal content is recognised
+		// however it was stored.
+		digest := v.digest(plain, st.LogicalBytes)
 		var mid cairn.ID
 		if c := currentOf(cur); c != nil && c.Digest == digest && c.Size == st.LogicalBytes {
 			// Unchanged content: its manifest is already stored (and was live
@@ -191,31 +194,144 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 // sent).
 const precheckLimit = 256 << 10
 
-// write stores the content open yields and returns its refs. When cur is
-// a small version stored where this volume writes, the content is first
+// write stores the content open yields and returns its refs as the
+// manifest records them (refs) and as plain chunks (plain, for the
+// digest); they differ only where a chunk was stored as a delta. When cur
+// is a small version stored where this volume writes, the content is first
 // read whole and, if its chunks are cur's, nothing is stored: cur is live,
-// so its chunks are too.
-func (v *Volume) write(ctx context.Context, cur *meta.Version, open func() (io.ReadCloser, error)) ([]manifest.Ref, WriteStats, error) {
+// so its chunks are too. If it changed, its new chunks may be stored as
+// deltas against cur's (see writeDelta).
+func (v *Volume) write(ctx context.Context, cur *meta.Version, open func() (io.ReadCloser, error)) (refs, plain []manifest.Ref, st WriteStats, err error) {
 	r, err := open()
 	if err != nil {
-		return nil, WriteStats{}, err
+		return nil, nil, WriteStats{}, err
 	}
 	defer r.Close()
 	if cur == nil || cur.Digest == "" || cur.Size > precheckLimit || !slices.Contains(cur.Stores, v.storeName) {
-		return v.eng.Write(ctx, r)
+		refs, st, err = v.eng.Write(ctx, r)
+		return refs, refs, st, err
 	}
 	b, err := io.ReadAll(io.LimitReader(r, precheckLimit+1))
 	if err != nil {
-		return nil, WriteStats{}, cairn.E("write", cairn.IO, "", fmt.Errorf("reading input: %w", err))
+		return nil, nil, WriteStats{}, cairn.E("write", cairn.IO, "", fmt.Errorf("reading input: %w", err))
 	}
 	if len(b) > precheckLimit { // it grew: the rest streams after what was read
-		return v.eng.Write(ctx, io.MultiReader(bytes.NewReader(b), r))
+		refs, st, err = v.eng.Write(ctx, io.MultiReader(bytes.NewReader(b), r))
+		return refs, refs, st, err
 	}
-	if refs := v.eng.Refs(b); int64(len(b)) == cur.Size && v.digest(refs, cur.Size) == cur.Digest {
-		st := WriteStats{LogicalBytes: int64(len(b)), Chunks: len(refs), DupChunks: len(refs), DupBytes: int64(len(b))}
-		return refs, st, nil
+	plain = v.eng.Refs(b)
+	if int64(len(b)) == cur.Size && v.digest(plain, cur.Size) == cur.Digest {
+		st := WriteStats{LogicalBytes: int64(len(b)), Chunks: len(plain), DupChunks: len(plain), DupBytes: int64(len(b))}
+		return plain, plain, st, nil
 	}
-	return v.eng.WriteBytes(ctx, b)
+	refs, st, err = v.writeDelta(ctx, cur, b, plain)
+	if err != nil && ctx.Err() == nil && !errors.Is(err, cairn.ErrCanceled) {
+		// The current version could not be read: store the content plainly.
+		v.log.Warn("writing without deltas: reading the current version failed", "err", err)
+		refs, st, err = v.eng.WriteBytes(ctx, b)
+	}
+	return refs, plain, st, err
+}
+
+// writeDelta stores b, a changed small file whose current version is cur
+// (live, and stored where this volume writes), chunk by chunk: a chunk
+// equal to one of cur's is cur's ref, used as is; another may be stored as
+// a delta against one of cur's plain chunks, the one at the same place in
+// the file (after the cur chunk its predecessor matched, or before the one
+// its successor matched, or else the one it overlaps most). If that chunk
+// of cur is itself a delta, its base is used instead: a base is never a
+// delta. Bases stay stored while cur is (its manifest names them), and
+// gc keeps the base of every kept version's chunks.
+//
+// Cost: the manifest and the chosen bases are fetched (two round trips to
+// a remote store, the bases' Gets coalesced into one request); the bytes
+// come downstream, where the upstream they save is what a slow link lacks.
+func (v *Volume) writeDelta(ctx context.Context, cur *meta.Version, b []byte, plain []manifest.Ref) ([]manifest.Ref, WriteStats, error) {
+	rctx := store.WithSources(ctx, cur.Stores)
+	m, err := v.Manifest(rctx, cur)
+	if err != nil {
+		return nil, WriteStats{}, err
+	}
+	old := m.Chunks
+	oldOff := make([]int64, len(old)+1)
+	byKey := make(map[[32]byte]int, len(old))
+	for j, r := range old {
+		oldOff[j+1] = oldOff[j] + int64(r.Size)
+		if _, ok := byKey[r.Key]; !ok {
+			byKey[r.Key] = j
+		}
+	}
+	match := make([]int, len(plain))
+	for i, p := range plain {
+		match[i] = -1
+		if j, ok := byKey[p.Key]; ok && old[j].Size == p.Size {
+			match[i] = j
+		}
+	}
+	hints := make([]pipeline.Hint, len(plain))
+	baseOf := make([]int, len(plain)) // index into bases, or -1
+	var bases []manifest.Ref
+	baseIdx := map[cairn.ID]int{}
+	var off int64
+	for i, p := range plain {
+		baseOf[i] = -1
+		start := off
+		off += int64(p.Size)
+		if j := match[i]; j >= 0 {
+			hints[i].Same = &old[j]
+			continue
+		}
+		j := -1
+		switch {
+		case i > 0 && match[i-1] >= 0 && match[i-1]+1 < len(old):
+			j = match[i-1] + 1
+		case i+1 < len(plain) && match[i+1] > 0:
+			j = match[i+1] - 1
+		default:
+			j = mostOverlap(oldOff, start, off)
+		}
+		if j < 0 {
+			continue
+		}
+		base := old[j]
+		if base.Base != nil {
+			base = *base.Base
+		}
+		k, ok := baseIdx[base.ID]
+		if !ok {
+			k = len(bases)
+			baseIdx[base.ID] = k
+			bases = append(bases, base)
+		}
+		baseOf[i] = k
+	}
+	var basePlain [][]byte
+	if len(bases) > 0 {
+		if basePlain, err = v.eng.Plaintexts(rctx, bases); err != nil {
+			return nil, WriteStats{}, err
+		}
+	}
+	for i := range hints {
+		if k := baseOf[i]; k >= 0 {
+			hints[i].Base, hints[i].BasePlain = &bases[k], basePlain[k]
+		}
+	}
+	return v.eng.WriteDelta(ctx, b, plain, hints)
+}
+
+// mostOverlap returns the index of the chunk, among those ending at
+// offsets off[1:], that overlaps [lo, hi) most, or -1 if none does.
+func mostOverlap(off []int64, lo, hi int64) int {
+	best, bestN := -1, int64(0)
+	for j := 0; j+1 < len(off); j++ {
+		if off[j] >= hi {
+			break
+		}
+		if n := min(hi, off[j+1]) - max(lo, off[j]); n > bestN {
+			best, bestN = j, n
+		}
+	}
+	return best
 }
 
 // writeGen returns the GC generation writers must commit with. It is read
@@ -290,6 +406,7 @@ func addStats(a, b WriteStats) WriteStats {
 	a.DupChunks += b.DupChunks
 	a.DupBytes += b.DupBytes
 	a.CompressedChunks += b.CompressedChunks
+	a.DeltaChunks += b.DeltaChunks
 	a.StoredBytes += b.StoredBytes
 	return a
 }

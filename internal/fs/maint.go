@@ -239,6 +239,9 @@ func mark(ctx context.Context, vers []versionRef, progress func(int, int)) (idSe
 			live = append(live, vr.ver.Manifest)
 			for _, r := range m.Chunks {
 				live = append(live, r.ID)
+				if r.Base != nil { // a delta's base lives as long as the delta
+					live = append(live, r.Base.ID)
+				}
 			}
 			done++
 			if progress != nil {
@@ -405,20 +408,49 @@ func checkChunks(ctx context.Context, v *Volume, st cairn.Store, refs []manifest
 	var out []Damage
 	var nbytes int64
 	if !readData {
-		ids := make([]cairn.ID, len(refs))
+		ids := make([]cairn.ID, 0, len(refs))
+		idx := make([]int, 0, len(refs)) // the chunk each id belongs to
 		for i := range refs {
-			ids[i] = refs[i].ID
+			ids, idx = append(ids, refs[i].ID), append(idx, i)
+			if b := refs[i].Base; b != nil {
+				ids, idx = append(ids, b.ID), append(idx, i)
+			}
 		}
 		found, err := st.Has(ctx, ids)
 		if err != nil {
 			return nil, 0, 0, err
 		}
-		for i, ok := range found {
+		for k, ok := range found {
 			if !ok {
-				out = append(out, Damage{Object: ids[i].String(), Problem: fmt.Sprintf("chunk %d missing from the store", i)})
+				what := "chunk"
+				if ids[k] != refs[idx[k]].ID {
+					what = "base of chunk"
+				}
+				out = append(out, Damage{Object: ids[k].String(), Problem: fmt.Sprintf("%s %d missing from the store", what, idx[k])})
 			}
 		}
 		return out, len(refs), 0, nil
+	}
+	// decode reads and decodes one chunk; a delta needs its base's
+	// plaintext.
+	decode := func(r manifest.Ref, base []byte) ([]byte, error) {
+		stored, err := st.Get(ctx, r.ID)
+		if err != nil {
+			return nil, err
+		}
+		nbytes += int64(len(stored))
+		if r.Base != nil {
+			return pipeline.DecodeDelta(r, stored, base)
+		}
+		return pipeline.DecodeChunk(r, stored)
+	}
+	record := func(id cairn.ID, what string, err error) {
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+			out = append(out, Damage{Object: id.String(), Problem: what + ": " + msg})
+		}
+		seen.Store(id, msg)
 	}
 	for i, r := range refs {
 		if prev, ok := seen.Load(r.ID); ok {
@@ -427,20 +459,28 @@ func checkChunks(ctx context.Context, v *Volume, st cairn.Store, refs []manifest
 			}
 			continue
 		}
-		stored, err := st.Get(ctx, r.ID)
-		if err == nil {
-			nbytes += int64(len(stored))
-			_, err = pipeline.DecodeChunk(r, stored)
+		var base []byte
+		if b := r.Base; b != nil {
+			// A base is read again for each delta that needs it: deltas
+			// are chunks of small files, and few.
+			var err error
+			base, err = decode(*b, nil)
+			if ctx.Err() != nil {
+				return nil, 0, 0, ctx.Err()
+			}
+			if _, done := seen.Load(b.ID); !done {
+				record(b.ID, fmt.Sprintf("base of chunk %d", i), err)
+			}
+			if err != nil {
+				record(r.ID, fmt.Sprintf("chunk %d", i), fmt.Errorf("delta not checked: its base %s is damaged", b.ID.Short()))
+				continue
+			}
 		}
+		_, err := decode(r, base)
 		if err != nil && ctx.Err() != nil {
 			return nil, 0, 0, ctx.Err()
 		}
-		msg := ""
-		if err != nil {
-			msg = err.Error()
-			out = append(out, Damage{Object: r.ID.String(), Problem: fmt.Sprintf("chunk %d: %s", i, msg)})
-		}
-		seen.Store(r.ID, msg)
+		record(r.ID, fmt.Sprintf("chunk %d", i), err)
 	}
 	return out, len(refs), nbytes, nil
 }
@@ -516,6 +556,9 @@ func ComputeStats(ctx context.Context, vols []*Volume, st cairn.Store) (*Stats, 
 			s.VersionBytes += m.Size
 			for _, r := range m.Chunks {
 				refs[r.ID] = int64(r.Size)
+				if r.Base != nil {
+					refs[r.Base.ID] = int64(r.Base.Size)
+				}
 			}
 			return nil
 		})

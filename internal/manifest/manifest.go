@@ -1,6 +1,8 @@
 // Package manifest defines a file version's manifest, the ordered list of
 // its chunks with each chunk's key, and its sealed storage format
-// (version 1, described byte by byte in doc/format-chunk-manifest.md).
+// (versions 1 and 2, described byte by byte in doc/format.md, "Manifest
+// object"). Version 2 adds, per chunk, the optional base of a delta chunk;
+// Seal writes version 1 unless some chunk has a base, and Open reads both.
 //
 // A stored manifest is an ordinary immutable object, named like a chunk by
 // the BLAKE3-256 of its bytes. Its body is encrypted with a fresh random key
@@ -25,11 +27,15 @@ import (
 )
 
 // Ref names one chunk of a file: the stored object's ID, the key that
-// decrypts it, and its plaintext size.
+// decrypts it, and its plaintext size. A delta chunk (stored as a zstd
+// frame whose dictionary is another chunk's plaintext) also names that
+// base chunk; a base is always a plain chunk (Base.Base is nil), so a
+// reader fetches at most two objects per chunk.
 type Ref struct {
 	ID   cairn.ID
 	Key  [32]byte
 	Size uint32
+	Base *Ref // nil for an ordinary chunk
 }
 
 // Manifest is one file version: its plaintext size and its chunks in file
@@ -39,10 +45,14 @@ type Manifest struct {
 	Chunks []Ref
 }
 
-// Format constants of version 1.
+// Format constants.
 const (
 	Magic   = "CRNM" // first bytes of every stored manifest
-	Version = 1
+	Version = 1      // the version of manifests without delta chunks
+	// VersionDelta is the version of manifests whose chunk list names a
+	// base for delta chunks. Version 1 readers refuse it (as Corrupt,
+	// naming the version), so it is written only when needed.
+	VersionDelta = 2
 
 	// MaxChunkSize bounds a Ref's Size (it equals chunker.LimitMax).
 	MaxChunkSize = 64 << 20
@@ -60,6 +70,9 @@ const (
 	volSlotSize = nonceSize + keySize + tagSize
 	headSize    = len(Magic) + 2 // magic, version, slot count
 	entryMin    = 2*keySize + 1  // ID, key, one-byte uvarint size
+	// entryMin2 is a version 2 entry without a base: one more byte, the
+	// base flag.
+	entryMin2 = entryMin + 1
 )
 
 // Body compression flags (first byte of the encrypted body).
@@ -119,12 +132,21 @@ func seal(m *Manifest, wrap [32]byte, extra [][]byte) (stored []byte, id cairn.I
 		if r.Size == 0 || r.Size > MaxChunkSize {
 			return nil, id, cairn.E(op, cairn.Invalid, "", fmt.Errorf("chunk %d (%s) has size %d", i, r.ID.Short(), r.Size))
 		}
+		if b := r.Base; b != nil {
+			if b.Size == 0 || b.Size > MaxChunkSize {
+				return nil, id, cairn.E(op, cairn.Invalid, "", fmt.Errorf("chunk %d (%s) has a base of size %d", i, r.ID.Short(), b.Size))
+			}
+			if b.Base != nil {
+				return nil, id, cairn.E(op, cairn.Invalid, "", fmt.Errorf("chunk %d (%s): its base is itself a delta", i, r.ID.Short()))
+			}
+		}
 		sum += int64(r.Size)
 	}
 	if sum != m.Size {
 		return nil, id, cairn.E(op, cairn.Invalid, "", fmt.Errorf("size %d but chunks sum to %d", m.Size, sum))
 	}
-	body := encodeBody(m)
+	version := versionOf(m)
+	body := encodeBody(m, version)
 	if len(body)+1 > MaxBodySize {
 		return nil, id, cairn.E(op, cairn.Invalid, "", fmt.Errorf("%d chunks: body of %d bytes exceeds %d", len(m.Chunks), len(body), MaxBodySize))
 	}
@@ -153,14 +175,14 @@ func seal(m *Manifest, wrap [32]byte, extra [][]byte) (stored []byte, id cairn.I
 	}
 	stored = make([]byte, 0, headSize+extraSize+3+volSlotSize+nonceSize+len(inner)+tagSize)
 	stored = append(stored, Magic...)
-	stored = append(stored, Version, byte(1+len(extra))) // version, key slot count
+	stored = append(stored, version, byte(1+len(extra))) // version, key slot count
 	for _, e := range extra {
 		stored = append(stored, e...)
 	}
 	stored = append(stored, SlotVolume)
 	stored = binary.BigEndian.AppendUint16(stored, volSlotSize)
 	stored = appendRandom(stored, nonceSize)
-	stored = wrapAEAD.Seal(stored, stored[len(stored)-nonceSize:], km[:], slotAAD(SlotVolume))
+	stored = wrapAEAD.Seal(stored, stored[len(stored)-nonceSize:], km[:], slotAAD(version, SlotVolume))
 	stored = appendRandom(stored, nonceSize)
 	// The body's associated data is everything before the ciphertext:
 	// magic, version, every key slot and the body nonce.
@@ -174,16 +196,43 @@ func appendRandom(b []byte, n int) []byte {
 	return b
 }
 
+// versionOf is the format version m is written in: VersionDelta if some
+// chunk has a base, else Version, so files without delta chunks stay
+// readable by version 1 readers.
+func versionOf(m *Manifest) byte {
+	for i := range m.Chunks {
+		if m.Chunks[i].Base != nil {
+			return VersionDelta
+		}
+	}
+	return Version
+}
+
 // encodeBody is the plaintext body: uvarint file size, uvarint chunk count,
-// then per chunk its 32-byte ID, 32-byte key and uvarint size.
-func encodeBody(m *Manifest) []byte {
-	body := make([]byte, 0, 2*binary.MaxVarintLen64+len(m.Chunks)*(2*keySize+binary.MaxVarintLen32))
+// then per chunk its 32-byte ID, 32-byte key and uvarint size; in version
+// 2 each entry then has a base flag (0 or 1), and after a 1 the base's ID,
+// key and uvarint size.
+func encodeBody(m *Manifest, version byte) []byte {
+	body := make([]byte, 0, 2*binary.MaxVarintLen64+len(m.Chunks)*(2*keySize+binary.MaxVarintLen32+1))
 	body = binary.AppendUvarint(body, uint64(m.Size))
 	body = binary.AppendUvarint(body, uint64(len(m.Chunks)))
-	for _, r := range m.Chunks {
+	entry := func(r *Ref) {
 		body = append(body, r.ID[:]...)
 		body = append(body, r.Key[:]...)
 		body = binary.AppendUvarint(body, uint64(r.Size))
+	}
+	for i := range m.Chunks {
+		r := &m.Chunks[i]
+		entry(r)
+		if version < VersionDelta {
+			continue
+		}
+		if r.Base == nil {
+			body = append(body, 0)
+			continue
+		}
+		body = append(body, 1)
+		entry(r.Base)
 	}
 	return body
 }
@@ -191,8 +240,8 @@ func encodeBody(m *Manifest) []byte {
 // slotAAD is the associated data of a key slot's AEAD: the magic, the
 // version and the slot type, so a wrapped key cannot be moved into another
 // format version or slot type.
-func slotAAD(typ byte) []byte {
-	return append([]byte(Magic), Version, typ)
+func slotAAD(version, typ byte) []byte {
+	return append([]byte(Magic), version, typ)
 }
 
 // Open verifies stored against id, unwraps the manifest key with wrap,
@@ -212,8 +261,9 @@ func Open(stored []byte, id cairn.ID, wrap [32]byte) (*Manifest, error) {
 	if len(stored) < headSize || string(stored[:len(Magic)]) != Magic {
 		return nil, corrupt("not a cairn manifest")
 	}
-	if v := stored[len(Magic)]; v != Version {
-		return nil, corrupt("unsupported manifest version %d (this cairn reads version %d)", v, Version)
+	version := stored[len(Magic)]
+	if version != Version && version != VersionDelta {
+		return nil, corrupt("unsupported manifest version %d (this cairn reads versions %d and %d)", version, Version, VersionDelta)
 	}
 	nslots := int(stored[len(Magic)+1])
 	if nslots == 0 {
@@ -252,7 +302,7 @@ func Open(stored []byte, id cairn.ID, wrap [32]byte) (*Manifest, error) {
 	if err != nil {
 		return nil, cairn.E(op, cairn.Other, path, err)
 	}
-	km, err := wrapAEAD.Open(make([]byte, 0, keySize), volSlot[:nonceSize], volSlot[nonceSize:], slotAAD(SlotVolume))
+	km, err := wrapAEAD.Open(make([]byte, 0, keySize), volSlot[:nonceSize], volSlot[nonceSize:], slotAAD(version, SlotVolume))
 	if err != nil {
 		return nil, cairn.E(op, cairn.Permission, path, errors.New("wrong volume key"))
 	}
@@ -278,16 +328,18 @@ func Open(stored []byte, id cairn.ID, wrap [32]byte) (*Manifest, error) {
 	default:
 		return nil, corrupt("unknown body flag %d", inner[0])
 	}
-	m, err := decodeBody(body)
+	m, err := decodeBody(body, version)
 	if err != nil {
 		return nil, cairn.E(op, cairn.Corrupt, path, err)
 	}
 	return m, nil
 }
 
-// decodeBody parses the plaintext body, checking every length against the
-// bytes that remain before allocating for it.
-func decodeBody(b []byte) (*Manifest, error) {
+// decodeBody parses the plaintext body of the given format version,
+// checking every length against the bytes that remain before allocating
+// for it. A version 2 body must name at least one base (writers use
+// version 1 otherwise), so each chunk list has one encoding.
+func decodeBody(b []byte, version byte) (*Manifest, error) {
 	size, b, err := uvarint(b)
 	if err != nil {
 		return nil, fmt.Errorf("file size: %w", err)
@@ -296,31 +348,64 @@ func decodeBody(b []byte) (*Manifest, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chunk count: %w", err)
 	}
-	if count > uint64(len(b)/entryMin) {
+	min := entryMin
+	if version >= VersionDelta {
+		min = entryMin2
+	}
+	if count > uint64(len(b)/min) {
 		return nil, fmt.Errorf("%d chunks declared in %d bytes", count, len(b))
 	}
 	m := &Manifest{Chunks: make([]Ref, count)}
-	var sum uint64
-	for i := range m.Chunks {
-		c := &m.Chunks[i]
+	entry := func(c *Ref, i int, what string) error {
 		if len(b) < 2*keySize {
-			return nil, fmt.Errorf("chunk %d truncated", i)
+			return fmt.Errorf("chunk %d%s truncated", i, what)
 		}
 		copy(c.ID[:], b)
 		copy(c.Key[:], b[keySize:])
 		n, rest, err := uvarint(b[2*keySize:])
 		if err != nil {
-			return nil, fmt.Errorf("chunk %d size: %w", i, err)
+			return fmt.Errorf("chunk %d%s size: %w", i, what, err)
 		}
 		if n == 0 || n > MaxChunkSize {
-			return nil, fmt.Errorf("chunk %d has size %d", i, n)
+			return fmt.Errorf("chunk %d%s has size %d", i, what, n)
 		}
 		b = rest
 		c.Size = uint32(n)
-		sum += n
+		return nil
+	}
+	var sum uint64
+	bases := 0
+	for i := range m.Chunks {
+		c := &m.Chunks[i]
+		if err := entry(c, i, ""); err != nil {
+			return nil, err
+		}
+		sum += uint64(c.Size)
+		if version < VersionDelta {
+			continue
+		}
+		if len(b) == 0 {
+			return nil, fmt.Errorf("chunk %d base flag truncated", i)
+		}
+		flag := b[0]
+		b = b[1:]
+		switch flag {
+		case 0:
+		case 1:
+			c.Base = new(Ref)
+			if err := entry(c.Base, i, " base"); err != nil {
+				return nil, err
+			}
+			bases++
+		default:
+			return nil, fmt.Errorf("chunk %d has base flag %d", i, flag)
+		}
 	}
 	if len(b) != 0 {
 		return nil, fmt.Errorf("%d trailing bytes", len(b))
+	}
+	if version >= VersionDelta && bases == 0 {
+		return nil, errors.New("version 2 body without a delta chunk")
 	}
 	if sum != size {
 		return nil, fmt.Errorf("file size %d but chunks sum to %d", size, sum)

@@ -11,6 +11,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"github.com/zeebo/blake3"
+	"golang.org/x/crypto/chacha20poly1305"
 )
 
 var testWrap = [32]byte{1, 2, 3, 4, 5, 6, 7, 8}
@@ -180,7 +181,7 @@ func TestOpenRejectsVersionAndMagic(t *testing.T) {
 	stored, _ := sealT(t, randomManifest(2, 8))
 	for _, i := range []int{0, 3, len(Magic)} {
 		bad := bytes.Clone(stored)
-		bad[i]++
+		bad[i] += 2 // the version byte becomes 3: neither 1 nor 2
 		_, err := Open(bad, blake3.Sum256(bad), testWrap)
 		if !errors.Is(err, cairn.ErrCorrupt) {
 			t.Fatalf("byte %d changed: %v, want Corrupt", i, err)
@@ -196,7 +197,7 @@ func TestDecodeBodyBounds(t *testing.T) {
 	body = append(body, make([]byte, 100)...)
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	_, err := decodeBody(body)
+	_, err := decodeBody(body, Version)
 	runtime.ReadMemStats(&after)
 	if err == nil {
 		t.Fatal("huge count accepted")
@@ -204,37 +205,43 @@ func TestDecodeBodyBounds(t *testing.T) {
 	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
 		t.Fatalf("rejecting a huge count allocated %d bytes", grew)
 	}
-	good := encodeBody(randomManifest(3, 9))
-	if _, err := decodeBody(append(bytes.Clone(good), 0)); err == nil {
+	good := encodeBody(randomManifest(3, 9), Version)
+	if _, err := decodeBody(append(bytes.Clone(good), 0), Version); err == nil {
 		t.Fatal("trailing byte accepted")
 	}
 	// A non-minimal varint (size written as 0x80|x, 0x00) is rejected.
 	nonMin := append([]byte{0x80 | good[0], 0x00}, good[1:]...)
 	if good[0] < 0x80 {
-		if _, err := decodeBody(nonMin); err == nil {
+		if _, err := decodeBody(nonMin, Version); err == nil {
 			t.Fatal("non-minimal varint accepted")
 		}
 	}
 }
 
 func FuzzOpenManifest(f *testing.F) {
-	for i, m := range []*Manifest{{}, randomManifest(1, 1), randomManifest(7, 2), repetitiveManifest(50)} {
+	for i, m := range []*Manifest{{}, randomManifest(1, 1), randomManifest(7, 2), repetitiveManifest(50), deltaManifest(1, 3), deltaManifest(9, 4)} {
 		stored, _, err := Seal(m, testWrap)
 		if err != nil {
 			f.Fatal(err)
 		}
 		f.Add(stored, false)
-		f.Add(encodeBody(m), true)
+		f.Add(encodeBody(m, versionOf(m)), true)
 		f.Add(stored[:i*7%len(stored)], false)
 	}
 	f.Fuzz(func(t *testing.T, data []byte, asBody bool) {
 		var m *Manifest
 		var err error
 		if asBody {
-			// The body parser, past the AEAD that shields it in Open.
-			m, err = decodeBody(data)
-			if err == nil && !bytes.Equal(encodeBody(m), data) {
-				t.Fatal("decoded body does not re-encode to the same bytes")
+			// The body parsers of both versions, past the AEAD that
+			// shields them in Open.
+			for _, version := range []byte{Version, VersionDelta} {
+				m, err = decodeBody(data, version)
+				if err == nil && (versionOf(m) != version || !bytes.Equal(encodeBody(m, version), data)) {
+					t.Fatalf("decoded version %d body does not re-encode to the same bytes", version)
+				}
+				if err == nil {
+					break
+				}
 			}
 		} else {
 			m, err = Open(data, blake3.Sum256(data), testWrap)
@@ -250,6 +257,9 @@ func FuzzOpenManifest(f *testing.F) {
 			if c.Size == 0 || c.Size > MaxChunkSize {
 				t.Fatalf("accepted chunk size %d", c.Size)
 			}
+			if b := c.Base; b != nil && (b.Size == 0 || b.Size > MaxChunkSize || b.Base != nil) {
+				t.Fatalf("accepted base %+v", b)
+			}
 			sum += int64(c.Size)
 		}
 		if sum != m.Size {
@@ -263,4 +273,92 @@ func FuzzOpenManifest(f *testing.F) {
 			t.Fatalf("re-open: %v", err)
 		}
 	})
+}
+
+// deltaManifest is randomManifest with a base on every other chunk, which
+// makes it a version 2 manifest.
+func deltaManifest(n int, seed uint64) *Manifest {
+	m := randomManifest(n, seed)
+	for i := 0; i < n; i += 2 {
+		b := randomManifest(1, seed+uint64(i)+100).Chunks[0]
+		m.Chunks[i].Base = &b
+	}
+	return m
+}
+
+func TestDeltaManifestVersion2(t *testing.T) {
+	for _, m := range []*Manifest{deltaManifest(1, 5), deltaManifest(300, 6)} {
+		stored, id := sealT(t, m)
+		if stored[len(Magic)] != VersionDelta {
+			t.Fatalf("manifest with bases written as version %d", stored[len(Magic)])
+		}
+		got, err := Open(stored, id, testWrap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, m) {
+			t.Fatal("round trip changed the manifest")
+		}
+	}
+	// Without any base, version 1 is written: older readers still open it.
+	stored, _ := sealT(t, randomManifest(4, 7))
+	if stored[len(Magic)] != Version {
+		t.Fatalf("manifest without bases written as version %d", stored[len(Magic)])
+	}
+	// A base that is itself a delta is refused (depth 1 only).
+	m := deltaManifest(1, 8)
+	b2 := *m.Chunks[0].Base
+	m.Chunks[0].Base.Base = &b2
+	if _, _, err := Seal(m, testWrap); !errors.Is(err, cairn.ErrInvalid) {
+		t.Fatalf("nested base: %v, want Invalid", err)
+	}
+	// A version 2 body naming no base is not canonical; a bad base flag
+	// is corrupt.
+	if _, err := decodeBody(encodeBody(randomManifest(2, 9), VersionDelta), VersionDelta); err == nil {
+		t.Fatal("version 2 body without bases accepted")
+	}
+	dm := deltaManifest(1, 10)
+	body := encodeBody(dm, VersionDelta)
+	// The base flag: the base's ID, key and uvarint size follow it.
+	body[len(body)-2*keySize-len(binary.AppendUvarint(nil, uint64(dm.Chunks[0].Base.Size)))-1]++
+	if _, err := decodeBody(body, VersionDelta); err == nil {
+		t.Fatal("base flag 2 accepted")
+	}
+	// Moving a version 1 manifest to version 2 (or back) breaks the key
+	// slot's associated data.
+	bad := bytes.Clone(stored)
+	bad[len(Magic)] = VersionDelta
+	if _, err := Open(bad, blake3.Sum256(bad), testWrap); err == nil {
+		t.Fatal("version byte changed, still opened")
+	}
+}
+
+// A version 1 manifest built from the format description (not by Seal)
+// still opens: manifests written before version 2 existed stay readable.
+func TestOpensVersion1FromSpec(t *testing.T) {
+	m := randomManifest(5, 11)
+	var km [32]byte
+	km[0] = 42
+	slotNonce, bodyNonce := make([]byte, nonceSize), make([]byte, nonceSize)
+	slotNonce[0], bodyNonce[0] = 1, 2
+	// Body: uvarint size, uvarint count, ID || K || uvarint size each.
+	body := binary.AppendUvarint(nil, uint64(m.Size))
+	body = binary.AppendUvarint(body, uint64(len(m.Chunks)))
+	for _, r := range m.Chunks {
+		body = append(append(append(body, r.ID[:]...), r.Key[:]...), binary.AppendUvarint(nil, uint64(r.Size))...)
+	}
+	wrapAEAD, _ := chacha20poly1305.NewX(testWrap[:])
+	bodyAEAD, _ := chacha20poly1305.NewX(km[:])
+	stored := append([]byte("CRNM"), 1, 1, SlotVolume, 0, 72)
+	stored = append(stored, slotNonce...)
+	stored = wrapAEAD.Seal(stored, slotNonce, km[:], []byte("CRNM\x01\x01"))
+	stored = append(stored, bodyNonce...)
+	stored = bodyAEAD.Seal(stored, bodyNonce, append([]byte{0}, body...), stored)
+	got, err := Open(stored, blake3.Sum256(stored), testWrap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, m) {
+		t.Fatal("version 1 manifest opened to a different chunk list")
+	}
 }

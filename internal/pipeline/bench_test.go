@@ -153,3 +153,27 @@ func BenchmarkWriteSmallFiles(b *testing.B) {
 	}
 	m.report(b)
 }
+
+// BenchmarkEncodeDelta encodes a 32 KiB text chunk with a few bytes
+// changed as a delta against its previous version, and decodes it.
+func BenchmarkEncodeDelta(b *testing.B) {
+	hp := newHasherPool(testConv)
+	base := textBytes(32<<10, 1)
+	plain := append([]byte(nil), base...)
+	copy(plain[16<<10:], "a few changed bytes in the middle")
+	bref, _, _ := encodeChunk(hp, base, 0, nil)
+	b.SetBytes(int64(len(plain)))
+	b.ReportAllocs()
+	var size int
+	for b.Loop() {
+		ref, stored, ok := encodeDelta(hp, plain, bref, base)
+		if !ok {
+			b.Fatal("no delta")
+		}
+		size = len(stored)
+		if _, err := DecodeDelta(ref, stored, base); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(size), "stored-bytes")
+}

@@ -7,6 +7,8 @@
 //
 //	K      = BLAKE3-256 keyed(convergence key, P)          chunk key
 //	inner  = flag || payload                                flag 0: payload = P; 1: zstd(P)
+//	                                                        2: zstd(P) with a base chunk's
+//	                                                           plaintext as raw dictionary
 //	Kn     = BLAKE3 derive_key("cairn v1 chunk nonce key", K)
 //	nonce  = BLAKE3-256 keyed(Kn, inner)[:12]
 //	stored = 0x01 || nonce || AES-256-GCM(K, nonce, aad 0x01 || nonce, inner)
@@ -43,6 +45,9 @@ const ChunkVersion = 1
 const (
 	flagRaw  = 0
 	flagZstd = 1
+	// flagDelta: the payload is a zstd frame made with the plaintext of
+	// another chunk (the base, named by the ref) as a raw dictionary.
+	flagDelta = 2
 )
 
 const (
@@ -268,6 +273,13 @@ func newAEAD(key [32]byte) cipher.AEAD {
 	return aead
 }
 
+// DecodeDelta is DecodeChunk for a ref with a Base: base is the base's
+// plaintext (from DecodeChunk of the base's stored bytes).
+func DecodeDelta(ref manifest.Ref, stored, base []byte) ([]byte, error) {
+	bufs := decodeBufs{base: base}
+	return decodeChunk(ref, stored, &bufs)
+}
+
 // DecodeChunk verifies stored against ref and returns the chunk's plaintext.
 // It checks the ID (BLAKE3 of stored), the version byte, the AEAD tag, that
 // the nonce is the one the decrypted inner message gives, the compression
@@ -283,6 +295,8 @@ func DecodeChunk(ref manifest.Ref, stored []byte) ([]byte, error) {
 // The plaintext returned aliases one of them.
 type decodeBufs struct {
 	inner, plain []byte
+	// base is the plaintext of ref.Base, for a delta chunk.
+	base []byte
 }
 
 var errShort = errors.New("truncated")
@@ -318,6 +332,9 @@ func decodeChunk(ref manifest.Ref, stored []byte, bufs *decodeBufs) ([]byte, err
 		return nil, corrupt(errors.New("nonce does not match the content"))
 	}
 	payload := inner[1:]
+	if (inner[0] == flagDelta) != (ref.Base != nil) {
+		return nil, corrupt(fmt.Errorf("chunk flag %d but the ref names a base: %t", inner[0], ref.Base != nil))
+	}
 	switch inner[0] {
 	case flagRaw:
 		if len(payload) != int(ref.Size) {
@@ -340,7 +357,124 @@ func decodeChunk(ref manifest.Ref, stored []byte, bufs *decodeBufs) ([]byte, err
 			return nil, corrupt(fmt.Errorf("plaintext is %d bytes, ref says %d", len(plain), ref.Size))
 		}
 		return plain, nil
+	case flagDelta:
+		if len(payload) >= int(ref.Size) {
+			return nil, corrupt(fmt.Errorf("delta payload of %d bytes for %d plaintext bytes", len(payload), ref.Size))
+		}
+		if bufs.base == nil || len(bufs.base) != int(ref.Base.Size) {
+			return nil, corrupt(fmt.Errorf("delta chunk decoded without its base %s", ref.Base.ID.Short()))
+		}
+		if cap(bufs.plain) < int(ref.Size) {
+			bufs.plain = make([]byte, ref.Size)
+		}
+		plain, err := decodeDelta(payload, bufs.base, bufs.plain[:0:ref.Size])
+		if err != nil {
+			return nil, corrupt(fmt.Errorf("decoding delta against %s: %w", ref.Base.ID.Short(), err))
+		}
+		if len(plain) != int(ref.Size) {
+			return nil, corrupt(fmt.Errorf("plaintext is %d bytes, ref says %d", len(plain), ref.Size))
+		}
+		return plain, nil
 	default:
 		return nil, corrupt(fmt.Errorf("unknown flag %d", inner[0]))
 	}
+}
+
+// Delta chunks. A small file rewritten with a few changed bytes would send
+// each changed chunk whole; stored instead as a zstd frame that uses the
+// previous version's chunk at that place (the base) as a raw dictionary, it
+// costs about what the change costs. The chunk key is still the convergent
+// key of the new plaintext and the nonce a keyed hash of the inner message
+// (as for flag 1), so a store cannot tell a delta from any other chunk; the
+// base is named only in the (encrypted) manifest. A base is never itself a
+// delta, so a reader needs at most one extra object per chunk.
+
+// deltaLevel is the zstd level of deltas.
+const deltaLevel = zstd.SpeedFastest
+
+// deltaWindow is the zstd window of every delta: it covers the base and
+// the chunk, so the whole base can be referenced. Deltas are made only for
+// small files (the caller's limit is 256 KiB), so both fit.
+const deltaWindow = 1 << 20
+
+// MaxDeltaInput is the largest base plus chunk a delta is made for.
+const MaxDeltaInput = deltaWindow
+
+// noDict is the dictionary a pooled delta coder holds between uses, so it
+// keeps no reference to a base's plaintext.
+var noDict = make([]byte, 8)
+
+// Building a zstd coder per delta cost 1.5 ms and 3 MB of allocation per
+// 32 KiB chunk (its tables), 6x the time of a put without deltas; pooled
+// coders are reset with the next base as their dictionary instead.
+var (
+	deltaEncoders = sync.Pool{New: func() any {
+		enc, err := zstd.NewWriter(nil,
+			zstd.WithEncoderLevel(deltaLevel),
+			zstd.WithEncoderCRC(false),
+			zstd.WithEncoderConcurrency(1),
+			zstd.WithLowerEncoderMem(true),
+			zstd.WithWindowSize(deltaWindow),
+			zstd.WithEncoderDictRaw(0, noDict))
+		if err != nil {
+			panic(err) // the options are constants
+		}
+		return enc
+	}}
+	deltaDecoders = sync.Pool{New: func() any {
+		dec, err := zstd.NewReader(nil,
+			zstd.WithDecoderConcurrency(1),
+			zstd.WithDecodeAllCapLimit(true),
+			zstd.WithDecoderMaxMemory(manifest.MaxChunkSize),
+			zstd.WithDecoderDictRaw(0, noDict))
+		if err != nil {
+			panic(err)
+		}
+		return dec
+	}}
+)
+
+// encodeDelta encodes plain as a delta chunk against base, a plain chunk
+// whose plaintext is basePlain. The result has the same Key and Size as
+// the plain encoding of plain; ok is false if zstd did not make the
+// payload shorter than plain.
+func encodeDelta(hp *hasherPool, plain []byte, base manifest.Ref, basePlain []byte) (ref manifest.Ref, stored []byte, ok bool) {
+	if base.Base != nil || len(basePlain) != int(base.Size) || len(plain) == 0 || len(basePlain) == 0 ||
+		len(basePlain)+len(plain) > MaxDeltaInput {
+		return ref, nil, false
+	}
+	enc := deltaEncoders.Get().(*zstd.Encoder)
+	if err := enc.ResetWithOptions(nil, zstd.WithEncoderDictRaw(0, basePlain)); err != nil {
+		return ref, nil, false
+	}
+	stored = make([]byte, hdrSize, hdrSize+1+len(plain)/2+tagSize+64)
+	stored = append(stored, flagDelta)
+	stored = enc.EncodeAll(plain, stored)
+	if enc.ResetWithOptions(nil, zstd.WithEncoderDictRaw(0, noDict)) == nil {
+		deltaEncoders.Put(enc)
+	}
+	if len(stored)-hdrSize-1 >= len(plain) {
+		return ref, nil, false
+	}
+	ref.Key = hp.chunkKey(plain)
+	ref.Size = uint32(len(plain))
+	b := base
+	ref.Base = &b
+	stored = seal(&ref.Key, stored[:hdrSize], stored[hdrSize:])
+	ref.ID = blake3.Sum256(stored)
+	return ref, stored, true
+}
+
+// decodeDelta decompresses a delta payload with base as its dictionary
+// into dst, whose capacity caps the output.
+func decodeDelta(payload, base, dst []byte) ([]byte, error) {
+	dec := deltaDecoders.Get().(*zstd.Decoder)
+	if err := dec.ResetWithOptions(nil, zstd.WithDecoderDictRaw(0, base)); err != nil {
+		return nil, err
+	}
+	out, err := dec.DecodeAll(payload, dst)
+	if dec.ResetWithOptions(nil, zstd.WithDecoderDictRaw(0, noDict)) == nil {
+		deltaDecoders.Put(dec)
+	}
+	return out, err
 }

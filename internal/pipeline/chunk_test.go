@@ -62,7 +62,7 @@ func craftNonce(key [32]byte, nonce [nonceSize]byte, inner []byte) (manifest.Ref
 }
 
 // innerOf decrypts a stored chunk's inner message.
-func innerOf(t *testing.T, ref manifest.Ref, stored []byte) []byte {
+func innerOf(t testing.TB, ref manifest.Ref, stored []byte) []byte {
 	t.Helper()
 	inner, err := newAEAD(ref.Key).Open(nil, stored[1:hdrSize], stored[hdrSize:], stored[:hdrSize])
 	if err != nil {
@@ -441,6 +441,50 @@ func FuzzDecodeChunk(f *testing.F) {
 			if r2, _ := EncodeChunk(testConv, out); r2 != ref || r != ref || !bytes.Equal(bad, stored) {
 				t.Fatal("decoded bytes that do not re-encode to the same ref")
 			}
+		}
+	})
+}
+
+// FuzzDecodeDelta feeds arbitrary delta payloads, authenticated under a
+// known key, with an arbitrary base: DecodeDelta either returns exactly
+// what a plain zstd decoder with the base as dictionary makes of the
+// payload, at the ref's size, or fails with Corrupt; pooled decoders never
+// carry one call's base into the next.
+func FuzzDecodeDelta(f *testing.F) {
+	hp := newHasherPool(testConv)
+	base := textBytes(3000, 1)
+	plain := append([]byte(nil), base...)
+	copy(plain[1000:], "changed")
+	bref, _, _ := encodeChunk(hp, base, 0, nil)
+	ref, stored, ok := encodeDelta(hp, plain, bref, base)
+	if !ok {
+		f.Fatal("no delta for the seed")
+	}
+	f.Add(innerOf(f, ref, stored)[1:], base, uint(len(plain)))
+	f.Add([]byte{0x28, 0xb5, 0x2f, 0xfd, 0, 0x58}, base, uint(100))
+	f.Add([]byte{}, []byte("x"), uint(1))
+	f.Fuzz(func(t *testing.T, payload, base []byte, size uint) {
+		if len(base) == 0 {
+			return
+		}
+		ref, stored := craft([32]byte{9}, append([]byte{flagDelta}, payload...))
+		ref.Size = uint32(size % (1 << 20))
+		ref.Base = &manifest.Ref{ID: cairn.ID{1}, Size: uint32(len(base))}
+		out, err := DecodeDelta(ref, stored, base)
+		if err != nil {
+			if !errors.Is(err, cairn.ErrCorrupt) || out != nil {
+				t.Fatalf("error %v with %d bytes", err, len(out))
+			}
+			return
+		}
+		dec, derr := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderDictRaw(0, base))
+		if derr != nil {
+			t.Fatal(derr)
+		}
+		defer dec.Close()
+		want, derr := dec.DecodeAll(payload, nil)
+		if derr != nil || !bytes.Equal(out, want) || len(out) != int(ref.Size) {
+			t.Fatalf("accepted a delta: %d bytes, plain decoder %d bytes (%v), ref size %d", len(out), len(want), derr, ref.Size)
 		}
 	})
 }

@@ -118,6 +118,7 @@ type WriteStats struct {
 	DupChunks        int   // chunks the store (or this engine) already had
 	DupBytes         int64 // plaintext bytes of DupChunks
 	CompressedChunks int   // chunks stored zstd-compressed
+	DeltaChunks      int   // chunks stored as deltas against a base (WriteDelta)
 	StoredBytes      int64 // stored size of all chunks, new or not
 }
 
@@ -543,4 +544,122 @@ func (e *Engine) Refs(b []byte) []manifest.Ref {
 		b = b[n:]
 	}
 	return refs
+}
+
+// Hint tells WriteDelta how it may store one chunk.
+type Hint struct {
+	// Same, if not nil, is a stored chunk with this chunk's plaintext
+	// (equal Key and Size), perhaps a delta, that the caller knows stays
+	// stored (a chunk of the file's current version): it is used as is.
+	Same *manifest.Ref
+	// Base, if not nil, is a plain stored chunk (Base.Base == nil) that
+	// likewise stays stored, and BasePlain its plaintext: the chunk is
+	// stored as a delta against it when that is smaller than its plain
+	// encoding.
+	Base      *manifest.Ref
+	BasePlain []byte
+}
+
+// WriteDelta is WriteBytes for a small file (all of it is encoded before
+// anything is stored) whose chunks are plain, as Refs(b) returned them, with
+// a hint per chunk. It returns the refs to record in the manifest: a
+// delta's ref names its base. A delta's ID differs from the plain chunk's,
+// so content digests should be computed from plain, not from the result.
+func (e *Engine) WriteDelta(ctx context.Context, b []byte, plain []manifest.Ref, hints []Hint) ([]manifest.Ref, WriteStats, error) {
+	if len(hints) != len(plain) {
+		return nil, WriteStats{}, cairn.E("write", cairn.Invalid, "", fmt.Errorf("%d hints for %d chunks", len(hints), len(plain)))
+	}
+	var st WriteStats
+	refs := make([]manifest.Ref, len(plain))
+	stored := make([][]byte, len(plain))
+	off := 0
+	for i, p := range plain {
+		if off+int(p.Size) > len(b) {
+			return nil, st, cairn.E("write", cairn.Invalid, "", errors.New("chunk list longer than the data"))
+		}
+		c := b[off : off+int(p.Size)]
+		off += int(p.Size)
+		st.Chunks++
+		st.LogicalBytes += int64(p.Size)
+		h := hints[i]
+		if h.Same != nil && h.Same.Key == p.Key && h.Same.Size == p.Size {
+			refs[i] = *h.Same
+			st.DupChunks++
+			st.DupBytes += int64(p.Size)
+			continue
+		}
+		ref, enc, z := encodeChunk(e.hp, c, 0, make([]byte, 0, len(c)+Overhead))
+		if h.Base != nil {
+			if dref, denc, ok := encodeDelta(e.hp, c, *h.Base, h.BasePlain); ok && len(denc) < len(enc) {
+				ref, enc, z = dref, denc, false
+				st.DeltaChunks++
+			}
+		}
+		if z {
+			st.CompressedChunks++
+		}
+		refs[i], stored[i] = ref, enc
+		st.StoredBytes += int64(len(enc))
+	}
+	if off != len(b) {
+		return nil, st, cairn.E("write", cairn.Invalid, "", errors.New("chunk list shorter than the data"))
+	}
+
+	var ask []int
+	var ids []cairn.ID
+	asked := map[cairn.ID]bool{}
+	for i := range refs {
+		if stored[i] == nil {
+			continue
+		}
+		id := refs[i].ID
+		if asked[id] || e.known.has(id) {
+			st.DupChunks++
+			st.DupBytes += int64(refs[i].Size)
+			continue
+		}
+		asked[id] = true
+		ask = append(ask, i)
+		ids = append(ids, id)
+	}
+	if len(ids) == 0 {
+		return refs, st, nil
+	}
+	found, err := e.st.Has(ctx, ids)
+	if err == nil && len(found) != len(ids) {
+		err = cairn.E("has", cairn.Other, "", fmt.Errorf("store answered %d of %d ids", len(found), len(ids)))
+	}
+	if err != nil {
+		return nil, st, cairn.E("write", cairn.KindOf(err), "", err)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(e.cfg.PutConcurrency)
+	var newChunks atomic.Int64
+	var newStored atomic.Int64
+	for k, i := range ask {
+		if found[k] {
+			st.DupChunks++
+			st.DupBytes += int64(refs[i].Size)
+			continue
+		}
+		g.Go(func() error {
+			id := refs[i].ID
+			if err := e.st.Put(gctx, id, stored[i]); err != nil {
+				return cairn.E("put chunk", cairn.KindOf(err), id.Short(), err)
+			}
+			e.known.add(id)
+			newChunks.Add(1)
+			newStored.Add(int64(len(stored[i])))
+			return nil
+		})
+	}
+	err = g.Wait()
+	st.NewChunks = int(newChunks.Load())
+	st.NewStoredBytes = newStored.Load()
+	if err != nil {
+		return nil, st, err
+	}
+	e.log.Debug("write delta", "chunks", st.Chunks, "bytes", st.LogicalBytes,
+		"new", st.NewChunks, "newStored", st.NewStoredBytes, "deltas", st.DeltaChunks)
+	return refs, st, nil
 }

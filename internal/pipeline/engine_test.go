@@ -461,3 +461,101 @@ func TestRefsWithoutStoring(t *testing.T) {
 		e.Forget()
 	}
 }
+
+// A small file edited in the middle: WriteDelta stores the changed chunk
+// as a delta against the old chunk at its place, far smaller than its
+// plain encoding, and Read (and ReadRange, and Plaintexts) decode it.
+func TestWriteDelta(t *testing.T) {
+	ctx := context.Background()
+	st := newMapStore()
+	e := newEngine(t, st, func(c *Config) { c.Params = chunker.Params{Min: 4096, Avg: 16384, Max: 131072} })
+	old := textBytes(40<<10, 1)
+	oldRefs, _, err := e.WriteBytes(ctx, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(oldRefs) < 2 {
+		t.Fatalf("test setup: old file has %d chunks, want several", len(oldRefs))
+	}
+	edited := append(bytes.Clone(old[:20<<10]), []byte("an inserted line of new text.\n")...)
+	edited = append(edited, old[20<<10:]...)
+	edited[30<<10] ^= 0x20
+	plain := e.Refs(edited)
+	hints := make([]Hint, len(plain))
+	basePlain, err := e.Plaintexts(ctx, oldRefs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range hints {
+		j := min(i, len(oldRefs)-1)
+		hints[i].Base, hints[i].BasePlain = &oldRefs[j], basePlain[j]
+	}
+	refs, ws, err := e.WriteDelta(ctx, edited, plain, hints)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkStats(t, ws, refs, len(edited))
+	if ws.DeltaChunks == 0 {
+		t.Fatalf("no delta chunk: %+v", ws)
+	}
+	var plainStored int64
+	for i, r := range refs {
+		if r.Key != plain[i].Key || r.Size != plain[i].Size {
+			t.Fatalf("chunk %d: key or size differs from the plain ref", i)
+		}
+		_, enc := EncodeChunk(testConv, edited[sumSizes(plain[:i]):sumSizes(plain[:i+1])])
+		plainStored += int64(len(enc))
+	}
+	if ws.NewStoredBytes*10 > plainStored {
+		t.Fatalf("delta write stored %d bytes, the plain chunks take %d", ws.NewStoredBytes, plainStored)
+	}
+	if got := readAll(t, e, refs); !bytes.Equal(got, edited) {
+		t.Fatal("read back differs")
+	}
+	var buf bytes.Buffer
+	if err := e.ReadRange(ctx, refs, 20<<10, 100, &buf); err != nil || !bytes.Equal(buf.Bytes(), edited[20<<10:20<<10+100]) {
+		t.Fatalf("range read: %v", err)
+	}
+	got, err := e.Plaintexts(ctx, refs)
+	if err != nil || !bytes.Equal(bytes.Join(got, nil), edited) {
+		t.Fatalf("plaintexts: %v", err)
+	}
+	// The ref names the base: without it, or with a wrong one, decoding fails.
+	for _, r := range refs {
+		if r.Base == nil {
+			continue
+		}
+		stored, _ := st.Get(ctx, r.ID)
+		if _, err := DecodeChunk(r, stored); !errors.Is(err, cairn.ErrCorrupt) {
+			t.Fatalf("delta decoded without its base: %v", err)
+		}
+		noBase := r
+		noBase.Base = nil
+		if _, err := DecodeChunk(noBase, stored); !errors.Is(err, cairn.ErrCorrupt) {
+			t.Fatalf("delta decoded with a ref that names no base: %v", err)
+		}
+		// Another stored plain chunk as the base: it decodes (or not) to
+		// content that does not match the chunk key.
+		wrong := oldRefs[0]
+		if wrong.ID == r.Base.ID {
+			wrong = oldRefs[1]
+		}
+		bad := []manifest.Ref{r}
+		bad[0].Base = &wrong
+		if err := e.Read(ctx, bad, io.Discard); err == nil {
+			t.Fatal("delta read against the wrong base")
+		}
+		if st.Delete(ctx, r.Base.ID); e.Read(ctx, refs, io.Discard) == nil {
+			t.Fatal("delta read without its base in the store")
+		}
+		break
+	}
+}
+
+func sumSizes(refs []manifest.Ref) int {
+	n := 0
+	for _, r := range refs {
+		n += int(r.Size)
+	}
+	return n
+}

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/manifest"
+	"golang.org/x/sync/errgroup"
 )
 
 // Read fetches the chunks of refs, verifies and decodes them, and writes
@@ -118,11 +120,28 @@ func (e *Engine) read(parent context.Context, spans []span, w io.Writer) error {
 	return err
 }
 
-// fetch gets, verifies and decodes one chunk.
+// fetch gets, verifies and decodes one chunk, and first its base if it
+// is a delta (both Gets run at once).
 func (e *Engine) fetch(ctx context.Context, f *fetch) {
 	defer close(f.done)
 	id := f.ref.ID.Short()
+	var base []byte
+	var baseErr error
+	baseDone := make(chan struct{})
+	if b := f.ref.Base; b != nil {
+		go func() {
+			defer close(baseDone)
+			base, baseErr = e.fetchBase(ctx, *b)
+		}()
+	} else {
+		close(baseDone)
+	}
 	stored, err := e.st.Get(ctx, f.ref.ID)
+	<-baseDone
+	if err == nil && baseErr != nil {
+		f.err = baseErr
+		return
+	}
 	if err != nil {
 		kind := cairn.KindOf(err)
 		if ctx.Err() != nil && kind == cairn.Other {
@@ -136,14 +155,62 @@ func (e *Engine) fetch(ctx context.Context, f *fetch) {
 		return
 	}
 	f.inner = getBuf(len(stored) - Overhead + 1)
-	bufs := decodeBufs{inner: *f.inner}
+	bufs := decodeBufs{inner: *f.inner, base: base}
 	if f.ref.Size <= manifest.MaxChunkSize && len(stored)-Overhead < int(f.ref.Size) {
 		// Compressed: decompress into a second buffer.
 		f.outer = getBuf(int(f.ref.Size))
 		bufs.plain = *f.outer
 	}
 	f.plain, f.err = decodeChunk(f.ref, stored, &bufs)
+	if f.err == nil && f.ref.Base != nil && e.hp.chunkKey(f.plain) != f.ref.Key {
+		// The engine holds the convergence key, so a delta's output is
+		// checked against the chunk key too: the AEAD authenticates the
+		// delta, this also covers its decoding against the base.
+		f.err = cairn.E("read chunk", cairn.Corrupt, id, errors.New("delta decodes to content that does not match its key"))
+	}
 	if f.err == nil && f.hi > len(f.plain) {
 		f.err = cairn.E("read chunk", cairn.Corrupt, id, errors.New("shorter than its ref"))
 	}
+}
+
+// fetchBase gets and decodes the base of a delta chunk (a plain chunk).
+func (e *Engine) fetchBase(ctx context.Context, ref manifest.Ref) ([]byte, error) {
+	id := ref.ID.Short()
+	if ref.Base != nil {
+		return nil, cairn.E("read chunk", cairn.Corrupt, id, errors.New("a delta's base is itself a delta"))
+	}
+	stored, err := e.st.Get(ctx, ref.ID)
+	if err != nil {
+		kind := cairn.KindOf(err)
+		if ctx.Err() != nil && kind == cairn.Other {
+			kind = cairn.Canceled
+		}
+		return nil, cairn.E("read chunk", kind, id, fmt.Errorf("base of a delta: %w", err))
+	}
+	return DecodeChunk(ref, stored)
+}
+
+// Plaintexts fetches, verifies and decodes the chunks of refs (plain or
+// delta) at once and returns their plaintexts in order. It is meant for
+// the few chunks of a small file (a writer fetching the bases of deltas);
+// Read streams large ones.
+func (e *Engine) Plaintexts(ctx context.Context, refs []manifest.Ref) ([][]byte, error) {
+	out := make([][]byte, len(refs))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(e.cfg.Readahead, 1))
+	for i := range refs {
+		g.Go(func() error {
+			f := &fetch{span: span{ref: refs[i], hi: int(refs[i].Size)}, done: make(chan struct{})}
+			e.fetch(gctx, f)
+			if f.err == nil {
+				out[i] = bytes.Clone(f.plain)
+			}
+			f.release()
+			return f.err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
