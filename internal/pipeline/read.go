@@ -127,17 +127,18 @@ func (e *Engine) fetch(ctx context.Context, f *fetch) {
 	id := f.ref.ID.Short()
 	var base []byte
 	var baseErr error
-	baseDone := make(chan struct{})
+	var baseDone chan struct{} // nil unless a delta (no cost for plain chunks)
 	if b := f.ref.Base; b != nil {
+		baseDone = make(chan struct{})
 		go func() {
 			defer close(baseDone)
 			base, baseErr = e.fetchBase(ctx, *b)
 		}()
-	} else {
-		close(baseDone)
 	}
 	stored, err := e.st.Get(ctx, f.ref.ID)
-	<-baseDone
+	if baseDone != nil {
+		<-baseDone
+	}
 	if err == nil && baseErr != nil {
 		f.err = baseErr
 		return
