@@ -44,6 +44,7 @@ var layer = map[string]int{
 
 	"internal/realm": 7,
 	"internal/mount": 7, // FUSE mount of an fs.Volume; the CLI opens the realm for it
+	"internal/dav":   7, // WebDAV gateway over an fs.Volume; the CLI opens the realm for it
 	"internal/cli":   8,
 	"cmd/cairn":      9,
 
