@@ -30,6 +30,22 @@ type Compacter interface {
 	Compact(ctx context.Context) (freed int64, err error)
 }
 
+// RangeReader is an optional ability of a Store: read part of a stored
+// object without fetching all of it (a cloud store: one ranged GET).
+//
+// GetRange returns exactly n bytes of the stored object id, starting at
+// byte off. The bytes are NOT verified: a part cannot be checked against
+// the whole object's ID, so the caller checks what it reads by other means
+// (packstore checks each object it cuts out of a pack against that
+// object's own ID). off and n must not be negative; n = 0 returns an empty
+// slice once the object is known to exist. A missing object fails with
+// Kind NotFound; a range that reaches past the object's end (or a store
+// that returned fewer bytes) fails with Kind Invalid; a canceled ctx with
+// Kind Canceled. The returned slice belongs to the caller.
+type RangeReader interface {
+	GetRange(ctx context.Context, id cairn.ID, off, n int64) ([]byte, error)
+}
+
 // CtxErr returns nil if ctx is live, or an error of Kind Canceled wrapping
 // ctx.Err(), so that both errors.Is(err, cairn.ErrCanceled) and
 // errors.Is(err, context.Canceled) (or context.DeadlineExceeded) hold.

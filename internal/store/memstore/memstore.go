@@ -7,6 +7,7 @@ package memstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/zeebo/blake3"
@@ -23,9 +24,10 @@ type Store struct {
 }
 
 var (
-	_ cairn.Store      = (*Store)(nil)
-	_ cairn.StoreStats = (*Store)(nil)
-	_ store.Verifier   = (*Store)(nil)
+	_ cairn.Store       = (*Store)(nil)
+	_ cairn.StoreStats  = (*Store)(nil)
+	_ store.Verifier    = (*Store)(nil)
+	_ store.RangeReader = (*Store)(nil)
 )
 
 // New returns an empty store.
@@ -68,6 +70,24 @@ func (s *Store) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 		return nil, cairn.E("get", cairn.NotFound, id.String(), nil)
 	}
 	return append(make([]byte, 0, len(data)), data...), nil
+}
+
+// GetRange returns a copy of n bytes of the object from off
+// (store.RangeReader).
+func (s *Store) GetRange(ctx context.Context, id cairn.ID, off, n int64) ([]byte, error) {
+	if err := store.CtxErr(ctx, "get range", id.String()); err != nil {
+		return nil, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	data, ok := s.m[id]
+	switch {
+	case !ok:
+		return nil, cairn.E("get range", cairn.NotFound, id.String(), nil)
+	case off < 0 || n < 0 || off > int64(len(data)) || n > int64(len(data))-off:
+		return nil, cairn.E("get range", cairn.Invalid, id.String(), fmt.Errorf("range [%d, +%d) of a %d-byte object", off, n, len(data)))
+	}
+	return append(make([]byte, 0, n), data[off:off+n]...), nil
 }
 
 // Has reports, in order, which of ids are present.

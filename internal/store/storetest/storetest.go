@@ -18,6 +18,9 @@
 //     caller may reuse its buffer; Get returns a slice the caller owns.
 //   - Has of an empty batch returns an empty (len 0) slice and no error.
 //   - Delete of an object never stored, or already deleted, returns nil.
+//   - A store with store.RangeReader returns exactly the bytes asked for,
+//     fails a range past the end with Kind Invalid and a missing object with
+//     Kind NotFound.
 package storetest
 
 import (
@@ -69,6 +72,7 @@ func Run(t *testing.T, open func(t *testing.T) cairn.Store) {
 		{"Stats", testStats},
 		{"Verify", testVerify},
 		{"Compact", testCompact},
+		{"GetRange", testGetRange},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -513,6 +517,42 @@ func testCompact(t *testing.T, s cairn.Store) {
 		t.Fatalf("second Compact: %v", err)
 	}
 	checkList(t, s, want)
+}
+
+func testGetRange(t *testing.T, s cairn.Store) {
+	rr, ok := s.(store.RangeReader)
+	if !ok {
+		t.Skip("store does not implement store.RangeReader")
+	}
+	id, data := Blob(18, 100000)
+	put(t, s, id, data)
+	for _, r := range [][2]int64{{0, 0}, {0, 1}, {0, 100000}, {99999, 1}, {100000, 0}, {4096, 8192}, {12345, 54321}} {
+		got, err := rr.GetRange(bg, id, r[0], r[1])
+		if err != nil {
+			t.Fatalf("GetRange(%d, %d): %v", r[0], r[1], err)
+		}
+		if string(got) != string(data[r[0]:r[0]+r[1]]) {
+			t.Fatalf("GetRange(%d, %d): got %d bytes, want %d (content differs)", r[0], r[1], len(got), r[1])
+		}
+		if len(got) > 0 {
+			got[0] ^= 0xff // the caller owns the slice
+		}
+	}
+	mustGet(t, s, id, data)
+	for _, r := range [][2]int64{{99999, 2}, {100001, 0}, {0, 100001}, {-1, 1}, {0, -1}} {
+		if _, err := rr.GetRange(bg, id, r[0], r[1]); !errors.Is(err, cairn.ErrInvalid) {
+			t.Errorf("GetRange(%d, %d) of a 100000-byte object: err = %v, want Invalid", r[0], r[1], err)
+		}
+	}
+	missing, _ := Blob(19, 10)
+	if _, err := rr.GetRange(bg, missing, 0, 1); !errors.Is(err, cairn.ErrNotFound) {
+		t.Errorf("GetRange of a missing object: err = %v, want NotFound", err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	if _, err := rr.GetRange(ctx, id, 0, 1); !errors.Is(err, cairn.ErrCanceled) {
+		t.Errorf("GetRange with canceled ctx: err = %v, want Canceled", err)
+	}
 }
 
 func closeStore(t *testing.T, s cairn.Store) {
