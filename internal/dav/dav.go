@@ -246,6 +246,16 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 	locks := &reqLocks{m: h.locks, fs: h.fs, ctx: r.Context(), method: r.Method,
 		src: slashClean(r.URL.Path), dst: dst, submitted: ifTokens(lists)}
 	switch r.Method {
+	case "COPY", "MOVE":
+		// x/net/webdav would copy a collection into itself until its
+		// recursion limit, and an overwriting move or copy onto an
+		// ancestor would first delete the source (to the trash).
+		if src := locks.src; dst != "" && (isUnder(dst, src) || isUnder(src, dst)) {
+			http.Error(w, "the destination is inside the source or the source inside the destination", http.StatusForbidden)
+			return
+		}
+	}
+	switch r.Method {
 	case "PUT", "DELETE", "MKCOL", "PROPPATCH", "COPY", "MOVE":
 		if lists != nil && locks.locked(lists, r.Host) {
 			http.Error(w, "locked: the If header does not submit the lock token", http.StatusLocked)
@@ -280,6 +290,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if r.Method == "PUT" {
+		// x/net/webdav answers 201 to every PUT; replacing a file is 204
+		// (RFC 4918 §9.7.1).
+		if fi, err := h.fs.Stat(r.Context(), locks.src); err == nil && !fi.IsDir() {
+			w = &replacedWriter{ResponseWriter: w}
+		}
+	}
 	wd := &webdav.Handler{
 		FileSystem: h.fs,
 		LockSystem: locks,
@@ -290,6 +307,23 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 		},
 	}
 	wd.ServeHTTP(w, r)
+}
+
+// replacedWriter turns a PUT's 201 Created into 204 No Content.
+type replacedWriter struct{ http.ResponseWriter }
+
+func (w *replacedWriter) WriteHeader(code int) {
+	if code == http.StatusCreated {
+		code = http.StatusNoContent
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *replacedWriter) Write(p []byte) (int, error) {
+	if string(p) == "Created" {
+		return len(p), nil // x/net/webdav's status text: no body with a 204
+	}
+	return w.ResponseWriter.Write(p)
 }
 
 // preconditions applies If-Match and If-None-Match to a PUT or DELETE

@@ -1,0 +1,106 @@
+package dav
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"cairn.dev/cairn/internal/cairn"
+)
+
+func TestUsers(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dav", "passwd.json")
+	u := OpenUsers(path)
+	if n, err := u.Count(); err != nil || n != 0 {
+		t.Fatalf("Count of no file = %d, %v", n, err)
+	}
+	pass, err := u.Add("alice", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pass) < 26 {
+		t.Fatalf("password %q is short", pass)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("users file: %v, mode %v; want 0600", err, fi.Mode())
+	}
+	b, _ := os.ReadFile(path)
+	if strings.Contains(string(b), pass) || !strings.Contains(string(b), "$argon2id$v=19$m=19456,t=2,p=1$") {
+		t.Fatalf("users file holds the password or no argon2id hash:\n%s", b)
+	}
+	if _, err := u.Add("alice", false); !errors.Is(err, cairn.ErrExist) {
+		t.Fatalf("adding an existing user: %v", err)
+	}
+	for _, bad := range []string{"", "a:b", "a b", strings.Repeat("x", 65), "é"} {
+		if _, err := u.Add(bad, false); !errors.Is(err, cairn.ErrInvalid) {
+			t.Errorf("Add(%q): %v, want Invalid", bad, err)
+		}
+	}
+	for _, c := range []struct {
+		user, pass string
+		want       bool
+	}{{"alice", pass, true}, {"alice", pass, true}, {"alice", pass + "x", false}, {"bob", pass, false}, {"alice", "", false}} {
+		if ok, err := u.Verify(c.user, c.pass); err != nil || ok != c.want {
+			t.Errorf("Verify(%s, %q) = %v, %v; want %v", c.user, c.pass, ok, err, c.want)
+		}
+	}
+	// A new password replaces the old one, also in a verifier that
+	// remembered the old one (another process changed the file).
+	other := OpenUsers(path)
+	pass2, err := other.Add("alice", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := u.Verify("alice", pass); ok {
+		t.Error("the replaced password still works")
+	}
+	if ok, _ := u.Verify("alice", pass2); !ok {
+		t.Error("the new password does not work")
+	}
+	if _, err := u.Add("bob", false); err != nil {
+		t.Fatal(err)
+	}
+	list, err := u.List()
+	if err != nil || len(list) != 2 || list[0].Name != "alice" || list[1].Name != "bob" || list[0].Created.IsZero() {
+		t.Fatalf("List = %+v, %v", list, err)
+	}
+	if err := u.Remove("bob"); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Remove("bob"); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("removing an absent user: %v", err)
+	}
+	if n, _ := u.Count(); n != 1 {
+		t.Fatalf("Count = %d after removing bob", n)
+	}
+
+	// A damaged file is an error, not an open door.
+	os.WriteFile(path, []byte("{not json"), 0o600)
+	if ok, err := u.Verify("alice", pass2); ok || !errors.Is(err, cairn.ErrCorrupt) {
+		t.Fatalf("Verify with a damaged file = %v, %v", ok, err)
+	}
+}
+
+func TestCheckPassword(t *testing.T) {
+	h := hashPassword("secret")
+	if ok, err := checkPassword(h, "secret"); !ok || err != nil {
+		t.Fatalf("checkPassword(right) = %v, %v", ok, err)
+	}
+	if ok, err := checkPassword(h, "Secret"); ok || err != nil {
+		t.Fatalf("checkPassword(wrong) = %v, %v", ok, err)
+	}
+	f := strings.Split(h, "$")
+	for _, bad := range []string{
+		"", "$argon2i$v=19$m=19456,t=2,p=1$" + f[4] + "$" + f[5],
+		"$argon2id$v=19$m=99999999,t=2,p=1$" + f[4] + "$" + f[5], // a hostile memory cost
+		"$argon2id$v=19$m=19456,t=2,p=1$!!$" + f[5],
+		"$argon2id$v=19$m=19456,t=2,p=1$" + f[4] + "$AAAA",
+	} {
+		if _, err := checkPassword(bad, "secret"); err == nil {
+			t.Errorf("checkPassword accepted the hash %q", bad)
+		}
+	}
+}
