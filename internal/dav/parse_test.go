@@ -124,7 +124,7 @@ func TestLockManager(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
-		root          string
+		root           string
 		shared, depth0 bool
 	}{{"/a", true, true}, {"/a/b", false, true}, {"/", false, false}, {"/", true, false}} {
 		if _, err := m.create(c.root, c.shared, c.depth0, "", time.Minute, false); err != webdav.ErrLocked {
