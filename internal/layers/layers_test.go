@@ -23,11 +23,16 @@ var layer = map[string]int{
 	"internal/manifest": 2,
 	"internal/pki":      2, // realm CA, join tokens, revocation, TLS configs
 
+	"internal/store/storeset": 2, // members, health, quorum writes, repair queue: shared by replicastore and ecstore
+
 	"internal/pipeline":                 3,
 	"internal/keyring":                  3,
 	"internal/store/memstore":           3,
 	"internal/store/localstore":         3,
 	"internal/store/cachestore":         3, // read cache wrapped around any store
+	"internal/store/faultstore":         3, // test helper: a store wrapper that injects faults (down, slow, held, damaged objects)
+	"internal/store/replicastore":       3, // copies:N over several stores
+	"internal/store/ecstore":            3, // ec:K+M, Reed-Solomon shards over several stores
 	"internal/store/storetest":          4, // test helper: may use any store
 	"internal/node/wire":                3, // node wire protocol v1: shared by server and client
 	"internal/node":                     4, // a node's chunk service (server)
