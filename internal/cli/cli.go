@@ -193,6 +193,7 @@ CAIRN_CHUNK_CACHE (bound of the cache of chunks read from other nodes, e.g.
 		e.mvCmd(), e.versionsCmd(), e.restoreCmd(), e.trashCmd(), e.gcCmd(), e.fsckCmd(), e.statsCmd(), e.volumeCmd(),
 		e.devicesCmd(), e.nodeCmd(), e.inviteCmd(), e.joinCmd())
 	root.AddCommand(e.mountCmds()...)
+	root.AddCommand(e.davCmd())
 	return root
 }
 

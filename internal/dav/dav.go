@@ -166,6 +166,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if user != "" {
 		h.serve(sw, r)
 	}
+	if sw.status == 0 {
+		sw.status = http.StatusOK // headers written without WriteHeader
+	}
 	h.log.Debug("webdav request", "method", r.Method, "path", r.URL.Path, "user", user, "status", sw.status,
 		"dur", time.Since(start).Round(time.Microsecond))
 }
