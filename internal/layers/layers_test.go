@@ -25,14 +25,23 @@ var layer = map[string]int{
 
 	"internal/store/storeset": 2, // members, health, quorum writes, repair queue: shared by replicastore and ecstore
 
+	"internal/store/objstore": 2, // a cairn.Store over any cloud bucket (s3store, gcsstore, azstore)
+
 	"internal/pipeline":                 3,
 	"internal/keyring":                  3,
 	"internal/store/memstore":           3,
 	"internal/store/localstore":         3,
 	"internal/store/cachestore":         3, // read cache wrapped around any store
+	"internal/store/packstore":          3, // packs small objects into large ones for cloud stores
+	"internal/store/anchorstore":        3, // retries reads of objects a lagging store does not show yet
+	"internal/store/lagstore":           4, // test helper: a store whose new objects appear late
 	"internal/store/faultstore":         3, // test helper: a store wrapper that injects faults (down, slow, held, damaged objects)
 	"internal/store/replicastore":       3, // copies:N over several stores
 	"internal/store/ecstore":            3, // ec:K+M, Reed-Solomon shards over several stores
+	"internal/store/s3store":            3, // S3 and S3-compatible buckets (minio-go)
+	"internal/store/gcsstore":           3, // Google Cloud Storage buckets
+	"internal/store/azstore":            3, // Azure Blob containers
+	"internal/store/cloudtest":          5, // test helper: MinIO, fake-gcs-server, Azurite; runs storetest on them
 	"internal/store/storetest":          4, // test helper: may use any store
 	"internal/node/wire":                3, // node wire protocol v1: shared by server and client
 	"internal/node":                     4, // a node's chunk service (server)
