@@ -41,3 +41,62 @@ if [[ -f go.mod ]] && command -v go >/dev/null; then
 		exit 1
 	fi
 fi
+
+# --- Cloud object-store test servers (internal/store/cloudtest) -------------------------
+# MinIO (S3), fake-gcs-server (GCS) and Azurite (Azure Blob), used only as servers that
+# the s3store, gcsstore and azstore tests start on 127.0.0.1; never linked into cairn.
+# Each goes in its own directory under the cache, keyed by version, and is marked done
+# by a .installed file written last, so an interrupted install is redone and a second
+# run costs nothing. internal/store/cloudtest looks for them at the same paths; bump a
+# version there and here together.
+CLOUD_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/cairn-test"
+MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
+FAKEGCS_VERSION=v1.56.1
+AZURITE_VERSION=3.37.0
+
+cloud_install() { # cloud_install NAME DIR COMMAND...
+	local name=$1 dir=$2
+	shift 2
+	mkdir -p "$CLOUD_CACHE"
+	# One installer at a time per server (two test runs may start together).
+	exec 9>"$dir.lock"
+	flock 9
+	if [[ -f $dir/.installed ]]; then
+		echo "test-deps: $name present in $dir"
+		exec 9>&-
+		return 0
+	fi
+	echo "test-deps: installing $name into $dir"
+	local t0=$SECONDS
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	if ! "$@"; then
+		echo "test-deps: installing $name failed" >&2
+		exec 9>&-
+		return 1
+	fi
+	touch "$dir/.installed"
+	exec 9>&-
+	echo "test-deps: $name installed in $((SECONDS - t0)) s"
+}
+
+if command -v go >/dev/null; then
+	# Outside the module, so cairn's go.mod neither constrains nor records them.
+	cloud_install "MinIO $MINIO_VERSION" "$CLOUD_CACHE/minio-$MINIO_VERSION" \
+		env -C / GOBIN="$CLOUD_CACHE/minio-$MINIO_VERSION" GOFLAGS=-mod=mod \
+		go install "github.com/minio/minio@$MINIO_VERSION"
+	cloud_install "fake-gcs-server $FAKEGCS_VERSION" "$CLOUD_CACHE/fake-gcs-server-$FAKEGCS_VERSION" \
+		env -C / GOBIN="$CLOUD_CACHE/fake-gcs-server-$FAKEGCS_VERSION" GOFLAGS=-mod=mod \
+		go install "github.com/fsouza/fake-gcs-server@$FAKEGCS_VERSION"
+else
+	echo "test-deps: no go on PATH: cannot install MinIO and fake-gcs-server" >&2
+	exit 1
+fi
+if command -v npm >/dev/null; then
+	cloud_install "Azurite $AZURITE_VERSION" "$CLOUD_CACHE/azurite-$AZURITE_VERSION" \
+		npm install --silent --no-audit --no-fund --prefix "$CLOUD_CACHE/azurite-$AZURITE_VERSION" "azurite@$AZURITE_VERSION"
+else
+	echo "test-deps: no npm on PATH (Debian: nodejs npm): cannot install Azurite" >&2
+	exit 1
+fi
+# --- end of cloud object-store test servers --------------------------------------------

@@ -12,6 +12,7 @@
 #   RACE          1 (default) also runs the suite with -race, 0 skips that pass
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export CAIRN_REQUIRE_CLOUD_SERVERS=1 # cloud store tests fail, not skip, without MinIO/fake-gcs-server/Azurite (test-deps.sh installs them)
 scripts/test-deps.sh </dev/null || { echo "test.sh: installing test dependencies failed"; exit 1; }
 
 FUZZTIME=${FUZZTIME:-10s}
