@@ -288,6 +288,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
+		if r.Method == "PROPFIND" {
+			r = r.WithContext(withListCache(r.Context()))
+		}
 	case "PUT", "DELETE":
 		if !h.preconditions(w, r) {
 			return

@@ -518,3 +518,31 @@ func TestBadPaths(t *testing.T) {
 		t.Fatal("MKCOL /a/../b made /b")
 	}
 }
+
+// TestPropfindLargeDir lists a directory of 500 files with PROPFIND depth
+// 1 (every entry once, with its properties) and logs how long it took.
+func TestPropfindLargeDir(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	f := newFixture(t)
+	f.status(http.StatusCreated, "MKCOL", "/big", "")
+	for i := 0; i < 500; i++ {
+		f.status(http.StatusCreated, "PUT", fmt.Sprintf("/big/f%04d.txt", i), "x")
+	}
+	f.status(http.StatusMultiStatus, "PROPPATCH", "/big/f0007.txt", setColour("teal"))
+	start := time.Now()
+	ms := f.propfind("/big", "1", `<?xml version="1.0"?><D:propfind xmlns:D="DAV:"><D:allprop/></D:propfind>`)
+	d := time.Since(start)
+	seen := map[string]bool{}
+	for _, r := range ms.Responses {
+		seen[r.Href] = true
+		if r.Href == "/big/f0007.txt" && !strings.Contains(string(r.Propstat[0].Prop.Inner), "teal") {
+			t.Errorf("f0007.txt listed without its dead property: %s", r.Propstat[0].Prop.Inner)
+		}
+	}
+	if len(ms.Responses) != 501 || !seen["/big/"] || !seen["/big/f0000.txt"] || !seen["/big/f0499.txt"] {
+		t.Fatalf("%d responses, want /big/ and its 500 files", len(ms.Responses))
+	}
+	t.Logf("PROPFIND depth 1 of 500 files: %v", d)
+}

@@ -21,11 +21,12 @@ import (
 
 // dirFile is an open collection: its listing and its dead properties.
 type dirFile struct {
-	fsys *FS
-	ctx  context.Context
-	name string
-	base string
-	e    *meta.Entry
+	fsys  *FS
+	ctx   context.Context
+	name  string
+	parts []string
+	base  string
+	e     *meta.Entry
 
 	list   []os.FileInfo
 	listed bool
@@ -61,6 +62,7 @@ func (d *dirFile) Readdir(count int) ([]os.FileInfo, error) {
 		if err != nil {
 			return nil, d.fsys.pathErr("readdir", d.name, err)
 		}
+		cacheOf(d.ctx).put(d.parts, ents)
 		for i := range ents {
 			if ents[i].Type == meta.TypeSymlink {
 				continue

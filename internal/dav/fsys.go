@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -96,6 +97,63 @@ func (f *FS) dir(ctx context.Context, op, name string, parts []string) (*meta.En
 		return nil, &os.PathError{Op: op, Path: name, Err: syscall.ENOENT}
 	}
 	return e, nil
+}
+
+// listCache keeps, for one PROPFIND, the entries its listings read, so
+// that x/net/webdav opening each listed child (for its properties) does
+// not walk the path from the root again. Only read-only opens and Stat
+// use it, and only within the request.
+type listCache struct {
+	mu sync.Mutex
+	m  map[string]*meta.Entry // by clean slash path
+}
+
+type listCacheKey struct{}
+
+// withListCache returns ctx with a fresh listCache.
+func withListCache(ctx context.Context) context.Context {
+	return context.WithValue(ctx, listCacheKey{}, &listCache{m: map[string]*meta.Entry{}})
+}
+
+func cacheOf(ctx context.Context) *listCache {
+	c, _ := ctx.Value(listCacheKey{}).(*listCache)
+	return c
+}
+
+func (c *listCache) get(parts []string) *meta.Entry {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m["/"+strings.Join(parts, "/")]
+}
+
+func (c *listCache) put(dir []string, ents []meta.Entry) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := "/" + strings.Join(dir, "/")
+	if p != "/" {
+		p += "/"
+	}
+	for i := range ents {
+		c.m[p+ents[i].Name] = &ents[i]
+	}
+}
+
+// resolveRead is resolve for a caller that needs no parent: from the
+// request's listCache when the entry is there.
+func (f *FS) resolveRead(ctx context.Context, op, name string, parts []string) (*meta.Entry, *meta.Entry, error) {
+	if e := cacheOf(ctx).get(parts); e != nil && len(parts) > 0 {
+		if e.Type == meta.TypeSymlink {
+			return nil, nil, &os.PathError{Op: op, Path: name, Err: syscall.ENOENT}
+		}
+		return nil, e, nil
+	}
+	return f.resolve(ctx, op, name, parts)
 }
 
 // resolve looks parts up: its parent directory (nil for the root) and its
@@ -225,7 +283,7 @@ func (f *FS) Stat(ctx context.Context, name string) (os.FileInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, e, err := f.resolve(ctx, op, name, parts)
+	_, e, err := f.resolveRead(ctx, op, name, parts)
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +323,11 @@ func (f *FS) OpenFile(ctx context.Context, name string, flag int, perm os.FileMo
 		return nil, err
 	}
 	write := flag&(os.O_WRONLY|os.O_RDWR) != 0
-	parent, e, err := f.resolve(ctx, op, name, parts)
+	resolve := f.resolve
+	if !write && flag&os.O_CREATE == 0 {
+		resolve = f.resolveRead
+	}
+	parent, e, err := resolve(ctx, op, name, parts)
 	switch {
 	case errors.Is(err, syscall.ENOENT) && parent != nil && flag&os.O_CREATE != 0:
 		if e, gerr := f.vol.Meta.Get(ctx, parent.Ino, parts[len(parts)-1]); gerr == nil && e.Type == meta.TypeSymlink {
@@ -283,7 +345,7 @@ func (f *FS) OpenFile(ctx context.Context, name string, flag int, perm os.FileMo
 		if flag&os.O_TRUNC != 0 {
 			return nil, &os.PathError{Op: op, Path: name, Err: syscall.EISDIR}
 		}
-		return &dirFile{fsys: f, ctx: ctx, name: name, base: baseName(parts), e: e}, nil
+		return &dirFile{fsys: f, ctx: ctx, name: name, parts: parts, base: baseName(parts), e: e}, nil
 	}
 	rf := &regFile{fsys: f, ctx: ctx, name: name, parent: parent, base: parts[len(parts)-1], e: e, ver: e.Current(),
 		write: write, mode: e.Mode}
