@@ -48,8 +48,9 @@ any later open on any device sees. fsync makes writes durable on local disk only
 close makes them durable in the store. Attributes are cached by the kernel for
 --attr-timeout (0 disables).
 
-Not supported yet: extended attributes (EOPNOTSUPP), hard links, device nodes and
-FIFOs (EPERM), RENAME_EXCHANGE (EINVAL); atime reads as mtime. Writes not yet
+Extended attributes of the user.* namespace are kept (other namespaces:
+EOPNOTSUPP). Not supported: hard links, device nodes and FIFOs (EPERM),
+RENAME_EXCHANGE (EINVAL); atime reads as mtime. Writes not yet
 closed are lost if the mount is killed.`,
 		Args: exactArgs(2, "VOLUME and MOUNTPOINT"),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -6,8 +6,9 @@
 // fs.Volume.WriteFile (chunks to the store, then compare-and-swap in etcd),
 // so any later open, here or on another device, sees it.
 //
-// What it does not do yet (issue 4): extended attributes (the kernel is
-// told they are unsupported), hard links (EPERM), device nodes and FIFOs
+// user.* extended attributes live in the metadata service (xattr.go).
+//
+// What it does not do yet (issue 4): hard links (EPERM), device nodes and FIFOs
 // (EPERM), an LRU-bounded cache kept across opens (every open fetches the
 // whole current version), the writer lock held from open to close (it is
 // taken only while a close commits), non-blocking mode and its persistent
@@ -173,10 +174,10 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 			MaxWrite: maxWrite,
 			// The kernel checks modes and owners as on a local disk.
 			Options: []string{"default_permissions"},
-			// Extended attributes are not kept yet: the kernel learns it
-			// from the first call and stops asking (ls -l asks for every
-			// file otherwise).
-			DisableXAttrs: true,
+			// user.* extended attributes are kept (xattr.go). The kernel
+			// asks for security.capability before every write and ls for
+			// the ACL names: go-fuse answers those "none" itself.
+			IgnoreSecurityLabels: true,
 			// open(O_TRUNC) arrives as a flag on open, so the old content
 			// is not fetched only to be thrown away.
 			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC,

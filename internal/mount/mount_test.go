@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/etcdsvc/etcdtest"
 	"cairn.dev/cairn/internal/fs"
@@ -703,4 +705,113 @@ func TestRepairAndMountChecks(t *testing.T) {
 		t.Fatalf("unmount with an open file = %v, want Conflict", err)
 	}
 	r.Close()
+}
+
+// TestXattrs: user.* attributes through the real system calls, kept in
+// the metadata (another device sees them) and following a rename; other
+// namespaces are not supported; the flags and short buffers give what
+// Linux file systems give.
+func TestXattrs(t *testing.T) {
+	f := newFixture(t, mount.Options{})
+	p := f.path("x")
+	if err := os.WriteFile(p, []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(p, "user.comment", []byte("hello"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(p, "user.empty", nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if n, err := unix.Getxattr(p, "user.comment", buf); err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("getxattr = %q, %v", buf[:n], err)
+	}
+	if n, err := unix.Getxattr(p, "user.empty", buf); err != nil || n != 0 {
+		t.Fatalf("getxattr of an empty value = %d, %v", n, err)
+	}
+	// Size query (empty buffer) and a buffer too short.
+	if n, err := unix.Getxattr(p, "user.comment", nil); err != nil || n != 5 {
+		t.Fatalf("size query = %d, %v", n, err)
+	}
+	if _, err := unix.Getxattr(p, "user.comment", make([]byte, 2)); err != unix.ERANGE {
+		t.Fatalf("short buffer: %v, want ERANGE", err)
+	}
+	if _, err := unix.Getxattr(p, "user.missing", buf); err != unix.ENODATA {
+		t.Fatalf("missing attribute: %v, want ENODATA", err)
+	}
+	// The metadata holds them: another device reads them by inode.
+	if v, err := f.vol.Meta.Xattr(context.Background(), f.entry("x").Ino, "user.comment"); err != nil || string(v) != "hello" {
+		t.Fatalf("in the metadata: %q, %v", v, err)
+	}
+	// Flags.
+	if err := unix.Setxattr(p, "user.comment", []byte("x"), unix.XATTR_CREATE); err != unix.EEXIST {
+		t.Fatalf("XATTR_CREATE on an existing attribute: %v, want EEXIST", err)
+	}
+	if err := unix.Setxattr(p, "user.new", []byte("x"), unix.XATTR_REPLACE); err != unix.ENODATA {
+		t.Fatalf("XATTR_REPLACE on a missing attribute: %v, want ENODATA", err)
+	}
+	if err := unix.Setxattr(p, "user.comment", []byte("replaced"), unix.XATTR_REPLACE); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(p, "user.new", []byte("created"), unix.XATTR_CREATE); err != nil {
+		t.Fatal(err)
+	}
+	// A value of Linux's largest size round-trips.
+	big := randBytes(64 << 10)
+	if err := unix.Setxattr(p, "user.big", big, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 64<<10)
+	if n, err := unix.Getxattr(p, "user.big", got); err != nil || !bytes.Equal(got[:n], big) {
+		t.Fatalf("64 KiB value: %d bytes, %v", n, err)
+	}
+	// List: sorted user.* names, NUL-terminated; size query; ERANGE.
+	want := "user.big\x00user.comment\x00user.empty\x00user.new\x00"
+	if n, err := unix.Listxattr(p, nil); err != nil || n != len(want) {
+		t.Fatalf("listxattr size = %d, %v", n, err)
+	}
+	lb := make([]byte, 256)
+	if n, err := unix.Listxattr(p, lb); err != nil || string(lb[:n]) != want {
+		t.Fatalf("listxattr = %q, %v", lb[:n], err)
+	}
+	if _, err := unix.Listxattr(p, make([]byte, 3)); err != unix.ERANGE {
+		t.Fatalf("listxattr into a short buffer: %v, want ERANGE", err)
+	}
+	// Remove.
+	if err := unix.Removexattr(p, "user.new"); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Removexattr(p, "user.new"); err != unix.ENODATA {
+		t.Fatalf("second removexattr: %v, want ENODATA", err)
+	}
+	// Other namespaces are not supported.
+	for _, name := range []string{"trusted.x", "security.selinux", "os2.x"} {
+		if err := unix.Setxattr(p, name, []byte("v"), 0); err != unix.EOPNOTSUPP {
+			t.Errorf("setxattr %s: %v, want EOPNOTSUPP", name, err)
+		}
+	}
+	if _, err := unix.Getxattr(p, "trusted.x", buf); err != unix.EOPNOTSUPP {
+		t.Errorf("getxattr trusted.x: %v, want EOPNOTSUPP", err)
+	}
+	// They follow the file through a rename and survive a rewrite; a
+	// directory has its own.
+	if err := os.Rename(p, f.path("y")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.path("y"), []byte("new content"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := unix.Getxattr(f.path("y"), "user.comment", buf); err != nil || string(buf[:n]) != "replaced" {
+		t.Fatalf("after rename and rewrite: %q, %v", buf[:n], err)
+	}
+	if err := os.Mkdir(f.path("d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(f.path("d"), "user.dir", []byte("on a directory"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := unix.Listxattr(f.path("d"), lb); err != nil || string(lb[:n]) != "user.dir\x00" {
+		t.Fatalf("directory's list = %q, %v", lb[:n], err)
+	}
 }
