@@ -100,3 +100,29 @@ else
 	exit 1
 fi
 # --- end of cloud object-store test servers --------------------------------------------
+
+# --- WebDAV gateway (internal/dav, internal/cli: cairn dav) -----------------------------
+# litmus is the WebDAV conformance suite TestLitmus runs against the gateway (basic,
+# copymove, props, locks, http); davfs2 mounts it in TestDavfs2 (root only). Same
+# pattern as the packages above: apt-get only when one is missing.
+DAV_PKGS=(litmus davfs2)
+dav_missing=()
+for p in "${DAV_PKGS[@]}"; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+		dav_missing+=("$p")
+	fi
+done
+if ((${#dav_missing[@]})); then
+	echo "test-deps: installing Debian packages: ${dav_missing[*]}"
+	SUDO=()
+	if [[ $(id -u) -ne 0 ]]; then SUDO=(sudo); fi
+	export DEBIAN_FRONTEND=noninteractive
+	if ! "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${dav_missing[@]}" </dev/null; then
+		echo "test-deps: apt-get update, then retry"
+		"${SUDO[@]}" apt-get update -q </dev/null
+		"${SUDO[@]}" apt-get install -y -q --no-install-recommends "${dav_missing[@]}" </dev/null
+	fi
+else
+	echo "test-deps: Debian packages present: ${DAV_PKGS[*]}"
+fi
+# --- end of WebDAV gateway --------------------------------------------------------------
