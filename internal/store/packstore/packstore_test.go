@@ -1,0 +1,695 @@
+package packstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/store/memstore"
+	"cairn.dev/cairn/internal/store/packstore"
+	"cairn.dev/cairn/internal/store/storetest"
+)
+
+var bg = context.Background()
+
+// shared is a backing store that outlives the packstores over it (Close
+// does nothing), like a bucket several devices use, and can damage what
+// it returns: every read of pack bytes at offset flip.off of pack flip.id
+// comes back with that byte inverted.
+type shared struct {
+	*memstore.Store
+	mu   sync.Mutex
+	flip map[cairn.ID]int64
+}
+
+func newShared() *shared { return &shared{Store: memstore.New(), flip: map[cairn.ID]int64{}} }
+
+func (s *shared) Close() error { return nil }
+
+func (s *shared) damage(id cairn.ID, off int64) {
+	s.mu.Lock()
+	s.flip[id] = off
+	s.mu.Unlock()
+}
+
+func (s *shared) apply(id cairn.ID, base int64, b []byte) []byte {
+	s.mu.Lock()
+	off, ok := s.flip[id]
+	s.mu.Unlock()
+	if ok && off >= base && off < base+int64(len(b)) {
+		b[off-base] ^= 0xff
+	}
+	return b
+}
+
+func (s *shared) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	b, err := s.Store.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return s.apply(id, 0, b), nil
+}
+
+func (s *shared) GetRange(ctx context.Context, id cairn.ID, off, n int64) ([]byte, error) {
+	b, err := s.Store.GetRange(ctx, id, off, n)
+	if err != nil {
+		return nil, err
+	}
+	return s.apply(id, off, b), nil
+}
+
+// plainBacking hides GetRange, to exercise the whole-Get fallback.
+type plainBacking struct{ cairn.Store }
+
+func open(t *testing.T, backing cairn.Store, opts packstore.Options) *packstore.Store {
+	t.Helper()
+	s, err := packstore.New(bg, backing, opts)
+	if err != nil {
+		t.Fatalf("packstore.New: %v", err)
+	}
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	t.Run("NoLinger", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) cairn.Store {
+			return open(t, memstore.New(), packstore.Options{Linger: -1})
+		})
+	})
+	t.Run("LingerDir", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) cairn.Store {
+			return open(t, memstore.New(), packstore.Options{Linger: time.Millisecond, Dir: t.TempDir()})
+		})
+	})
+	t.Run("SmallPacksNoRanges", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) cairn.Store {
+			return open(t, plainBacking{memstore.New()}, packstore.Options{Linger: -1, Threshold: 8 << 10, PackSize: 64 << 10})
+		})
+	})
+}
+
+func TestReopen(t *testing.T) {
+	t.Run("SameIndex", func(t *testing.T) {
+		storetest.RunReopen(t, func(t *testing.T) func() cairn.Store {
+			backing, dir := newShared(), t.TempDir()
+			return func() cairn.Store {
+				return open(t, backing, packstore.Options{Linger: -1, Dir: dir})
+			}
+		})
+	})
+	// Every reopen starts from an empty index and learns the packs
+	// from their trailers alone.
+	t.Run("FreshIndex", func(t *testing.T) {
+		storetest.RunReopen(t, func(t *testing.T) func() cairn.Store {
+			backing := newShared()
+			return func() cairn.Store {
+				return open(t, backing, packstore.Options{Linger: -1, Dir: t.TempDir()})
+			}
+		})
+	})
+}
+
+// blobs returns n objects of size bytes each.
+func blobs(seed uint64, n, size int) ([]cairn.ID, [][]byte) {
+	ids, data := make([]cairn.ID, n), make([][]byte, n)
+	for i := range n {
+		ids[i], data[i] = storetest.Blob(seed+uint64(i), size)
+	}
+	return ids, data
+}
+
+func mustGet(t *testing.T, s cairn.Store, id cairn.ID, want []byte) {
+	t.Helper()
+	got, err := s.Get(bg, id)
+	if err != nil {
+		t.Fatalf("Get %s: %v", id.Short(), err)
+	}
+	if string(got) != string(want) {
+		t.Fatalf("Get %s: wrong bytes", id.Short())
+	}
+}
+
+func mustMissing(t *testing.T, s cairn.Store, id cairn.ID) {
+	t.Helper()
+	if _, err := s.Get(bg, id); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("Get %s: err = %v, want NotFound", id.Short(), err)
+	}
+	found, err := s.Has(bg, []cairn.ID{id})
+	if err != nil || found[0] {
+		t.Fatalf("Has %s = %v, %v; want false", id.Short(), found, err)
+	}
+}
+
+// putAll puts every object from workers goroutines.
+func putAll(t *testing.T, s *packstore.Store, ids []cairn.ID, data [][]byte, workers int) {
+	t.Helper()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(ids) {
+					return
+				}
+				if err := s.Put(bg, ids[i], data[i]); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// TestFewPuts: 10,000 concurrent Puts of 4 KiB objects share packs (at most
+// one backing PUT per 100 objects), and each is then read with one ranged
+// read of its pack.
+func TestFewPuts(t *testing.T) {
+	backing := newShared()
+	s := open(t, backing, packstore.Options{})
+	defer s.Close()
+	ids, data := blobs(1, 10000, 4096)
+	before := s.Requests()
+	start := time.Now()
+	putAll(t, s, ids, data, 256)
+	d := s.Requests().Sub(before)
+	t.Logf("10,000 Puts of 4 KiB from 256 goroutines: %d backing PUTs in %v", d.Put, time.Since(start))
+	if d.Put > 100 {
+		t.Errorf("10,000 Puts made %d backing PUTs, want at most 100", d.Put)
+	}
+	if d.Get+d.GetRange+d.Has+d.List+d.Delete != 0 {
+		t.Errorf("Puts made other requests: %+v", d)
+	}
+	before = s.Requests()
+	for i := range ids {
+		mustGet(t, s, ids[i], data[i])
+	}
+	d = s.Requests().Sub(before)
+	if d.GetRange != int64(len(ids)) || d.Get != 0 || d.List != 0 {
+		t.Errorf("10,000 Gets made %+v, want exactly 10,000 ranged reads", d)
+	}
+	u, err := s.Stats(bg)
+	if err != nil || u.Objects != 10000 || u.Bytes != 10000*4096 {
+		t.Fatalf("Stats = %+v, %v", u, err)
+	}
+}
+
+// TestDeferred: PutDeferred buffers, Flush stores: 40 MB of small objects
+// become three full packs.
+func TestDeferred(t *testing.T) {
+	backing := newShared()
+	s := open(t, backing, packstore.Options{})
+	defer s.Close()
+	ids, data := blobs(20000, 10000, 4096)
+	for i := range ids {
+		if err := s.PutDeferred(bg, ids[i], data[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Buffered objects are readable at once, not yet reported stored.
+	mustGet(t, s, ids[len(ids)-1], data[len(ids)-1])
+	if err := s.Flush(bg); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Requests().Put; got > 3 {
+		t.Errorf("10,000 deferred Puts and a Flush made %d backing PUTs, want at most 3 (16 MiB packs)", got)
+	}
+	found, err := s.Has(bg, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range found {
+		if !f {
+			t.Fatalf("Has %s = false after Flush", ids[i].Short())
+		}
+	}
+	// A second device finds them all from the packs alone.
+	s2 := open(t, backing, packstore.Options{})
+	defer s2.Close()
+	for i := range ids {
+		mustGet(t, s2, ids[i], data[i])
+	}
+}
+
+// failing fails every Put while down is set.
+type failing struct {
+	*shared
+	down atomic.Bool
+}
+
+func (f *failing) Put(ctx context.Context, id cairn.ID, data []byte) error {
+	if f.down.Load() {
+		return cairn.E("put", cairn.Unavailable, id.String(), errors.New("bucket unreachable"))
+	}
+	return f.shared.Put(ctx, id, data)
+}
+
+// TestFailedPack: a Put whose pack cannot be stored fails (and the object is
+// absent); Flush reports a failed deferred object or tombstone.
+func TestFailedPack(t *testing.T) {
+	backing := &failing{shared: newShared()}
+	s := open(t, backing, packstore.Options{Linger: -1})
+	defer s.Close()
+	ids, data := blobs(30000, 3, 1000)
+	backing.down.Store(true)
+	if err := s.Put(bg, ids[0], data[0]); !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("Put while the backing store fails: err = %v, want Unavailable", err)
+	}
+	mustMissing(t, s, ids[0])
+	if err := s.PutDeferred(bg, ids[1], data[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Flush(bg); !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("Flush after a deferred Put failed: err = %v, want Unavailable", err)
+	}
+	if err := s.Flush(bg); err != nil {
+		t.Fatalf("second Flush: %v (the failure was reported once)", err)
+	}
+	backing.down.Store(false)
+	for i := range ids {
+		if err := s.Put(bg, ids[i], data[i]); err != nil {
+			t.Fatal(err)
+		}
+		mustGet(t, s, ids[i], data[i])
+	}
+}
+
+// TestCorruptPack: a damaged byte in a pack makes Get of the object it falls
+// in fail with Kind Corrupt naming that object; its neighbours read fine;
+// Has then reports it missing, and a new Put stores a good copy.
+func TestCorruptPack(t *testing.T) {
+	backing := newShared()
+	s := open(t, backing, packstore.Options{})
+	defer s.Close()
+	ids, data := blobs(40000, 50, 1000)
+	for i := range ids {
+		if err := s.PutDeferred(bg, ids[i], data[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Flush(bg); err != nil {
+		t.Fatal(err)
+	}
+	var packID cairn.ID
+	n := 0
+	if err := backing.Store.List(bg, func(id cairn.ID, size int64) error { packID = id; n++; return nil }); err != nil || n != 1 {
+		t.Fatalf("backing store holds %d objects (%v), want one pack", n, err)
+	}
+	// Objects are laid out in Put order after a 32-byte header.
+	victim := 17
+	backing.damage(packID, 32+int64(victim)*1000+500)
+	_, err := s.Get(bg, ids[victim])
+	if !errors.Is(err, cairn.ErrCorrupt) || !strings.Contains(err.Error(), ids[victim].String()) {
+		t.Fatalf("Get of the damaged object: err = %v, want Corrupt naming %s", err, ids[victim])
+	}
+	for _, i := range []int{victim - 1, victim + 1} {
+		mustGet(t, s, ids[i], data[i])
+	}
+	found, err := s.Has(bg, ids[victim:victim+1])
+	if err != nil || found[0] {
+		t.Fatalf("Has of the damaged object = %v, %v; want false", found, err)
+	}
+	var reported []cairn.ID
+	if err := s.Verify(bg, func(id cairn.ID, err error) {
+		if !errors.Is(err, cairn.ErrCorrupt) {
+			t.Errorf("Verify reports %s with %v, want Corrupt", id.Short(), err)
+		}
+		reported = append(reported, id)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(reported) != 1 || reported[0] != ids[victim] {
+		t.Errorf("Verify reported %v, want only %s", reported, ids[victim].Short())
+	}
+	// Repack leaves a pack it cannot verify alone.
+	for i := range 45 {
+		if i != victim {
+			if err := s.Delete(bg, ids[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rep, err := s.Repack(bg, 0.5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.PacksDamaged != 1 || rep.PacksRewritten != 0 {
+		t.Errorf("Repack over a damaged pack: %+v, want it left alone (PacksDamaged 1)", rep)
+	}
+	for i := 45; i < 50; i++ {
+		mustGet(t, s, ids[i], data[i])
+	}
+	// A new Put stores a good copy; the damaged one is then a duplicate
+	// that the next Repack drops with its pack.
+	if err := s.Put(bg, ids[victim], data[victim]); err != nil {
+		t.Fatal(err)
+	}
+	mustGet(t, s, ids[victim], data[victim])
+	rep, err = s.Repack(bg, 0.5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.PacksDamaged != 0 || rep.PacksRewritten != 2 || rep.Duplicates != 1 || rep.ObjectsMoved != 5 || rep.TombstonesKept != 0 {
+		t.Errorf("Repack after the good copy was stored: %+v, want the pack and the tombstones naming it rewritten, 5 objects moved, 1 duplicate", rep)
+	}
+	mustGet(t, s, ids[victim], data[victim])
+	for i := 45; i < 50; i++ {
+		mustGet(t, s, ids[i], data[i])
+	}
+}
+
+// TestDamagedTrailer: a pack whose trailer is damaged is never taken for a
+// plain object (a collector would delete it as garbage): its objects are
+// not listed and Verify names the pack.
+func TestDamagedTrailer(t *testing.T) {
+	backing := newShared()
+	s := open(t, backing, packstore.Options{})
+	ids, data := blobs(45000, 20, 100)
+	for i := range ids {
+		if err := s.PutDeferred(bg, ids[i], data[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var packID cairn.ID
+	var size int64
+	backing.Store.List(bg, func(id cairn.ID, n int64) error { packID, size = id, n; return nil })
+	backing.damage(packID, size-1) // the last byte of the magic
+	s = open(t, backing, packstore.Options{})
+	defer s.Close()
+	n := 0
+	if err := s.List(bg, func(cairn.ID, int64) error { n++; return nil }); err != nil || n != 0 {
+		t.Fatalf("List over a damaged pack: %d objects, %v; want none", n, err)
+	}
+	var reported []cairn.ID
+	s.Verify(bg, func(id cairn.ID, err error) { reported = append(reported, id) })
+	if len(reported) != 1 || reported[0] != packID {
+		t.Fatalf("Verify reported %v, want the pack %s", reported, packID.Short())
+	}
+	if u, _ := s.Stats(bg); u.Objects != 0 || u.Disk != size {
+		t.Fatalf("Stats = %+v", u)
+	}
+}
+
+type repackCase struct {
+	ids  []cairn.ID
+	data [][]byte
+	live map[int]bool
+}
+
+// fillAndDelete stores 2,000 objects of 1,000 bytes in packs of 64 KiB, then
+// deletes all but every fourth, and all of the first 200.
+func fillAndDelete(t *testing.T, s *packstore.Store) repackCase {
+	t.Helper()
+	c := repackCase{live: map[int]bool{}}
+	c.ids, c.data = blobs(50000, 2000, 1000)
+	for i := range c.ids {
+		if err := s.PutDeferred(bg, c.ids[i], c.data[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Flush(bg); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range c.ids {
+		if i%4 == 0 && i >= 200 {
+			c.live[i] = true
+			continue
+		}
+		if err := s.Delete(bg, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+func (c repackCase) check(t *testing.T, s cairn.Store) {
+	t.Helper()
+	for i, id := range c.ids {
+		if c.live[i] {
+			mustGet(t, s, id, c.data[i])
+		} else {
+			mustMissing(t, s, id)
+		}
+	}
+	listed := map[cairn.ID]bool{}
+	if err := s.List(bg, func(id cairn.ID, size int64) error { listed[id] = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(listed) != len(c.live) {
+		t.Errorf("List has %d objects, want %d", len(listed), len(c.live))
+	}
+	for i := range c.live {
+		if !listed[c.ids[i]] {
+			t.Errorf("List misses %s", c.ids[i].Short())
+		}
+	}
+}
+
+func packOpts(dir string) packstore.Options {
+	return packstore.Options{Dir: dir, PackSize: 64 << 10, Threshold: 16 << 10, MaxBuffered: 1 << 20}
+}
+
+// TestRepack: repacking reclaims the space of deleted objects and loses
+// nothing, here and on another device.
+func TestRepack(t *testing.T) {
+	backing := newShared()
+	s := open(t, backing, packOpts(t.TempDir()))
+	defer s.Close()
+	c := fillAndDelete(t, s)
+	if err := s.Flush(bg); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := s.Stats(bg)
+	rep, err := s.Repack(bg, 0.5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, _ := s.Stats(bg)
+	t.Logf("repack: %+v; disk %d -> %d", rep, before.Disk, after.Disk)
+	if rep.PacksRewritten == 0 || rep.BytesReclaimed <= 0 || rep.ObjectsMoved != len(c.live) {
+		t.Errorf("Repack = %+v, want packs rewritten, bytes reclaimed and %d objects moved", rep, len(c.live))
+	}
+	if after.Disk != before.Disk-rep.BytesReclaimed || after.Disk > 2*after.Bytes {
+		t.Errorf("Stats after repack = %+v (before %+v)", after, before)
+	}
+	c.check(t, s)
+	// Nothing left to do.
+	rep, err = s.Repack(bg, 0.5)
+	if err != nil || rep.PacksRewritten != 0 || rep.PacksWritten != 0 {
+		t.Errorf("second Repack = %+v, %v; want nothing done", rep, err)
+	}
+	other := open(t, backing, packOpts(t.TempDir()))
+	defer other.Close()
+	c.check(t, other)
+}
+
+var errCrash = errors.New("simulated crash")
+
+// TestRepackCrash: a crash between repack steps (the wrapper dropped without
+// Close) loses no live object and brings back no deleted one; the next
+// Repack finishes the job.
+func TestRepackCrash(t *testing.T) {
+	for _, tc := range []struct {
+		step string
+		skip int // crash at the (skip+1)-th time step is reached
+	}{
+		{"stored", 0},   // new packs stored and indexed, nothing deleted
+		{"deleted", 0},  // the first old pack deleted
+		{"deleted", 10}, // halfway through the data packs
+		{"deleted", 32}, // every data pack deleted, the packs of tombstones not
+		{"deleted", 33}, // one pack of tombstones deleted, one not
+	} {
+		t.Run(fmt.Sprintf("%s-%d", tc.step, tc.skip), func(t *testing.T) {
+			backing, dir := newShared(), t.TempDir()
+			s := open(t, backing, packOpts(dir))
+			c := fillAndDelete(t, s)
+			if err := s.Flush(bg); err != nil {
+				t.Fatal(err)
+			}
+			seen := 0
+			s.SetRepackHook(func(step string) error {
+				if step == tc.step {
+					if seen == tc.skip {
+						return errCrash
+					}
+					seen++
+				}
+				return nil
+			})
+			if _, err := s.Repack(bg, 0.5); !errors.Is(err, errCrash) {
+				t.Fatalf("Repack: err = %v, want the simulated crash", err)
+			}
+			s.Abandon()
+
+			s = open(t, backing, packOpts(dir))
+			defer s.Close()
+			c.check(t, s)
+			rep, err := s.Repack(bg, 0.5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("repack after the crash: %+v", rep)
+			c.check(t, s)
+			fresh := open(t, backing, packOpts(t.TempDir()))
+			defer fresh.Close()
+			c.check(t, fresh)
+			u, _ := s.Stats(bg)
+			if u.Disk > 2*u.Bytes {
+				t.Errorf("after the crash and a second repack: %+v", u)
+			}
+		})
+	}
+}
+
+// TestSecondDevice: two devices over one backing store, each with its own
+// index: each finds what the other wrote, deletions travel as tombstones,
+// and an object one device deleted and the other then wrote again
+// survives a repack by the first.
+func TestSecondDevice(t *testing.T) {
+	backing := newShared()
+	a := open(t, backing, packstore.Options{Dir: t.TempDir()})
+	defer a.Close()
+	b := open(t, backing, packstore.Options{Dir: t.TempDir(), HasRefresh: time.Hour})
+	defer b.Close()
+	ids, data := blobs(60000, 100, 2000)
+	putAll(t, a, ids[:50], data[:50], 8)
+	before := b.Requests()
+	for i := range 50 {
+		mustGet(t, b, ids[i], data[i]) // a miss, a listing, then found
+	}
+	if d := b.Requests().Sub(before); d.List != 1 {
+		t.Errorf("b read 50 objects a wrote with %d listings, want 1 (then they are indexed)", d.List)
+	}
+	// Has lists at most once per HasRefresh.
+	putAll(t, a, ids[50:], data[50:], 8)
+	before = b.Requests()
+	for range 3 {
+		if _, err := b.Has(bg, ids[50:51]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := b.Requests().Sub(before); d.List != 0 {
+		t.Errorf("three Has calls inside HasRefresh made %d listings, want 0", d.List)
+	}
+	if err := b.Refresh(bg); err != nil {
+		t.Fatal(err)
+	}
+	found, _ := b.Has(bg, ids[50:])
+	for i, f := range found {
+		if !f {
+			t.Fatalf("b: Has %s = false after Refresh", ids[50+i].Short())
+		}
+	}
+	// a deletes (a collection); b learns it at its next refresh.
+	for _, id := range ids[:40] {
+		if err := a.Delete(bg, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Flush(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Refresh(bg); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids[:40] {
+		mustMissing(t, b, id)
+	}
+	// b writes one of them again: a new copy, which a's repack keeps.
+	if err := b.Put(bg, ids[0], data[0]); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := a.Repack(bg, 0.5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.PacksRewritten == 0 {
+		t.Errorf("Repack = %+v, want the mostly deleted packs rewritten", rep)
+	}
+	mustGet(t, a, ids[0], data[0])
+	mustGet(t, b, ids[0], data[0]) // b's index named a pack a deleted: b looks again
+	for i := 40; i < 100; i++ {
+		mustGet(t, b, ids[i], data[i])
+	}
+}
+
+// TestIndexLog: the local index spares the trailer reads at the next open,
+// survives a damaged tail, and one process at a time owns it.
+func TestIndexLog(t *testing.T) {
+	backing, dir := newShared(), t.TempDir()
+	s := open(t, backing, packstore.Options{Dir: dir, Linger: -1})
+	ids, data := blobs(70000, 30, 500)
+	for i := range ids {
+		if err := s.Put(bg, ids[i], data[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := packstore.New(bg, newShared(), packstore.Options{Dir: dir}); !errors.Is(err, cairn.ErrConflict) {
+		t.Fatalf("second New on a directory in use: err = %v, want Conflict", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, backing, packstore.Options{Dir: dir})
+	if d := s.Requests(); d.List != 1 || d.GetRange+d.Get != 0 {
+		t.Errorf("reopening with the index log made %+v, want one listing and no trailer reads", d)
+	}
+	for i := range ids {
+		mustGet(t, s, ids[i], data[i])
+	}
+	s.Close()
+	log := filepath.Join(dir, "index.log")
+	st, err := os.Stat(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, damage := range []func() error{
+		func() error { return os.Truncate(log, st.Size()-7) },
+		func() error { return os.WriteFile(log, []byte("garbage, not a log"), 0o600) },
+		func() error { return os.Remove(log) },
+	} {
+		if err := damage(); err != nil {
+			t.Fatal(err)
+		}
+		s = open(t, backing, packstore.Options{Dir: dir})
+		if d := s.Requests(); d.GetRange == 0 {
+			t.Errorf("after damaging the log, no trailer was read: %+v", d)
+		}
+		for i := range ids {
+			mustGet(t, s, ids[i], data[i])
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestOptions(t *testing.T) {
+	for _, o := range []packstore.Options{
+		{Threshold: 2 << 20, PackSize: 1 << 20},
+		{MaxBuffered: 1000},
+		{ProbeBytes: 10},
+		{PackSize: -1},
+	} {
+		if _, err := packstore.New(bg, memstore.New(), o); !errors.Is(err, cairn.ErrInvalid) {
+			t.Errorf("New(%+v): err = %v, want Invalid", o, err)
+		}
+	}
+}
