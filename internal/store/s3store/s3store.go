@@ -17,7 +17,8 @@
 // AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), the shared files
 // (~/.aws/credentials and ~/.aws/config, or AWS_SHARED_CREDENTIALS_FILE
 // and AWS_CONFIG_FILE, profile AWS_PROFILE), then the EC2/ECS instance
-// role. Without any, requests are anonymous.
+// role (unless AWS_EC2_METADATA_DISABLED=true). Without any, requests are
+// anonymous.
 //
 // Requests are counted as the HTTP transport sends them (objstore.Requests):
 // a GET with list-type is a LIST, other GETs, HEADs, PUTs and DELETEs are
@@ -34,7 +35,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -128,13 +131,16 @@ func (o Options) check() error {
 }
 
 // StandardCredentials is the chain used when Options.Credentials is nil:
-// environment, shared files, instance role.
+// environment, shared files, instance role. AWS_EC2_METADATA_DISABLED=true
+// leaves the instance role out, as the AWS SDKs do. When no step finds
+// credentials the chain runs again for each request, so the instance-role
+// step is bounded (2 s) for machines that have no metadata service.
 func StandardCredentials() *credentials.Credentials {
-	return credentials.NewChainCredentials([]credentials.Provider{
-		&credentials.EnvAWS{},
-		&credentials.FileAWSCredentials{},
-		&credentials.IAM{Client: &http.Client{Transport: http.DefaultTransport}},
-	})
+	providers := []credentials.Provider{&credentials.EnvAWS{}, &credentials.FileAWSCredentials{}}
+	if !strings.EqualFold(os.Getenv("AWS_EC2_METADATA_DISABLED"), "true") {
+		providers = append(providers, &credentials.IAM{Client: &http.Client{Transport: http.DefaultTransport, Timeout: 2 * time.Second}})
+	}
+	return credentials.NewChainCredentials(providers)
 }
 
 // New returns a store in the bucket. It makes no request: a bucket that
