@@ -507,15 +507,29 @@ func TestBadPaths(t *testing.T) {
 	r, _ := http.NewRequest("GET", f.srv.URL, nil)
 	r.SetBasicAuth(f.user, f.pass)
 	fmt.Fprintf(conn, "MKCOL /a/../b HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\nContent-Length: 0\r\n\r\n", r.Header.Get("Authorization"))
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	io.Copy(io.Discard, resp.Body)
 	if resp.StatusCode < 400 {
 		t.Fatalf("MKCOL /a/../b: status %d", resp.StatusCode)
 	}
 	if _, err := f.vol.Meta.Lookup(context.Background(), []string{"b"}); err == nil {
 		t.Fatal("MKCOL /a/../b made /b")
+	}
+	lockBody := `<D:lockinfo xmlns:D="DAV:"><D:lockscope><D:exclusive/></D:lockscope><D:locktype><D:write/></D:locktype></D:lockinfo>`
+	fmt.Fprintf(conn, "LOCK /a/../c HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\nContent-Length: %d\r\n\r\n%s", r.Header.Get("Authorization"), len(lockBody), lockBody)
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("LOCK /a/../c: status %d, want 400", resp.StatusCode)
+	}
+	if _, err := f.vol.Meta.Lookup(context.Background(), []string{"c"}); err == nil {
+		t.Fatal("LOCK /a/../c made /c")
 	}
 }
 

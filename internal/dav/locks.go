@@ -322,11 +322,12 @@ func slashClean(p string) string {
 // an unmapped URL, else 200), or, with an empty body, the refresh of the
 // lock named in the If header.
 func (h *Handler) serveLock(w http.ResponseWriter, r *http.Request) {
-	name := slashClean(r.URL.Path)
-	if _, err := h.fs.split("lock", name); err != nil {
+	// Validated as sent: a ".." is refused, never resolved.
+	if _, err := h.fs.split("lock", r.URL.Path); err != nil {
 		http.Error(w, "invalid path", http.StatusBadRequest)
 		return
 	}
+	name := slashClean(r.URL.Path)
 	timeout, err := parseTimeout(r.Header.Get("Timeout"))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
