@@ -323,10 +323,18 @@ func TestUploadCutShort(t *testing.T) {
 	conn.Write(bytes.Repeat([]byte("n"), 5000))
 	time.Sleep(100 * time.Millisecond)
 	conn.Close()
-	// The handler sees the body end early; wait until it has finished.
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && !strings.Contains(f.logs.String(), `method=PUT path=/f user=alice status=405`) {
+	// The handler sees the body end early; wait until it has answered (its
+	// request is logged when it ends), then check it did not succeed.
+	done := regexp.MustCompile(`msg="webdav request" volume=v method=PUT path=/f user=alice status=(\d+)`)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(done.FindAllString(f.logs.String(), -1)) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the cut PUT did not end within 10s")
+		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if m := done.FindAllStringSubmatch(f.logs.String(), -1); m[1][1][0] == '2' {
+		t.Fatalf("the cut PUT answered %s", m[1][1])
 	}
 	if got := string(f.content("/f")); got != "the old content" {
 		t.Fatalf("after a cut upload the file holds %d bytes %.20q", len(got), got)
