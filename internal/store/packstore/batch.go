@@ -134,8 +134,15 @@ func (s *Store) upload(b *batch) {
 		s.mu.Lock()
 		if err == nil {
 			s.learnPackLocked(&pack{id: id, size: int64(len(data)), objs: b.objs, tombs: b.tombs})
-		} else if b.keep && s.lost == nil {
-			s.lost = cairn.E("flush", cairn.KindOf(err), "", err)
+		} else {
+			if b.keep && s.lost == nil {
+				s.lost = cairn.E("flush", cairn.KindOf(err), "", err)
+			}
+			// Those deletes did not happen: another device may go on
+			// using the objects, so a later repack here must keep them.
+			for _, t := range b.tombs {
+				s.idx.unkill(t)
+			}
 		}
 		for _, o := range b.objs {
 			if s.pending[o.id] == b {

@@ -35,7 +35,7 @@ type index struct {
 	packs   map[cairn.ID]*pack
 	copies  map[cairn.ID][]ref    // every known copy of an object, live or dead
 	plain   map[cairn.ID]plainObj // objects stored as themselves
-	kills   map[tomb]struct{}     // copies killed by a known tombstone (or a Delete here)
+	kills   map[tomb]struct{}     // copies killed by a tombstone in a known (stored) pack
 	damaged map[cairn.ID]int64    // objects that look like packs but whose index cannot be read
 	seq     uint64                // bumped for each pack or plain object learned
 }
@@ -95,6 +95,33 @@ func (x *index) kill(t tomb) {
 		if r.p.id == t.target {
 			x.markDead(r)
 		}
+	}
+}
+
+// copyIn returns the copy tombstone t names; the pack must be known.
+func (x *index) copyIn(t tomb) ref {
+	for _, r := range x.copies[t.id] {
+		if r.p.id == t.target {
+			return r
+		}
+	}
+	panic("packstore: tombstone for a copy the index does not hold")
+}
+
+// unkill brings back the copy a tombstone that could not be stored would
+// have killed, unless a stored tombstone kills it too.
+func (x *index) unkill(t tomb) {
+	if _, stored := x.kills[t]; stored {
+		return
+	}
+	if _, ok := x.packs[t.target]; !ok {
+		return
+	}
+	r := x.copyIn(t)
+	if r.p.dead[r.i] {
+		r.p.dead[r.i] = false
+		r.p.live++
+		r.p.liveB += r.p.objs[r.i].n
 	}
 }
 

@@ -47,13 +47,18 @@
 //
 // Delete of a packed object writes a tombstone (object ID, pack ID) into
 // the open pack: that is how other devices, and this one after a restart,
-// learn of the deletion. Tombstones are stored with the next pack, at the
-// latest after Linger; Delete does not wait for it (a collector deletes
+// learn of the deletion. Tombstones are stored with the next pack, normally
+// within Linger; Delete does not wait for it (a collector deletes
 // thousands of objects one by one), so, unlike the cairn.Store contract
 // says, a crash up to that moment, or before Flush, Compact or Close,
 // undoes the Delete: the object comes back, which is harmless for cairn's
 // mark-and-sweep collector (the next run deletes it again) and never loses
-// data. Repack (Compact, called by `cairn gc` under the GC fence) rewrites
+// data. A tombstone that could not be stored undoes its Delete at once
+// (Flush reports it), so that no later repack here drops an object another
+// device, which never learned of the deletion, may have used since. A
+// collector must Flush (or Compact) before it releases its fence, on its
+// error paths too, so that writers that refresh after it see every
+// tombstone. Repack (Compact, called by `cairn gc` under the GC fence) rewrites
 // packs whose useful fraction is below a threshold: live objects and
 // still-needed tombstones go into new packs, which are stored and indexed
 // before the old packs are deleted, so a crash in between leaves
@@ -696,7 +701,9 @@ func (s *Store) Delete(ctx context.Context, id cairn.ID) error {
 	if len(tombs) > 0 {
 		b := s.openLocked()
 		for _, t := range tombs {
-			s.idx.kill(t)
+			// Dead here at once; for everyone once the pack holding
+			// the tombstone is stored (upload undoes this if it fails).
+			s.idx.markDead(s.idx.copyIn(t))
 			b.tombs = append(b.tombs, t)
 		}
 		b.keep = true

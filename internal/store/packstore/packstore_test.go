@@ -286,6 +286,24 @@ func TestFailedPack(t *testing.T) {
 		}
 		mustGet(t, s, ids[i], data[i])
 	}
+	// A Delete whose tombstone cannot be stored did not happen: the
+	// object is back once that is known, and a repack keeps it (another
+	// device, which never saw the deletion, may use it).
+	backing.down.Store(true)
+	if err := s.Delete(bg, ids[2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Flush(bg); !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("Flush after a Delete whose tombstone failed: err = %v, want Unavailable", err)
+	}
+	backing.down.Store(false)
+	mustGet(t, s, ids[2], data[2])
+	if _, err := s.Repack(bg, 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range ids {
+		mustGet(t, s, ids[i], data[i])
+	}
 }
 
 // TestCorruptPack: a damaged byte in a pack makes Get of the object it falls
