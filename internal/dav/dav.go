@@ -129,9 +129,6 @@ func sweep(dir string, log *slog.Logger) {
 	}
 }
 
-// FS returns the file system the handler serves.
-func (h *Handler) FS() *FS { return h.fs }
-
 // Close removes the staging directory. Call it once the server has
 // stopped (no request in flight).
 func (h *Handler) Close() error { return os.RemoveAll(h.stage) }
@@ -201,6 +198,9 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) string {
 	if !good {
 		h.limiter.fail(ip, now)
 		h.log.Info("wrong WebDAV password", "user", name, "from", ip)
+		if blocked, wait := h.limiter.blocked(ip, now); blocked {
+			h.log.Warn("too many wrong WebDAV passwords: address locked out", "from", ip, "for", wait.Round(time.Second))
+		}
 		challenge("wrong user or password")
 		return ""
 	}
