@@ -25,7 +25,6 @@ import (
 	"crypto/md5"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -162,8 +161,18 @@ func (b *bucket) Put(ctx context.Context, key string, data []byte) error {
 }
 
 func (b *bucket) Get(ctx context.Context, key string, limit int64) ([]byte, error) {
+	return b.read(ctx, key, nil, limit)
+}
+
+func (b *bucket) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	return b.read(ctx, key, &blob.DownloadStreamOptions{Range: blob.HTTPRange{Offset: off, Count: n}}, n)
+}
+
+// read sends one Get Blob and reads the body: at most limit bytes, and all
+// the bytes the reply announced.
+func (b *bucket) read(ctx context.Context, key string, opts *blob.DownloadStreamOptions, limit int64) ([]byte, error) {
 	b.n.Add(objstore.GET)
-	resp, err := b.c.NewBlobClient(key).DownloadStream(ctx, nil)
+	resp, err := b.c.NewBlobClient(key).DownloadStream(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -172,38 +181,29 @@ func (b *bucket) Get(ctx context.Context, key string, limit int64) ([]byte, erro
 	if resp.ContentLength != nil {
 		size = *resp.ContentLength
 	}
-	if size > limit {
-		return nil, cairn.E("get", cairn.Invalid, key, fmt.Errorf("object of %d bytes exceeds %d", size, limit))
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, max(size, 0)+1))
-	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1)); err != nil {
-		return nil, err
-	}
-	if int64(buf.Len()) > limit {
-		return nil, cairn.E("get", cairn.Invalid, key, fmt.Errorf("object exceeds %d bytes", limit))
-	}
-	if size >= 0 && int64(buf.Len()) != size {
-		return nil, fmt.Errorf("read %d bytes of %d: %w", buf.Len(), size, io.ErrUnexpectedEOF)
-	}
-	return buf.Bytes(), nil
+	return objstore.ReadBody(resp.Body, size, limit, key)
 }
 
-func (b *bucket) Head(ctx context.Context, key string) (bool, error) {
+func (b *bucket) Head(ctx context.Context, key string) (int64, bool, error) {
 	b.n.Add(objstore.HEAD)
-	_, err := b.c.NewBlobClient(key).GetProperties(ctx, nil)
+	p, err := b.c.NewBlobClient(key).GetProperties(ctx, nil)
 	if err == nil {
-		return true, nil
+		var size int64
+		if p.ContentLength != nil {
+			size = *p.ContentLength
+		}
+		return size, true, nil
 	}
 	// A HEAD reply has no body: the error code comes from a header, and
 	// a missing container answers 404 too.
 	if bloberror.HasCode(err, bloberror.BlobNotFound) {
-		return false, nil
+		return 0, false, nil
 	}
 	var re *azcore.ResponseError
 	if errors.As(err, &re) && re.StatusCode == http.StatusNotFound && !bloberror.HasCode(err, bloberror.ContainerNotFound) {
-		return false, nil
+		return 0, false, nil
 	}
-	return false, err
+	return 0, false, err
 }
 
 func (b *bucket) Delete(ctx context.Context, key string) error {

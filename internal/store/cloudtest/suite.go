@@ -113,6 +113,23 @@ func testRequests(t *testing.T, s *objstore.Store) {
 			t.Fatalf("Get missing: %v, want NotFound", err)
 		}
 	})
+	step("GetRange", objstore.Requests{Get: 1}, func() {
+		got, err := s.GetRange(bg, b, 100, 900)
+		must(t, err)
+		if string(got) != string(db[100:1000]) {
+			t.Fatal("GetRange returned other bytes")
+		}
+	})
+	step("GetRange past the end", objstore.Requests{Get: 1}, func() {
+		if _, err := s.GetRange(bg, b, 1999, 2); !errors.Is(err, cairn.ErrInvalid) {
+			t.Fatalf("GetRange past the end: %v, want Invalid", err)
+		}
+	})
+	step("GetRange of nothing", objstore.Requests{Head: 1}, func() {
+		if _, err := s.GetRange(bg, missing, 0, 0); !errors.Is(err, cairn.ErrNotFound) {
+			t.Fatalf("GetRange of 0 bytes of a missing object: %v, want NotFound", err)
+		}
+	})
 	// One HEAD per distinct ID.
 	step("Has", objstore.Requests{Head: 3}, func() {
 		found, err := s.Has(bg, []cairn.ID{a, missing, a, b, missing, a})
@@ -136,7 +153,7 @@ func testRequests(t *testing.T, s *objstore.Store) {
 		}
 	})
 	step("Delete", objstore.Requests{Delete: 1}, func() { must(t, s.Delete(bg, a)) })
-	if m := s.Requests().Map(); m["PUT"] != 2 || m["GET"] != 2 || m["HEAD"] != 3 || m["LIST"] != 2 || m["DELETE"] != 1 {
+	if m := s.Requests().Map(); m["PUT"] != 2 || m["GET"] != 4 || m["HEAD"] != 4 || m["LIST"] != 2 || m["DELETE"] != 1 {
 		t.Errorf("Requests().Map() = %v", m)
 	}
 }

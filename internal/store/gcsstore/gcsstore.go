@@ -22,12 +22,10 @@
 package gcsstore
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"net/http"
 	"strings"
 
@@ -131,39 +129,35 @@ func (b *bucket) Put(ctx context.Context, key string, data []byte) error {
 }
 
 func (b *bucket) Get(ctx context.Context, key string, limit int64) ([]byte, error) {
+	return b.read(ctx, key, 0, -1, limit)
+}
+
+func (b *bucket) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	return b.read(ctx, key, off, n, n)
+}
+
+// read sends one GET of length bytes from off (-1: to the end) and reads
+// the body: at most limit bytes, and all the bytes the reply announced.
+func (b *bucket) read(ctx context.Context, key string, off, length, limit int64) ([]byte, error) {
 	b.n.Add(objstore.GET)
-	r, err := b.b.Object(key).NewReader(ctx)
+	r, err := b.b.Object(key).NewRangeReader(ctx, off, length)
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	size := r.Attrs.Size
-	if size > limit {
-		return nil, cairn.E("get", cairn.Invalid, key, fmt.Errorf("object of %d bytes exceeds %d", size, limit))
-	}
-	buf := bytes.NewBuffer(make([]byte, 0, max(size, 0)+1))
-	if _, err := buf.ReadFrom(io.LimitReader(r, limit+1)); err != nil {
-		return nil, err
-	}
-	if int64(buf.Len()) > limit {
-		return nil, cairn.E("get", cairn.Invalid, key, fmt.Errorf("object exceeds %d bytes", limit))
-	}
-	if size >= 0 && int64(buf.Len()) != size {
-		return nil, fmt.Errorf("read %d bytes of %d: %w", buf.Len(), size, io.ErrUnexpectedEOF)
-	}
-	return buf.Bytes(), nil
+	return objstore.ReadBody(r, r.Remain(), limit, key)
 }
 
-func (b *bucket) Head(ctx context.Context, key string) (bool, error) {
+func (b *bucket) Head(ctx context.Context, key string) (int64, bool, error) {
 	b.n.Add(objstore.HEAD)
-	_, err := b.b.Object(key).Attrs(ctx)
+	a, err := b.b.Object(key).Attrs(ctx)
 	switch {
 	case err == nil:
-		return true, nil
+		return a.Size, true, nil
 	case errors.Is(err, storage.ErrObjectNotExist):
-		return false, nil
+		return 0, false, nil
 	}
-	return false, err
+	return 0, false, err
 }
 
 func (b *bucket) Delete(ctx context.Context, key string) error {

@@ -16,9 +16,11 @@
 package objstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -58,8 +60,12 @@ type Bucket interface {
 	// Get reads the whole object. An object larger than max bytes fails
 	// (with an error of Kind Invalid, or any error of the backend's).
 	Get(ctx context.Context, key string, max int64) ([]byte, error)
-	// Head reports whether key exists.
-	Head(ctx context.Context, key string) (bool, error)
+	// GetRange reads at most n > 0 bytes of the object from byte off: the
+	// service may return fewer when the range reaches past the end, and
+	// fails (a 416 status, Kind Invalid) when off is at or past the end.
+	GetRange(ctx context.Context, key string, off, n int64) ([]byte, error)
+	// Head reports whether key exists, and its size.
+	Head(ctx context.Context, key string) (size int64, ok bool, err error)
 	// Delete removes key.
 	Delete(ctx context.Context, key string) error
 	// ListPage returns one page of at most limit objects whose keys
@@ -179,6 +185,27 @@ func ParseKey(prefix, key string) (cairn.ID, bool) {
 	return id, err == nil
 }
 
+// ReadBody reads a reply's body for a backend: size is what the reply
+// announced (-1 if nothing), limit the most the caller takes. More than
+// limit bytes fail with Kind Invalid; fewer than announced with
+// io.ErrUnexpectedEOF (IO: the reply was cut short, retried).
+func ReadBody(r io.Reader, size, limit int64, key string) ([]byte, error) {
+	if size > limit {
+		return nil, cairn.E("get", cairn.Invalid, key, fmt.Errorf("reply of %d bytes exceeds %d", size, limit))
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, max(size, 0)+1))
+	if _, err := buf.ReadFrom(io.LimitReader(r, limit+1)); err != nil {
+		return nil, err
+	}
+	if int64(buf.Len()) > limit {
+		return nil, cairn.E("get", cairn.Invalid, key, fmt.Errorf("reply exceeds %d bytes", limit))
+	}
+	if size >= 0 && int64(buf.Len()) != size {
+		return nil, fmt.Errorf("read %d bytes of %d: %w", buf.Len(), size, io.ErrUnexpectedEOF)
+	}
+	return buf.Bytes(), nil
+}
+
 // path names an object in errors: the store's URL and the object's ID.
 func (s *Store) path(id cairn.ID) string { return s.name + " " + id.String() }
 
@@ -276,6 +303,53 @@ func (s *Store) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	return data, nil
 }
 
+// GetRange reads n bytes of the object from byte off (store.RangeReader)
+// with one ranged GET, or one HEAD when n is 0. The bytes are not checked:
+// a part cannot be checked against the whole object's ID. A range reaching
+// past the object's end fails with Kind Invalid, a missing object with
+// NotFound.
+func (s *Store) GetRange(ctx context.Context, id cairn.ID, off, n int64) ([]byte, error) {
+	path := s.path(id)
+	if err := s.begin(ctx, "get range", path); err != nil {
+		return nil, err
+	}
+	if off < 0 || n < 0 || n > MaxObject {
+		return nil, cairn.E("get range", cairn.Invalid, path, fmt.Errorf("range of %d bytes at %d", n, off))
+	}
+	key := Key(s.prefix, id)
+	if n == 0 {
+		var (
+			size int64
+			ok   bool
+		)
+		err := s.retry(ctx, "get range", path, func() (err error) {
+			size, ok, err = s.b.Head(ctx, key)
+			return err
+		})
+		switch {
+		case err != nil:
+			return nil, err
+		case !ok:
+			return nil, cairn.E("get range", cairn.NotFound, path, nil)
+		case off > size:
+			return nil, cairn.E("get range", cairn.Invalid, path, fmt.Errorf("offset %d is past the end of the %d-byte object", off, size))
+		}
+		return []byte{}, nil
+	}
+	var data []byte
+	err := s.retry(ctx, "get range", path, func() (err error) {
+		data, err = s.b.GetRange(ctx, key, off, n)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) != n {
+		return nil, cairn.E("get range", cairn.Invalid, path, fmt.Errorf("range [%d, %d) reaches past the object's end (%d bytes read)", off, off+n, len(data)))
+	}
+	return data, nil
+}
+
 // Has sends one HEAD request per distinct ID, Options.HasWorkers at a time.
 func (s *Store) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 	if err := s.begin(ctx, "has", s.name); err != nil {
@@ -312,7 +386,7 @@ func (s *Store) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 				}
 				key := Key(s.prefix, uniq[i])
 				err := s.retry(hctx, "has", s.path(uniq[i]), func() (err error) {
-					present[i], err = s.b.Head(hctx, key)
+					_, present[i], err = s.b.Head(hctx, key)
 					return err
 				})
 				if err != nil {

@@ -14,8 +14,11 @@ import (
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/store"
 	"cairn.dev/cairn/internal/store/storetest"
 )
+
+var _ store.RangeReader = (*Store)(nil)
 
 // statusErr is a fake service's error reply.
 type statusErr int
@@ -85,21 +88,41 @@ func (m *memBucket) Get(ctx context.Context, key string, limit int64) ([]byte, e
 	return slices.Clone(b), nil
 }
 
-func (m *memBucket) Head(ctx context.Context, key string) (bool, error) {
+func (m *memBucket) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	m.n.Add(GET)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := m.fault("get"); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, ok := m.objs[key]
+	switch {
+	case !ok:
+		return nil, statusErr(404)
+	case off >= int64(len(b)):
+		return nil, statusErr(416)
+	}
+	return slices.Clone(b[off:min(off+n, int64(len(b)))]), nil
+}
+
+func (m *memBucket) Head(ctx context.Context, key string) (int64, bool, error) {
 	m.n.Add(HEAD)
 	if m.onHead != nil {
 		m.onHead(key)
 	}
 	if err := ctx.Err(); err != nil {
-		return false, err
+		return 0, false, err
 	}
 	if err := m.fault("head"); err != nil {
-		return false, err
+		return 0, false, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, ok := m.objs[key]
-	return ok, nil
+	b, ok := m.objs[key]
+	return int64(len(b)), ok, nil
 }
 
 func (m *memBucket) Delete(ctx context.Context, key string) error {
@@ -165,6 +188,30 @@ func (m *memBucket) Close() error {
 	defer m.mu.Unlock()
 	m.closed = true
 	return nil
+}
+
+func TestGetRangeRequests(t *testing.T) {
+	s, m := newStore("p", quick)
+	id, data := storetest.Blob(1, 1000)
+	if err := s.Put(bg, id, data); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Requests()
+	got, err := s.GetRange(bg, id, 10, 20)
+	if err != nil || string(got) != string(data[10:30]) {
+		t.Fatalf("GetRange: %v", err)
+	}
+	if _, err := s.GetRange(bg, id, 1000, 0); err != nil {
+		t.Fatalf("GetRange(1000, 0): %v", err)
+	}
+	if r := s.Requests().Sub(before); r != (Requests{Get: 1, Head: 1}) {
+		t.Errorf("GetRange of 20 bytes, then of 0: requests %v, want one GET and one HEAD", r)
+	}
+	// Retried like Get.
+	m.fail["get"] = []error{statusErr(503)}
+	if got, err := s.GetRange(bg, id, 0, 5); err != nil || string(got) != string(data[:5]) {
+		t.Fatalf("GetRange after a 503: %v", err)
+	}
 }
 
 var quick = Options{Attempts: 3, Backoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}

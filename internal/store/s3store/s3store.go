@@ -31,11 +31,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -226,37 +226,43 @@ func (b *bucket) Put(ctx context.Context, key string, data []byte) error {
 }
 
 func (b *bucket) Get(ctx context.Context, key string, limit int64) ([]byte, error) {
-	rc, info, _, err := minio.Core{Client: b.c}.GetObject(ctx, b.name, key, minio.GetObjectOptions{})
+	return b.read(ctx, key, minio.GetObjectOptions{}, limit)
+}
+
+func (b *bucket) GetRange(ctx context.Context, key string, off, n int64) ([]byte, error) {
+	var opts minio.GetObjectOptions
+	if err := opts.SetRange(off, off+n-1); err != nil {
+		return nil, cairn.E("get range", cairn.Invalid, key, err)
+	}
+	return b.read(ctx, key, opts, n)
+}
+
+// read sends one GET and reads the body: at most limit bytes, and all the
+// bytes the reply announced.
+func (b *bucket) read(ctx context.Context, key string, opts minio.GetObjectOptions, limit int64) ([]byte, error) {
+	rc, _, h, err := minio.Core{Client: b.c}.GetObject(ctx, b.name, key, opts)
 	if err != nil {
 		return nil, err
 	}
 	defer rc.Close()
-	if info.Size > limit {
-		return nil, cairn.E("get", cairn.Invalid, key, fmt.Errorf("object of %d bytes exceeds %d", info.Size, limit))
+	size := int64(-1)
+	if cl := h.Get("Content-Length"); cl != "" {
+		if size, err = strconv.ParseInt(cl, 10, 64); err != nil || size < 0 {
+			return nil, fmt.Errorf("bad Content-Length %q", cl)
+		}
 	}
-	data := make([]byte, 0, max(info.Size, 0)+1)
-	buf := bytes.NewBuffer(data)
-	if _, err := buf.ReadFrom(io.LimitReader(rc, limit+1)); err != nil {
-		return nil, err
-	}
-	if int64(buf.Len()) > limit {
-		return nil, cairn.E("get", cairn.Invalid, key, fmt.Errorf("object exceeds %d bytes", limit))
-	}
-	if info.Size >= 0 && int64(buf.Len()) != info.Size {
-		return nil, fmt.Errorf("read %d bytes of %d: %w", buf.Len(), info.Size, io.ErrUnexpectedEOF)
-	}
-	return buf.Bytes(), nil
+	return objstore.ReadBody(rc, size, limit, key)
 }
 
-func (b *bucket) Head(ctx context.Context, key string) (bool, error) {
-	_, err := b.c.StatObject(ctx, b.name, key, minio.StatObjectOptions{})
+func (b *bucket) Head(ctx context.Context, key string) (int64, bool, error) {
+	info, err := b.c.StatObject(ctx, b.name, key, minio.StatObjectOptions{})
 	if err == nil {
-		return true, nil
+		return info.Size, true, nil
 	}
 	if er := toResponse(err); er != nil && (er.StatusCode == http.StatusNotFound && er.Code != "NoSuchBucket") {
-		return false, nil
+		return 0, false, nil
 	}
-	return false, err
+	return 0, false, err
 }
 
 func (b *bucket) Delete(ctx context.Context, key string) error {
