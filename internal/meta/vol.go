@@ -248,7 +248,11 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 			next = *cur
 			next.Versions = append([]Version(nil), cur.Versions...)
 			next.Mode, next.UID, next.GID, next.Ctime = c.Mode, c.UID, c.GID, now
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", cur.Rev))
+			// The directory must still be where the caller found it: a
+			// trashed directory keeps its entries, and a commit into one
+			// would succeed unseen.
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", cur.Rev),
+				clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0))
 		}
 		ver := c.Version
 		ver.N = 1
