@@ -126,6 +126,11 @@ type Attrs struct {
 	GID   uint32
 	Mtime time.Time
 	Src   meta.Source
+	// Lock, if set, is the file's writer lock (meta.Vol.Lock), already
+	// held by the caller: WriteFile commits under it instead of taking its
+	// own. A successful commit releases it; after a failure it is still
+	// the caller's to release.
+	Lock *meta.Lock
 }
 
 // WriteStats reports what one WriteFile did.
@@ -134,16 +139,20 @@ type WriteStats = pipeline.WriteStats
 // WriteFile stores the content open() yields as a new version of name in
 // directory dir, and commits it atomically: readers see the old version until
 // the commit, the new one after it; a crash at any point leaves the old one.
-// While it writes it holds the file's writer lock (an etcd lease).
+// While it writes it holds the file's writer lock (an etcd lease): its own,
+// or a.Lock.
 // open may be called more than once: when a garbage collection ran during the
 // write, the content is written again (only missing chunks are stored).
 func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, open func() (io.ReadCloser, error), a Attrs) (*meta.Entry, WriteStats, error) {
 	path := v.Name() + ":" + name
-	lock, err := v.Meta.Lock(ctx, dir.Ino, name)
-	if err != nil {
-		return nil, WriteStats{}, err
+	lock := a.Lock
+	if lock == nil {
+		var err error
+		if lock, err = v.Meta.Lock(ctx, dir.Ino, name); err != nil {
+			return nil, WriteStats{}, err
+		}
+		defer lock.Unlock(ctx)
 	}
-	defer lock.Unlock(ctx)
 	var total WriteStats
 	for attempt := 0; ; attempt++ {
 		gen, err := v.writeGen(ctx)
