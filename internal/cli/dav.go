@@ -137,10 +137,11 @@ func (e *env) serveDav(ctx context.Context, name, listen string, plain bool, hos
 	if plain {
 		scheme = "http"
 	}
-	fmt.Fprintf(e.stdout, "serving %s over WebDAV at %s://%s/ (pid %d)\n", name, scheme, ln.Addr(), os.Getpid())
 	if certNote != "" {
 		fmt.Fprintln(e.stdout, certNote)
 	}
+	// Last: scripts and tests wait for this line.
+	fmt.Fprintf(e.stdout, "serving %s over WebDAV at %s://%s/ (pid %d)\n", name, scheme, ln.Addr(), os.Getpid())
 	if err := dav.Serve(ctx, ln, h, tc, e.log); err != nil {
 		return err
 	}
