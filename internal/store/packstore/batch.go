@@ -22,6 +22,7 @@ type batch struct {
 	at       map[cairn.ID]int // index in objs
 	tombs    []tomb
 	reserved int64 // bytes of Store.budget held until the batch is done
+	waiters  int   // Puts waiting for it
 	keep     bool  // holds deferred objects or tombstones: a failure goes to Store.lost
 	ready    bool  // lingered while every upload slot was busy: seal at the next free slot
 	timer    *time.Timer
@@ -72,15 +73,28 @@ func (s *Store) openLocked() *batch {
 	return s.open
 }
 
-// filledLocked is called after something was added to the open batch b: it
-// seals b when full, and otherwise, if linger is set (a Put waits for b, or
-// b holds tombstones), makes sure b lingers at most Options.Linger. A batch
-// of deferred objects only waits until it is full or flushed.
-func (s *Store) filledLocked(b *batch, linger bool) {
+// How long a batch may stay open once something was added to it.
+type lingerMode int
+
+const (
+	lingerNo         lingerMode = iota // deferred objects: until full or flushed
+	lingerWaiter                       // a Put waits: linger if other Puts are under way
+	lingerTombstones                   // tombstones: linger, so a collector's deletes share packs
+)
+
+// filledLocked is called after something was added to the open batch b (or
+// a Put began waiting for it): it seals b when full, and otherwise may start
+// its linger timer. A batch that every Put under way waits for does not
+// linger: nobody else could join it (so a lone sequential writer never
+// waits Linger for nothing); it is sealed as soon as an upload slot is free.
+func (s *Store) filledLocked(b *batch, mode lingerMode) {
 	switch {
 	case b.size() >= s.opts.PackSize:
 		s.sealLocked(b)
-	case !linger || b.timer != nil || b.ready:
+	case b.ready:
+	case mode == lingerWaiter && int64(b.waiters) >= s.active.Load():
+		s.lingeredLocked(b)
+	case mode == lingerNo || b.timer != nil:
 	case s.opts.Linger == 0:
 		s.lingeredLocked(b)
 	default:

@@ -213,6 +213,8 @@ type Store struct {
 
 	nPut, nGet, nRange, nHas, nList, nDelete atomic.Int64
 
+	active atomic.Int64 // Puts of small objects under way
+
 	delMu  sync.RWMutex  // Delete (shared) against Repack (exclusive)
 	refSem chan struct{} // one refresh at a time
 
@@ -373,6 +375,8 @@ func (s *Store) put(ctx context.Context, id cairn.ID, data []byte, wait bool) er
 	if len(data) >= s.opts.Threshold {
 		return s.putPlain(ctx, id, data)
 	}
+	s.active.Add(1)
+	defer s.active.Add(-1)
 	var reserved int64
 	defer func() {
 		if reserved > 0 {
@@ -396,7 +400,8 @@ func (s *Store) put(ctx context.Context, id cairn.ID, data []byte, wait bool) er
 				return nil
 			}
 			if b == s.open {
-				s.filledLocked(b, true) // a batch of deferred objects now has a waiter
+				b.waiters++
+				s.filledLocked(b, lingerWaiter)
 			}
 			s.mu.Unlock()
 			return b.wait(ctx, op, id)
@@ -417,7 +422,12 @@ func (s *Store) put(ctx context.Context, id cairn.ID, data []byte, wait bool) er
 			b.keep = true
 		}
 		s.pending[id] = b
-		s.filledLocked(b, wait)
+		if wait {
+			b.waiters++
+			s.filledLocked(b, lingerWaiter)
+		} else {
+			s.filledLocked(b, lingerNo)
+		}
 		s.mu.Unlock()
 		if !wait {
 			return nil
@@ -707,7 +717,7 @@ func (s *Store) Delete(ctx context.Context, id cairn.ID) error {
 			b.tombs = append(b.tombs, t)
 		}
 		b.keep = true
-		s.filledLocked(b, true)
+		s.filledLocked(b, lingerTombstones)
 	}
 	_, plain := s.idx.plain[id]
 	s.mu.Unlock()
