@@ -116,6 +116,8 @@ type member struct {
 
 	mu        sync.Mutex
 	waiting   int
+	seq       uint64
+	inflight  map[uint64]time.Time // start of each request in flight
 	ewma      time.Duration
 	requests  int64
 	failures  int64
@@ -158,7 +160,7 @@ func New(stores []Named, o Options) (*Set, error) {
 			return nil, cairn.E("storeset", cairn.Invalid, n.Name, errors.New("nil store"))
 		}
 		seen[n.Name] = true
-		s.m = append(s.m, &member{name: n.Name, st: n.Store, slot: make(chan struct{}, o.Concurrency)})
+		s.m = append(s.m, &member{name: n.Name, st: n.Store, slot: make(chan struct{}, o.Concurrency), inflight: map[uint64]time.Time{}})
 	}
 	return s, nil
 }
@@ -183,9 +185,11 @@ func (s *Set) Index(name string) int {
 }
 
 // Order returns the members' positions, best first: members that are up
-// by increasing average latency (those not measured yet first, so that
-// every member gets measured), then down members, longest up most recently
-// first. Ties keep the members' order.
+// by increasing latency, then down members, most recently up first. Ties
+// keep the members' order. A member's latency is its moving average, or
+// the age of its oldest request in flight when that is more (a member that
+// has stopped answering drops back before it fails anything); members not
+// measured yet and idle count 0, so that every member gets measured.
 func (s *Set) Order() []int { return s.OrderOf(nil) }
 
 // OrderOf is Order restricted to the positions in among (all when nil).
@@ -203,10 +207,15 @@ func (s *Set) OrderOf(among []int) []int {
 		}
 	}
 	keys := make([]key, len(among))
+	now := s.now()
 	for j, i := range among {
 		m := s.m[i]
 		m.mu.Lock()
-		keys[j] = key{i, m.down, m.ewma, m.downSince}
+		lat := m.ewma
+		for _, start := range m.inflight {
+			lat = max(lat, now.Sub(start))
+		}
+		keys[j] = key{i, m.down, lat, m.downSince}
 		m.mu.Unlock()
 	}
 	slices.SortStableFunc(keys, func(a, b key) int {
@@ -291,13 +300,19 @@ func (s *Set) Call(ctx context.Context, i int, fn func(ctx context.Context, st c
 		m.mu.Unlock()
 		return cairn.E("store "+m.name, cairn.Canceled, "", ctx.Err())
 	}
+	start := s.now()
 	m.mu.Lock()
 	m.waiting--
 	m.requests++
+	m.seq++
+	seq := m.seq
+	m.inflight[seq] = start
 	m.mu.Unlock()
-	start := s.now()
 	err := fn(ctx, m.st)
 	elapsed := s.now().Sub(start)
+	m.mu.Lock()
+	delete(m.inflight, seq)
+	m.mu.Unlock()
 	<-m.slot
 	switch k := cairn.KindOf(err); {
 	case err == nil || k == cairn.NotFound || k == cairn.Corrupt || k == cairn.Invalid:
