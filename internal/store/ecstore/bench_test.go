@@ -78,3 +78,44 @@ func BenchmarkECPut(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkECGetRange reads 16 KiB ranges at spread offsets of a 16 MiB
+// object (a pack, as packstore reads it) through ec:2+2 over four
+// memstores, with every store up and with s0 (data shard 0) down: then
+// ranges in the first half are rebuilt from the same bytes of shard 1 and
+// a parity shard.
+func BenchmarkECGetRange(b *testing.B) {
+	const size, n = 16 << 20, 16 << 10
+	for _, down := range []int{0, 1} {
+		b.Run(fmt.Sprintf("down=%d", down), func(b *testing.B) {
+			c := newCluster(4)
+			s := openEC(b, 2, 2, c.named(), ecstore.Options{})
+			defer s.Close()
+			id, data := storetest.Blob(1, size)
+			if err := s.Put(bg, id, data); err != nil {
+				b.Fatal(err)
+			}
+			flush(b, s)
+			if down == 1 {
+				c.down(true, 0)
+			}
+			for i := range 4 {
+				if _, err := s.GetRange(bg, id, int64(i)*n, n); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetBytes(n)
+			b.ResetTimer()
+			for i := range b.N {
+				off := int64(i) * 7919 * 4096 % (size - n)
+				got, err := s.GetRange(bg, id, off, n)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if i < 8 && string(got) != string(data[off:off+n]) {
+					b.Fatal("wrong bytes")
+				}
+			}
+		})
+	}
+}

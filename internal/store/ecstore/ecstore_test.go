@@ -19,9 +19,9 @@ import (
 
 var bg = context.Background()
 
-// nopClose keeps a store open when the wrapper closes it, so a test can
+// nopClose keeps a memstore open when the wrapper closes it, so a test can
 // reopen a wrapper over the same contents.
-type nopClose struct{ cairn.Store }
+type nopClose struct{ *memstore.Store }
 
 func (nopClose) Close() error { return nil }
 
@@ -693,5 +693,87 @@ func TestOverhead(t *testing.T) {
 			t.Fatalf("Stats = %+v, %v; want 50 objects, %d bytes, disk %d", u, err, put, stored)
 		}
 		s.Close()
+	}
+}
+
+// noRange hides a store's ranged reads.
+type noRange struct{ cairn.Store }
+
+// GetRange reads only the bytes asked for, from the data shards' members,
+// or reconstructs them from the same bytes of K others when those fail.
+func TestGetRange(t *testing.T) {
+	for _, ranged := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ranged=%v", ranged), func(t *testing.T) {
+			c := newCluster(4)
+			named := c.named()
+			if !ranged {
+				for i := range named {
+					named[i].Store = noRange{named[i].Store}
+				}
+			}
+			s := openEC(t, 2, 2, named, ecstore.Options{})
+			defer s.Close()
+			id, data := storetest.Blob(1, 100001) // S = 50001
+			if err := s.Put(bg, id, data); err != nil {
+				t.Fatal(err)
+			}
+			flush(t, s)
+			ranges := [][2]int64{{0, 0}, {0, 1}, {0, 100001}, {50000, 2}, {50001, 10}, {49990, 20}, {100000, 1}, {12345, 67890}}
+			check := func(what string) {
+				t.Helper()
+				for _, r := range ranges {
+					got, err := s.GetRange(bg, id, r[0], r[1])
+					if err != nil {
+						t.Fatalf("%s: GetRange(%d, %d): %v", what, r[0], r[1], err)
+					}
+					if string(got) != string(data[r[0]:r[0]+r[1]]) {
+						t.Fatalf("%s: GetRange(%d, %d): wrong bytes", what, r[0], r[1])
+					}
+				}
+			}
+			g := c.fs[0].Calls().Gets + c.fs[1].Calls().Gets + c.fs[2].Calls().Gets + c.fs[3].Calls().Gets
+			check("all up")
+			if ranged {
+				g2 := c.fs[0].Calls().Gets + c.fs[1].Calls().Gets + c.fs[2].Calls().Gets + c.fs[3].Calls().Gets
+				if g2 != g || c.fs[2].Calls().Ranges+c.fs[3].Calls().Ranges != 0 {
+					t.Fatalf("all up: %d whole Gets, %d ranged reads of parity", g2-g, c.fs[2].Calls().Ranges+c.fs[3].Calls().Ranges)
+				}
+			}
+			c.down(true, 0)
+			check("s0 down")
+			c.down(true, 1)
+			check("s0 and s1 down: from parity")
+			c.down(false, 0, 1)
+			// A shard lost on s1: reported, queued, read around.
+			var gotFault faults
+			s2 := openEC(t, 2, 2, c.named(), ecstore.Options{OnFault: gotFault.add})
+			defer s2.Close()
+			if err := s2.Rescan(bg); err != nil {
+				t.Fatal(err)
+			}
+			var shard1 cairn.ID
+			c.inner[1].List(bg, func(x cairn.ID, size int64) error {
+				if size != 180 {
+					shard1 = x
+				}
+				return nil
+			})
+			if err := c.fs[1].Lose(shard1); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s2.GetRange(bg, id, 60000, 100)
+			if err != nil || string(got) != string(data[60000:60100]) {
+				t.Fatalf("GetRange with shard 1 lost: %v", err)
+			}
+			if f := gotFault.take(); len(f) != 1 || f[0].Store != "s1" || f[0].Kind != cairn.NotFound {
+				t.Fatalf("faults %v, want s1 missing", f)
+			}
+			if q := s2.Queued(); len(q) != 1 || q[0].Store != "s1" {
+				t.Fatalf("queue %v", q)
+			}
+			c.down(true, 0, 2, 3)
+			_, err = s2.GetRange(bg, id, 60000, 100)
+			errNames(t, err, cairn.ErrUnavailable, "s0", "s1", "s2", "s3")
+		})
 	}
 }

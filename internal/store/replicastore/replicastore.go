@@ -64,9 +64,9 @@ type Options struct {
 	// Quorum is how many copies must be stored before Put returns
 	// (N−f). Default 1; at most N.
 	Quorum int
-	// QueueDir holds the repair queue (storeset.Queue), so queued repairs
+	// Dir holds the repair queue (storeset.Queue), so queued repairs
 	// survive a restart. "": the queue lives in memory only.
-	QueueDir string
+	Dir string
 	// Concurrency bounds the requests in flight per member. Default 8.
 	Concurrency int
 	// ProbeInterval is how often Put tries a member that is down.
@@ -137,7 +137,7 @@ func New(n int, stores []Named, o Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	q, err := storeset.OpenQueue(o.QueueDir, "replica", o.Logger)
+	q, err := storeset.OpenQueue(o.Dir, "replica", o.Logger)
 	if err != nil {
 		return nil, err
 	}

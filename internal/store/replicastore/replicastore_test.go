@@ -404,7 +404,7 @@ func TestPersistentQueue(t *testing.T) {
 	inner0, inner1 := memstore.New(), memstore.New()
 	fs := []*faultstore.Store{faultstore.New(nopClose{inner0}), faultstore.New(nopClose{inner1})}
 	named := []replicastore.Named{{Name: "s0", Store: fs[0]}, {Name: "s1", Store: fs[1]}}
-	s := open(t, 2, named, replicastore.Options{QueueDir: dir})
+	s := open(t, 2, named, replicastore.Options{Dir: dir})
 	fs[1].SetDown(true)
 	id, data := storetest.Blob(9, 100)
 	if err := s.Put(bg, id, data); err != nil {
@@ -419,7 +419,7 @@ func TestPersistentQueue(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s2 := open(t, 2, named2, replicastore.Options{QueueDir: dir})
+	s2 := open(t, 2, named2, replicastore.Options{Dir: dir})
 	defer s2.Close()
 	if q := s2.Queued(); len(q) != 1 || q[0].Store != "s1" || q[0].ID != id {
 		t.Fatalf("reopened queue = %v", q)
@@ -495,5 +495,32 @@ func TestOverhead(t *testing.T) {
 	u, err := s.Stats(bg)
 	if err != nil || u.Bytes != put || u.Disk != stored || u.Objects != 200 {
 		t.Fatalf("Stats = %+v, %v", u, err)
+	}
+}
+
+func TestGetRange(t *testing.T) {
+	named, fs := members(2)
+	s := open(t, 2, named, replicastore.Options{})
+	defer s.Close()
+	id, data := storetest.Blob(11, 10000)
+	if err := s.Put(bg, id, data); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, s)
+	for _, down := range []int{0, 1} {
+		fs[down].SetDown(true)
+		got, err := s.GetRange(bg, id, 1000, 2000)
+		if err != nil || string(got) != string(data[1000:3000]) {
+			t.Fatalf("GetRange with s%d down: %v", down, err)
+		}
+		fs[down].SetDown(false)
+	}
+	if _, err := s.GetRange(bg, id, 9000, 2000); !errors.Is(err, cairn.ErrInvalid) {
+		t.Fatalf("GetRange past the end: %v", err)
+	}
+	fs[0].SetDown(true)
+	fs[1].SetDown(true)
+	if _, err := s.GetRange(bg, id, 0, 1); !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("GetRange with both down: %v", err)
 	}
 }
