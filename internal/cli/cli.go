@@ -94,6 +94,7 @@ type env struct {
 	quiet          bool
 	cpuprofile     string
 	target         string // put --store: the node that receives the data
+	noCache        bool   // cat/get --no-cache: read from the stores, past every local cache
 	log            *slog.Logger
 	realm          *realm.Realm
 }
@@ -194,6 +195,7 @@ CAIRN_CHUNK_CACHE (bound of the cache of chunks read from other nodes, e.g.
 		e.devicesCmd(), e.nodeCmd(), e.inviteCmd(), e.joinCmd())
 	root.AddCommand(e.mountCmds()...)
 	root.AddCommand(e.davCmd())
+	root.AddCommand(e.storeCmd())
 	return root
 }
 
@@ -229,7 +231,7 @@ func (e *env) etcdEndpoints() []string {
 }
 
 func (e *env) options() realm.Options {
-	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Target: e.target, Logger: e.log}
+	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Target: e.target, NoCache: e.noCache, Logger: e.log}
 	if s := os.Getenv("CAIRN_CHUNK_CACHE"); s != "" {
 		if n, err := parseSize(s); err == nil && n > 0 {
 			o.CacheBytes = n

@@ -66,6 +66,7 @@ interrupted get never leaves a half-written file under the real name.`,
 		},
 	}
 	c.Flags().Uint64Var(&version, "version", 0, "version number of a file to get (see 'cairn versions')")
+	c.Flags().BoolVar(&e.noCache, "no-cache", false, "read from the stores that hold the data, bypassing this device's chunk cache (to check the remote copies)")
 	c.Flags().IntVar(&workers, "workers", 0, "files read in parallel (default 2 per core)")
 	return c
 }

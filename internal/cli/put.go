@@ -82,7 +82,7 @@ Files that cannot be read are reported and skipped; the exit code is then 1.`,
 			return err
 		},
 	}
-	c.Flags().StringVar(&e.target, "store", "", "store the data on this node (see 'cairn devices') instead of this device; only chunks the node lacks are sent")
+	c.Flags().StringVar(&e.target, "store", "", "store the data on this node (see 'cairn devices') or store (see 'cairn store ls') instead of this device; only chunks it lacks are sent")
 	c.Flags().BoolVar(&force, "force", false, "store files even when unchanged")
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON summary on stdout")
 	c.Flags().IntVar(&workers, "workers", 0, "files written in parallel (default 32 per core; memory is bounded separately)")

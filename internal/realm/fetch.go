@@ -42,8 +42,19 @@ type deviceStore struct {
 
 var _ cairn.Store = (*deviceStore)(nil)
 
+// Put writes to the target. What goes to another node or store is also
+// kept in the chunk cache: reading back what this device wrote costs no
+// request to the store ("always write, avoid reading", SCFS).
 func (d *deviceStore) Put(ctx context.Context, id cairn.ID, data []byte) error {
-	return d.target.Put(ctx, id, data)
+	if err := d.target.Put(ctx, id, data); err != nil {
+		return err
+	}
+	if d.target != d.local {
+		if c, err := d.r.chunkCache(ctx); err == nil {
+			c.Keep(ctx, id, data)
+		}
+	}
+	return nil
 }
 
 func (d *deviceStore) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
@@ -51,6 +62,9 @@ func (d *deviceStore) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 }
 
 func (d *deviceStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	if d.r.opts.NoCache {
+		return d.getNoCache(ctx, id)
+	}
 	data, err := d.local.Get(ctx, id)
 	if err == nil || !errors.Is(err, cairn.ErrNotFound) {
 		return data, err
@@ -60,6 +74,38 @@ func (d *deviceStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 		return nil, cerr
 	}
 	return c.Get(ctx, id)
+}
+
+// getNoCache reads id from where the version being read says its data
+// is (store.Sources): this device's store if it is named (or nothing is),
+// else the named nodes and stores directly, never the chunk cache.
+func (d *deviceStore) getNoCache(ctx context.Context, id cairn.ID) ([]byte, error) {
+	src := store.Sources(ctx)
+	self := d.r.nodeName(ctx)
+	if len(src) == 0 || slices.Contains(src, self) || slices.Contains(src, "local") {
+		return d.local.Get(ctx, id)
+	}
+	rt, err := d.r.routerOnly(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// Every store the router reads from verifies what it returns
+	// against the ID (as for the chunk cache's TrustBacking).
+	return rt.Get(ctx, id)
+}
+
+// routerOnly returns the router without the chunk cache in front (for
+// NoCache reads), made on first need.
+func (r *Realm) routerOnly(ctx context.Context) (*router, error) {
+	r.remoteMu.Lock()
+	defer r.remoteMu.Unlock()
+	if r.remoteClosed {
+		return nil, errRealmClosed
+	}
+	if r.router == nil {
+		r.router = &router{r: r, nodes: map[string]*peer{}}
+	}
+	return r.router, nil
 }
 
 func (d *deviceStore) Delete(ctx context.Context, id cairn.ID) error {
@@ -106,7 +152,10 @@ func (r *Realm) chunkCache(ctx context.Context) (*cachestore.Store, error) {
 	if max == 0 {
 		max = DefaultCacheBytes
 	}
-	rt := &router{r: r, nodes: map[string]*peer{}}
+	rt := r.router
+	if rt == nil {
+		rt = &router{r: r, nodes: map[string]*peer{}}
+	}
 	c, err := cachestore.New(ctx, rt, cst, cachestore.Options{MaxBytes: max, NoCacheOnPut: true,
 		// The router's remote stores check every object they fetch.
 		TrustBacking: true, Logger: r.log})
@@ -133,7 +182,9 @@ func (r *Realm) CacheStats() cachestore.Stats {
 type peer struct {
 	name string
 	addr string
-	st   *remotestore.Store
+	st   cairn.Store
+	// shared is set for a registered store: the realm owns and closes it.
+	shared bool
 	// rtt is the last measured round trip (0: not measured); downUntil
 	// keeps a node that failed out of the first places for a while.
 	rtt       time.Duration
@@ -179,7 +230,9 @@ func (rt *router) Close() error {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	for _, p := range rt.nodes {
-		p.st.Close()
+		if !p.shared {
+			p.st.Close()
+		}
 	}
 	rt.nodes = map[string]*peer{}
 	rt.closed = true
@@ -316,7 +369,27 @@ func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skip
 	for _, c := range cs {
 		cands = append(cands, c.p)
 	}
-	return cands, skipped, nil
+	// Hinted names that are no node: registered stores (cloud buckets,
+	// directories), read first, in the version's order.
+	var stores []*peer
+	for _, name := range hint {
+		if slices.ContainsFunc(nodes, func(n meta.NodeStatus) bool { return n.Name == name }) || name == self {
+			continue
+		}
+		p, err := rt.storePeer(ctx, name)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, nil, ctx.Err()
+			}
+			rt.r.log.Warn("opening a store the version names", "store", name, "err", err)
+			skipped = append(skipped, name)
+			continue
+		}
+		if p != nil {
+			stores = append(stores, p)
+		}
+	}
+	return append(stores, cands...), skipped, nil
 }
 
 // probe measures the round trip to each node not measured yet, all at
@@ -339,8 +412,12 @@ func (rt *router) probe(ctx context.Context, ps []*peer) {
 		wg.Go(func() {
 			pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 			defer cancel()
+			h, ok := p.st.(interface{ Health(context.Context) error })
+			if !ok {
+				return
+			}
 			t0 := time.Now()
-			err := p.st.Health(pctx)
+			err := h.Health(pctx)
 			if ctx.Err() == nil { // the caller gave up: says nothing of the node
 				rt.observe(p, time.Since(t0), err)
 			}
@@ -368,6 +445,31 @@ func (rt *router) registry(ctx context.Context) ([]meta.NodeStatus, error) {
 	rt.listed, rt.listAt = nodes, time.Now()
 	rt.mu.Unlock()
 	return nodes, nil
+}
+
+// storePeer returns registered store name as a peer (nil if there is no
+// such store).
+func (rt *router) storePeer(ctx context.Context, name string) (*peer, error) {
+	rt.mu.Lock()
+	p := rt.nodes["store:"+name]
+	rt.mu.Unlock()
+	if p != nil {
+		return p, nil
+	}
+	rt.r.remoteMu.Lock()
+	n, err := rt.r.namedStoreLocked(ctx, name)
+	rt.r.remoteMu.Unlock()
+	if err != nil || n == nil {
+		return nil, err
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if p := rt.nodes["store:"+name]; p != nil {
+		return p, nil
+	}
+	p = &peer{name: name, addr: n.rec.URL, st: n.st, shared: true}
+	rt.nodes["store:"+name] = p
+	return p, nil
 }
 
 // peer returns the client of node name at addr, made on first use (and
@@ -485,6 +587,18 @@ func (r *Realm) targetStore(ctx context.Context) (cairn.Store, string, error) {
 	}
 	if r.target != nil {
 		return r.target, t, nil
+	}
+	// A registered store (cloud bucket, directory) or else a node.
+	n, err := r.namedStoreLocked(ctx, t)
+	if err != nil {
+		return nil, "", err
+	}
+	if n != nil {
+		if n.rec.Draining {
+			return nil, "", cairn.E("open store", cairn.Permission, t, errors.New("the store is being removed: no new data goes to it"))
+		}
+		r.target = n.st
+		return n.st, t, nil
 	}
 	st, err := r.Meta.Node(ctx, t)
 	if err != nil {

@@ -26,7 +26,6 @@ import (
 	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/store/cachestore"
 	"cairn.dev/cairn/internal/store/localstore"
-	"cairn.dev/cairn/internal/store/remotestore"
 	"cairn.dev/cairn/internal/vpath"
 )
 
@@ -100,6 +99,11 @@ type Options struct {
 	// writes (default: this device's own store). Versions record it as
 	// where their chunks live.
 	Target string
+	// NoCache reads bypass this device's chunk cache (nothing is read
+	// from it or added to it) and its own store, except for versions
+	// whose data this device holds: reads go to the stores that hold
+	// each version, so a person can check the remote copies.
+	NoCache bool
 	// CacheBytes bounds the chunk cache of data read from other nodes
 	// (default DefaultCacheBytes).
 	CacheBytes int64
@@ -122,7 +126,8 @@ type Realm struct {
 	// first need.
 	remoteMu     sync.Mutex
 	remoteClosed bool
-	target       *remotestore.Store
+	target       cairn.Store
+	named        map[string]*namedStore // registered stores opened (stores.go)
 	cacheStore   cairn.Store
 	cache        *cachestore.Store
 	router       *router
@@ -320,9 +325,21 @@ func (r *Realm) Close() error {
 		r.cache.Close()
 		r.router.Close()
 		r.cacheStore.Close()
+	} else if r.router != nil {
+		r.router.Close() // NoCache reads
 	}
 	if r.target != nil {
 		r.target.Close()
+	}
+	if len(r.named) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r.flushRequestsLocked(ctx)
+		cancel()
+		for _, n := range r.named {
+			if n.st != r.target {
+				n.st.Close()
+			}
+		}
 	}
 	r.remoteMu.Unlock()
 	r.revMu.Lock()

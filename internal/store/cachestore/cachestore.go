@@ -190,6 +190,25 @@ func (s *Store) Put(ctx context.Context, id cairn.ID, data []byte) error {
 	return nil
 }
 
+// Keep puts into the cache an object the caller has stored in the backing
+// store by another way (a device writing to a cloud store keeps what it
+// wrote, so reading it back costs no request). Like Put's insertion, a
+// failure is logged, never returned. The caller vouches for id.
+func (s *Store) Keep(ctx context.Context, id cairn.ID, data []byte) {
+	if ctx.Err() != nil || int64(len(data)) > s.opts.MaxBytes {
+		return
+	}
+	var p *insert
+	s.mu.Lock()
+	if s.lru.m[id] == nil {
+		p = s.reserveLocked(id)
+	}
+	s.mu.Unlock()
+	if p != nil {
+		s.insert(ctx, id, data, p)
+	}
+}
+
 // Get returns the object from the cache when it holds a good copy, and
 // otherwise from the backing store (verified, then cached). Errors of the
 // backing store are returned as they are, Kind kept.

@@ -583,3 +583,32 @@ func TestGetDoesNotWaitForInsert(t *testing.T) {
 		t.Fatalf("Get after the insertion made a backing Get")
 	}
 }
+
+// TestKeep: an object kept after the caller stored it elsewhere is served
+// from the cache with no backing Get; one larger than the bound is not kept.
+func TestKeep(t *testing.T) {
+	back := &counting{Store: memstore.New()}
+	s, err := cachestore.New(bg, back, memstore.New(), cachestore.Options{MaxBytes: 200 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id, data := storetest.Blob(7, 100<<10)
+	if err := back.Put(bg, id, data); err != nil {
+		t.Fatal(err)
+	}
+	s.Keep(bg, id, data)
+	mustGet(t, s, id, data)
+	if g := back.gets.Load(); g != 0 {
+		t.Fatalf("kept object: %d backing Gets, want 0", g)
+	}
+	big, bigData := storetest.Blob(8, 300<<10)
+	if err := back.Put(bg, big, bigData); err != nil {
+		t.Fatal(err)
+	}
+	s.Keep(bg, big, bigData)
+	mustGet(t, s, big, bigData)
+	if g := back.gets.Load(); g != 1 {
+		t.Fatalf("object over the bound: %d backing Gets, want 1", g)
+	}
+}

@@ -1,0 +1,511 @@
+package realm
+
+// Stores besides the nodes' own: cloud buckets and directories registered
+// with `cairn store add` (meta: store/<name>). A device opens one by its
+// URL, with credentials from its own environment, on first need; writes go
+// to it with `put --store NAME` (and, later, placement policies); reads of
+// versions that name it fetch from it through the chunk cache.
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/zeebo/blake3"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/store"
+	"cairn.dev/cairn/internal/store/azstore"
+	"cairn.dev/cairn/internal/store/gcsstore"
+	"cairn.dev/cairn/internal/store/localstore"
+	"cairn.dev/cairn/internal/store/objstore"
+	"cairn.dev/cairn/internal/store/s3store"
+)
+
+// namedStore is a registered store this process opened.
+type namedStore struct {
+	rec meta.StoreRecord
+	st  cairn.Store
+	// base is the request count already recorded (see flushRequests).
+	base objstore.Requests
+}
+
+// requests returns the store's request counter, if it keeps one.
+func (n *namedStore) requests() (objstore.Requests, bool) {
+	if c, ok := n.st.(interface{ Requests() objstore.Requests }); ok {
+		return c.Requests(), true
+	}
+	return objstore.Requests{}, false
+}
+
+// OpenStoreURL opens the store raw names, without the registry:
+// s3://BUCKET/PREFIX?endpoint=&region=&insecure=1, gs://BUCKET/PREFIX,
+// azblob://CONTAINER/PREFIX (credentials from the environment, see
+// doc/format.md "Cloud stores"), or file:///DIR (a local store in DIR, made
+// if missing). It returns the URL in canonical form too. node://NAME is
+// the realm's business (Realm.openStore).
+func OpenStoreURL(ctx context.Context, raw string) (cairn.Store, string, error) {
+	scheme, _, ok := strings.Cut(raw, "://")
+	if !ok {
+		return nil, "", cairn.E("open store", cairn.Invalid, "", errors.New("a store URL looks like s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, azblob://CONTAINER/PREFIX, file:///DIR or node://NAME"))
+	}
+	switch scheme {
+	case s3store.Scheme:
+		o, err := s3store.FromURL(raw)
+		if err != nil {
+			return nil, "", err
+		}
+		st, err := s3store.New(ctx, o)
+		return st, o.URL(), err
+	case gcsstore.Scheme:
+		o, err := gcsstore.FromURL(raw)
+		if err != nil {
+			return nil, "", err
+		}
+		st, err := gcsstore.New(ctx, o)
+		return st, o.URL(), err
+	case azstore.Scheme:
+		o, err := azstore.FromURL(raw)
+		if err != nil {
+			return nil, "", err
+		}
+		st, err := azstore.New(ctx, o)
+		return st, o.URL(), err
+	case "file":
+		u, err := url.Parse(raw)
+		if err != nil || u.Host != "" || u.RawQuery != "" || !filepath.IsAbs(u.Path) {
+			return nil, "", cairn.E("open store", cairn.Invalid, "", errors.New("a directory store's URL is file:///ABSOLUTE/PATH"))
+		}
+		dir := filepath.Clean(u.Path)
+		st, err := localstore.Open(ctx, dir, localstore.Options{})
+		return st, "file://" + dir, err
+	}
+	return nil, "", cairn.E("open store", cairn.Invalid, "", fmt.Errorf("unknown store URL scheme %q (want s3, gs, azblob, file or node)", scheme))
+}
+
+// AddStore checks that the store raw names works from this device (an
+// object is written, read back and deleted) and records it as name.
+func (r *Realm) AddStore(ctx context.Context, name, raw string) (*meta.StoreRecord, error) {
+	if err := meta.CheckStoreName(name); err != nil {
+		return nil, err
+	}
+	if _, err := r.Meta.Store(ctx, name); err == nil {
+		return nil, cairn.E("add store", cairn.Exist, name, errors.New("a store of this name is already in the realm"))
+	}
+	st, canon, err := r.openURL(ctx, raw)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	if err := probeStore(ctx, st); err != nil {
+		return nil, cairn.E("add store", cairn.KindOf(err), name, fmt.Errorf("the store does not work from this device: %w", err))
+	}
+	rec := meta.StoreRecord{Name: name, URL: canon, Added: time.Now().UnixNano(), AddedBy: r.nodeName(ctx)}
+	if err := r.Meta.AddStore(ctx, rec); err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// probeStore writes a random object, reads it back and deletes it.
+func probeStore(ctx context.Context, st cairn.Store) error {
+	data := make([]byte, 64)
+	rand.Read(data)
+	id := cairn.ID(blake3.Sum256(data))
+	if err := st.Put(ctx, id, data); err != nil {
+		return fmt.Errorf("writing a test object: %w", err)
+	}
+	got, err := st.Get(ctx, id)
+	if err != nil {
+		return fmt.Errorf("reading the test object back: %w", err)
+	}
+	if string(got) != string(data) {
+		return cairn.E("probe", cairn.Corrupt, id.String(), errors.New("the test object read back differs"))
+	}
+	if err := st.Delete(ctx, id); err != nil {
+		return fmt.Errorf("deleting the test object: %w", err)
+	}
+	return nil
+}
+
+// openURL is OpenStoreURL plus node://NAME, a node of the realm.
+func (r *Realm) openURL(ctx context.Context, raw string) (cairn.Store, string, error) {
+	if name, ok := strings.CutPrefix(raw, "node://"); ok {
+		st, err := r.nodeStore(ctx, name)
+		return st, "node://" + name, err
+	}
+	return OpenStoreURL(ctx, raw)
+}
+
+// nodeStore opens a client of node name's chunk service; the node must be
+// online.
+func (r *Realm) nodeStore(ctx context.Context, name string) (cairn.Store, error) {
+	st, err := r.Meta.Node(ctx, name)
+	if err != nil {
+		if errors.Is(err, cairn.ErrNotFound) {
+			return nil, cairn.E("open store", cairn.NotFound, name, errors.New("no such node or store in the realm (see 'cairn devices', 'cairn store ls')"))
+		}
+		return nil, err
+	}
+	switch {
+	case st.Removed != 0:
+		return nil, cairn.E("open store", cairn.Permission, name, errors.New("the node was removed from the realm"))
+	case st.State != meta.NodeOnline || st.Addr == "":
+		return nil, cairn.E("open store", cairn.Unavailable, name, fmt.Errorf("the node is %s (last seen %s)", st.State, lastSeen(st.LastSeen)))
+	}
+	return r.remoteStore(ctx, name, st.Addr)
+}
+
+// namedStoreLocked returns registered store name, opened on first use
+// (nil, nil if no store has that name). Caller holds remoteMu.
+func (r *Realm) namedStoreLocked(ctx context.Context, name string) (*namedStore, error) {
+	if r.remoteClosed {
+		return nil, errRealmClosed
+	}
+	if n := r.named[name]; n != nil {
+		return n, nil
+	}
+	rec, err := r.Meta.Store(ctx, name)
+	if err != nil {
+		if errors.Is(err, cairn.ErrNotFound) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	st, _, err := r.openURL(ctx, rec.URL)
+	if err != nil {
+		return nil, cairn.E("open store", cairn.KindOf(err), name, err)
+	}
+	n := &namedStore{rec: *rec, st: st}
+	n.base, _ = n.requests()
+	if r.named == nil {
+		r.named = map[string]*namedStore{}
+	}
+	r.named[name] = n
+	return n, nil
+}
+
+// NamedStore returns registered store name, opened on first use, or
+// NotFound.
+func (r *Realm) NamedStore(ctx context.Context, name string) (cairn.Store, error) {
+	r.remoteMu.Lock()
+	defer r.remoteMu.Unlock()
+	n, err := r.namedStoreLocked(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if n == nil {
+		return nil, cairn.E("open store", cairn.NotFound, name, errors.New("no such store in the realm (see 'cairn store ls')"))
+	}
+	return n.st, nil
+}
+
+// flushRequests adds the requests this process made to each store it
+// opened to the realm's counts. Caller holds remoteMu.
+func (r *Realm) flushRequestsLocked(ctx context.Context) {
+	self := r.nodeName(ctx)
+	for name, n := range r.named {
+		cur, ok := n.requests()
+		if !ok {
+			continue
+		}
+		d := cur.Sub(n.base)
+		if d.Total() == 0 {
+			continue
+		}
+		if err := r.Meta.AddStoreRequests(ctx, name, self, d.Map()); err != nil {
+			r.log.Warn("recording store requests", "store", name, "err", err)
+			continue
+		}
+		n.base = cur
+	}
+}
+
+// Price is a store's list price, in US dollars, for the monthly cost
+// estimate of `cairn store ls` (SCFS §4.5 prices operations and storage
+// the same way).
+type Price struct {
+	GBMonth   float64 `json:"gb_month"`   // storing one GB (1e9 bytes) for a month
+	Write1000 float64 `json:"write_1000"` // 1,000 PUT or LIST requests
+	Read1000  float64 `json:"read_1000"`  // 1,000 GET or HEAD requests
+	Source    string  `json:"source"`
+}
+
+// listPrice is the price table: public list prices of each provider's
+// standard class in its main US region as published in 2024 (they change;
+// the figure is an estimate). A store at a custom endpoint (MinIO, any
+// S3-compatible service), a directory or a node has no price.
+func listPrice(rawURL string) (Price, bool) {
+	scheme, rest, _ := strings.Cut(rawURL, "://")
+	switch scheme {
+	case s3store.Scheme:
+		if strings.Contains(rest, "endpoint=") {
+			return Price{}, false
+		}
+		return Price{GBMonth: 0.023, Write1000: 0.005, Read1000: 0.0004, Source: "Amazon S3 Standard, us-east-1, 2024 list price"}, true
+	case gcsstore.Scheme:
+		return Price{GBMonth: 0.020, Write1000: 0.005, Read1000: 0.0004, Source: "Google Cloud Storage Standard, us-central1, 2024 list price"}, true
+	case azstore.Scheme:
+		return Price{GBMonth: 0.018, Write1000: 0.0055, Read1000: 0.00044, Source: "Azure Blob Storage Hot LRS, East US, 2024 list price"}, true
+	}
+	return Price{}, false
+}
+
+// StoreInfo is what `cairn store ls` shows of one store.
+type StoreInfo struct {
+	meta.StoreRecord
+	// Health is "ok" or why the store cannot be used from this device;
+	// Latency the round trip of a one-object Has.
+	Health  string        `json:"health"`
+	Latency time.Duration `json:"latency_ns,omitempty"`
+	// Objects and Bytes: what the store holds (a listing), if it said.
+	Objects int64 `json:"objects"`
+	Bytes   int64 `json:"bytes"`
+	// Requests every device made to it so far, by class.
+	Requests map[string]int64 `json:"requests"`
+	// Price, if the store has a list price, and the estimate: storing
+	// Bytes for a month, and the requests so far.
+	Price        *Price  `json:"price,omitempty"`
+	MonthlyCost  float64 `json:"monthly_storage_cost"`
+	RequestsCost float64 `json:"requests_cost"`
+}
+
+// StoreInfos returns every registered store with its health, use,
+// request counts and cost estimate, as seen from this device.
+func (r *Realm) StoreInfos(ctx context.Context) ([]StoreInfo, error) {
+	recs, err := r.Meta.Stores(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]StoreInfo, 0, len(recs))
+	for _, rec := range recs {
+		si := StoreInfo{StoreRecord: rec, Health: "ok"}
+		st, err := r.NamedStore(ctx, rec.Name)
+		if err == nil {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			t0 := time.Now()
+			_, err = st.Has(pctx, []cairn.ID{{}})
+			si.Latency = time.Since(t0)
+			if err == nil {
+				if ss, ok := st.(cairn.StoreStats); ok {
+					if u, uerr := ss.Stats(pctx); uerr == nil {
+						si.Objects, si.Bytes = u.Objects, u.Bytes
+					}
+				}
+			}
+			cancel()
+		}
+		if err != nil {
+			si.Health = err.Error()
+			si.Latency = 0
+		}
+		out = append(out, si)
+	}
+	// This process's own requests (the listing above among them) count too.
+	r.remoteMu.Lock()
+	r.flushRequestsLocked(ctx)
+	r.remoteMu.Unlock()
+	for i := range out {
+		si := &out[i]
+		if si.Requests, err = r.Meta.StoreRequests(ctx, si.Name); err != nil {
+			return nil, err
+		}
+		if p, ok := listPrice(si.URL); ok {
+			si.Price = &p
+			si.MonthlyCost = float64(si.Bytes) / 1e9 * p.GBMonth
+			q := si.Requests
+			si.RequestsCost = float64(q["PUT"]+q["LIST"])/1000*p.Write1000 + float64(q["GET"]+q["HEAD"])/1000*p.Read1000
+		}
+	}
+	return out, nil
+}
+
+// RemoveReport is what RemoveStore did.
+type RemoveReport struct {
+	Versions      int   `json:"versions"`       // versions that named the store
+	Moved         int   `json:"moved"`          // of them, whose data was copied away
+	Objects       int   `json:"objects_copied"` // objects copied (manifests, chunks, bases)
+	Bytes         int64 `json:"bytes_copied"`
+	StillHeldHere int   `json:"still_held"` // versions left naming the store (then it is not removed)
+}
+
+// RemoveStore drains registered store name, then removes it from the
+// registry. Draining: the store is marked so nothing new goes to it; every
+// version that names it and no other store gets its manifest and chunks
+// copied to dest ("" = this device's own store, or another registered
+// store) and then names dest instead; a version that also names another
+// store just stops naming it. A version in the trash cannot be rewritten:
+// if one holds data only there, nothing is removed and the error says to
+// restore or purge it. The store's objects are left where they are.
+func (r *Realm) RemoveStore(ctx context.Context, name, dest string, progress func(RemoveReport)) (RemoveReport, error) {
+	var rep RemoveReport
+	const op = "remove store"
+	src, err := r.NamedStore(ctx, name)
+	if err != nil {
+		return rep, err
+	}
+	if dest == name {
+		return rep, cairn.E(op, cairn.Invalid, name, errors.New("cannot drain a store into itself"))
+	}
+	var dst cairn.Store
+	destName := dest
+	if dest == "" {
+		if dst, err = r.Store(ctx); err != nil {
+			return rep, err
+		}
+		if destName = r.nodeName(ctx); destName == "" {
+			destName = "local"
+		}
+	} else if dst, err = r.NamedStore(ctx, dest); err != nil {
+		return rep, err
+	}
+	if err := r.Meta.SetStoreDraining(ctx, name, true); err != nil {
+		return rep, err
+	}
+	vols, err := r.AllVolumes(ctx)
+	if err != nil {
+		return rep, err
+	}
+	trashed := 0
+	for _, v := range vols {
+		var todo []*meta.Entry
+		err := v.Meta.Walk(ctx, func(e *meta.Entry, inTrash bool) error {
+			for _, ver := range e.Versions {
+				if !slices.Contains(ver.Stores, name) {
+					continue
+				}
+				if inTrash {
+					if len(ver.Stores) == 1 {
+						trashed++
+					}
+					continue
+				}
+				todo = append(todo, e)
+				return nil
+			}
+			return nil
+		})
+		if err != nil {
+			return rep, err
+		}
+		for _, e := range todo {
+			if err := r.drainEntry(ctx, v, e, name, destName, src, dst, &rep); err != nil {
+				return rep, err
+			}
+			if progress != nil {
+				progress(rep)
+			}
+		}
+	}
+	if trashed > 0 {
+		rep.StillHeldHere = trashed
+		return rep, cairn.E(op, cairn.Conflict, name, fmt.Errorf("%d version(s) of files in the trash keep their data only in this store: restore them ('cairn trash restore') or purge the trash ('cairn trash purge'), then remove the store again; it stays marked as draining", trashed))
+	}
+	if err := r.Meta.DeleteStore(ctx, name); err != nil {
+		return rep, err
+	}
+	r.remoteMu.Lock()
+	if n := r.named[name]; n != nil {
+		delete(r.named, name)
+		if n.st != r.target {
+			n.st.Close()
+		}
+	}
+	r.remoteMu.Unlock()
+	return rep, nil
+}
+
+// drainEntry rewrites the versions of e that name store name: their data
+// is copied from src to dst where no other store holds it, then the entry
+// is updated (compare-and-swap; on a concurrent change it is read again).
+func (r *Realm) drainEntry(ctx context.Context, v *fs.Volume, e *meta.Entry, name, destName string, src, dst cairn.Store, rep *RemoveReport) error {
+	copied := map[uint64]bool{} // version numbers whose data is on dst
+	for attempt := 0; ; attempt++ {
+		n := *e
+		n.Versions = slices.Clone(e.Versions)
+		changed := false
+		for i := range n.Versions {
+			ver := &n.Versions[i]
+			if !slices.Contains(ver.Stores, name) {
+				continue
+			}
+			others := slices.DeleteFunc(slices.Clone(ver.Stores), func(s string) bool { return s == name })
+			if len(others) == 0 {
+				if !copied[ver.N] {
+					if err := r.copyVersion(ctx, v, ver, src, dst, rep); err != nil {
+						return err
+					}
+					copied[ver.N] = true
+					rep.Moved++
+				}
+				others = []string{destName}
+			}
+			ver.Stores = others
+			changed = true
+			if attempt == 0 {
+				rep.Versions++
+			}
+		}
+		if !changed {
+			return nil
+		}
+		_, err := v.Meta.Update(ctx, &n)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, cairn.ErrConflict) || attempt > 20 {
+			return err
+		}
+		if e, err = v.Meta.Get(ctx, e.Parent, e.Name); err != nil {
+			if errors.Is(err, cairn.ErrNotFound) {
+				return nil // gone (to the trash: counted by the next run)
+			}
+			return err
+		}
+	}
+}
+
+// copyVersion copies a version's manifest and every object its chunks
+// need (chunks, bases) from src to dst, skipping what dst has.
+func (r *Realm) copyVersion(ctx context.Context, v *fs.Volume, ver *meta.Version, src, dst cairn.Store, rep *RemoveReport) error {
+	m, err := v.Manifest(store.WithSources(ctx, ver.Stores), ver)
+	if err != nil {
+		return err
+	}
+	ids := []cairn.ID{ver.Manifest}
+	for _, c := range m.Chunks {
+		ids = append(ids, c.ID)
+		if c.Base != nil {
+			ids = append(ids, c.Base.ID)
+		}
+	}
+	slices.SortFunc(ids, func(a, b cairn.ID) int { return strings.Compare(string(a[:]), string(b[:])) })
+	ids = slices.Compact(ids)
+	have, err := dst.Has(ctx, ids)
+	if err != nil {
+		return err
+	}
+	for i, id := range ids {
+		if have[i] {
+			continue
+		}
+		data, err := src.Get(ctx, id)
+		if err != nil {
+			return cairn.E("remove store", cairn.KindOf(err), id.String(), fmt.Errorf("copying a version's data away: %w", err))
+		}
+		if err := dst.Put(ctx, id, data); err != nil {
+			return err
+		}
+		rep.Objects++
+		rep.Bytes += int64(len(data))
+	}
+	return nil
+}
