@@ -225,7 +225,10 @@ func putMember(ctx context.Context, st cairn.Store, sid cairn.ID, obj []byte, ma
 	errc := make(chan error, 1)
 	go func() { errc <- st.Put(ctx, mapID, mapBytes) }()
 	err := st.Put(ctx, sid, obj)
-	return errors.Join(err, <-errc)
+	if merr := <-errc; err == nil {
+		err = merr // else both likely failed alike: the shard's error says it
+	}
+	return err
 }
 
 // Put stores the object as N shards; see the package comment. Put of an

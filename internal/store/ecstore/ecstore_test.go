@@ -777,3 +777,76 @@ func TestGetRange(t *testing.T) {
 		})
 	}
 }
+
+// Writers and readers while a member goes down and comes back, again and
+// again: with quorum 3 every write is acknowledged and readable throughout,
+// and after Repair every object survives the loss of any two members.
+func TestFlapping(t *testing.T) {
+	c := newCluster(4)
+	s := openEC(t, 2, 2, c.named(), ecstore.Options{Quorum: 3, Hedge: 5 * time.Millisecond})
+	defer s.Close()
+	stop := make(chan struct{})
+	var flapper sync.WaitGroup
+	flapper.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			c.down(i%2 == 0, 3) // s3 flaps; the others stay up
+		}
+	})
+	var mu sync.Mutex
+	var stored []blob
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 25 {
+				id, data := storetest.Blob(uint64(w*1000+i), 1+(w*1000+i)*7919%30000)
+				if err := s.Put(bg, id, data); err != nil {
+					t.Errorf("Put with at most one member down: %v", err)
+					return
+				}
+				mu.Lock()
+				stored = append(stored, blob{id, data})
+				mu.Unlock()
+			}
+		})
+	}
+	for range 2 {
+		wg.Go(func() {
+			for range 50 {
+				mu.Lock()
+				var b blob
+				if len(stored) > 0 {
+					b = stored[len(stored)/2]
+				}
+				mu.Unlock()
+				if b.data == nil {
+					continue
+				}
+				got, err := s.Get(bg, b.id)
+				if err != nil || string(got) != string(b.data) {
+					t.Errorf("Get with at most one member down: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	flapper.Wait()
+	c.down(false, 0, 1, 2, 3)
+	flush(t, s)
+	if _, err := s.Repair(bg, ecstore.RepairOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for a := range 4 {
+		for b := a + 1; b < 4; b++ {
+			c.down(true, a, b)
+			getAll(t, s, stored)
+			c.down(false, a, b)
+		}
+	}
+}

@@ -257,7 +257,7 @@ func (s *Set) Up(i int) bool {
 }
 
 // Skip returns nil when a writer should send member i a request, and an
-// error of Kind Unavailable naming the member's last failure when it is
+// error of Kind Unavailable giving the member's last failure when it is
 // down and no probe is due. Each call that returns nil for a down member
 // uses up the probe until the next ProbeInterval.
 func (s *Set) Skip(i int) error {
@@ -272,8 +272,8 @@ func (s *Set) Skip(i int) error {
 		m.nextProbe = now.Add(s.o.ProbeInterval)
 		return nil
 	}
-	return cairn.E("store "+m.name, cairn.Unavailable, "",
-		fmt.Errorf("down since %s: %w", m.downSince.Format(time.TimeOnly), m.lastErr))
+	return cairn.E("not asked", cairn.Unavailable, "",
+		fmt.Errorf("down since %s (%w)", m.downSince.Format(time.TimeOnly), m.lastErr))
 }
 
 // Call runs fn, a request to member i, within the member's concurrency
@@ -286,7 +286,7 @@ func (s *Set) Call(ctx context.Context, i int, fn func(ctx context.Context, st c
 	m.mu.Lock()
 	if m.waiting >= maxWaiting*cap(m.slot) {
 		m.mu.Unlock()
-		err := cairn.E("store "+m.name, cairn.Unavailable, "", errors.New("too many requests waiting"))
+		err := cairn.E("not asked", cairn.Unavailable, "", errors.New("too many requests waiting"))
 		s.failed(m, err)
 		return err
 	}
@@ -298,7 +298,7 @@ func (s *Set) Call(ctx context.Context, i int, fn func(ctx context.Context, st c
 		m.mu.Lock()
 		m.waiting--
 		m.mu.Unlock()
-		return cairn.E("store "+m.name, cairn.Canceled, "", ctx.Err())
+		return cairn.E("wait for a request slot", cairn.Canceled, "", ctx.Err())
 	}
 	start := s.now()
 	m.mu.Lock()
