@@ -103,10 +103,11 @@ type Health struct {
 // Set is a fixed list of member stores and their health. It is safe for
 // concurrent use.
 type Set struct {
-	m   []*member
-	o   Options
-	log *slog.Logger
-	now func() time.Time
+	m      []*member
+	o      Options
+	log    *slog.Logger
+	now    func() time.Time
+	onWait func() // tests: called when a request starts waiting for a slot
 }
 
 type member struct {
@@ -292,6 +293,9 @@ func (s *Set) Call(ctx context.Context, i int, fn func(ctx context.Context, st c
 	}
 	m.waiting++
 	m.mu.Unlock()
+	if s.onWait != nil {
+		s.onWait()
+	}
 	select {
 	case m.slot <- struct{}{}:
 	case <-ctx.Done():

@@ -129,6 +129,8 @@ func TestOrderAndHealth(t *testing.T) {
 // A member that stops answering does not collect requests without bound.
 func TestCallBounded(t *testing.T) {
 	s := newSet(t, 1, Options{Concurrency: 1})
+	waiting := make(chan struct{}, maxWaiting+2)
+	s.onWait = func() { waiting <- struct{}{} }
 	block := make(chan struct{})
 	started := make(chan struct{})
 	var wg sync.WaitGroup
@@ -139,6 +141,7 @@ func TestCallBounded(t *testing.T) {
 			return nil
 		})
 	})
+	<-waiting // the first call waited (briefly) for its slot
 	<-started
 	ctx, cancel := context.WithCancel(bg)
 	for range maxWaiting {
@@ -146,15 +149,8 @@ func TestCallBounded(t *testing.T) {
 			s.Call(ctx, 0, func(context.Context, cairn.Store) error { return nil })
 		})
 	}
-	// Wait until they all wait.
-	for {
-		s.m[0].mu.Lock()
-		n := s.m[0].waiting
-		s.m[0].mu.Unlock()
-		if n == maxWaiting {
-			break
-		}
-		time.Sleep(time.Millisecond)
+	for range maxWaiting {
+		<-waiting
 	}
 	err := s.Call(bg, 0, func(context.Context, cairn.Store) error { return nil })
 	if !errors.Is(err, cairn.ErrUnavailable) || !strings.Contains(err.Error(), "too many requests waiting") {
