@@ -13,6 +13,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/store/anchorstore"
 	"cairn.dev/cairn/internal/store/cloudtest"
+	"cairn.dev/cairn/internal/store/lagstore"
 	"cairn.dev/cairn/internal/store/objstore"
 	"cairn.dev/cairn/internal/store/packstore"
 	"cairn.dev/cairn/internal/store/s3store"
@@ -130,6 +131,31 @@ func TestMinIO(t *testing.T) {
 		_, err := reader.Get(bg, never)
 		if !errors.Is(err, cairn.ErrNotFound) || !strings.Contains(err.Error(), "still does not have this object") || !strings.Contains(err.Error(), prefix) {
 			t.Fatalf("Get of an ID never written: err = %v, want the anchor's NotFound naming the store", err)
+		}
+	})
+
+	// The same over the real server made to lag like an eventually
+	// consistent one: new objects (packs) stay invisible for 300 ms.
+	t.Run("AnchorLagging", func(t *testing.T) {
+		const lag = 300 * time.Millisecond
+		lagging := lagstore.New(s3(t, fresh()), lagstore.Options{Delay: lag})
+		writer := open(t, lagging, packstore.Options{})
+		p := open(t, lagging, packstore.Options{})
+		reader := anchorstore.New(p, anchorstore.Options{Name: "lagging MinIO"})
+		id, data := storetest.Blob(9, 5000)
+		start := time.Now()
+		if err := writer.Put(bg, id, data); err != nil {
+			t.Fatal(err)
+		}
+		mustGet(t, reader, id, data)
+		if took := time.Since(start); took < lag || lagging.Hidden() == 0 || p.Requests().List < 3 {
+			t.Fatalf("read after %v, %d refusals, %+v: the lag was not exercised", took, lagging.Hidden(), p.Requests())
+		}
+		if err := reader.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := writer.Close(); err != nil {
+			t.Fatal(err)
 		}
 	})
 }
