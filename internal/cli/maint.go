@@ -51,8 +51,15 @@ would free and changes nothing.`,
 			if err != nil {
 				return err
 			}
+			others, unreachable, err := r.RegisteredStores(ctx)
+			if err != nil {
+				return err
+			}
+			for _, err := range unreachable {
+				fmt.Fprintf(e.stderr, "cairn: gc: skipping a store: %v\n", err)
+			}
 			bar := newCountBar(e.stderr, !asJSON && !e.quiet && isTerminal(e.stderr), "marking versions")
-			rep, err := fs.GC(ctx, r.Meta, vols, st, fs.GCOptions{DryRun: dry, Progress: bar.set})
+			rep, err := fs.GC(ctx, r.Meta, vols, st, fs.GCOptions{DryRun: dry, Progress: bar.set, Others: others})
 			bar.finish()
 			if err != nil {
 				return err
@@ -69,6 +76,13 @@ would free and changes nothing.`,
 				fmt.Fprintf(e.stdout, ", %d trash entries purged, %s of disk reclaimed", rep.TrashPurged, human1024(rep.CompactedBytes))
 			}
 			fmt.Fprintln(e.stdout, ")")
+			for _, s := range rep.Stores {
+				if s.Error != "" {
+					fmt.Fprintf(e.stdout, "  store %s: %s in %d objects, then failed: %s\n", s.Name, human1024(s.FreedBytes), s.DeletedObjects, s.Error)
+					continue
+				}
+				fmt.Fprintf(e.stdout, "  store %s: %s in %d objects, %s repacked away\n", s.Name, human1024(s.FreedBytes), s.DeletedObjects, human1024(s.CompactedBytes))
+			}
 			return nil
 		},
 	}

@@ -133,6 +133,24 @@ type GCOptions struct {
 	Now    time.Time // default time.Now()
 	// Progress, if set, is told how many versions were marked so far.
 	Progress func(done, total int)
+	// Others are more stores to sweep with the same mark (the realm's
+	// registered stores: cloud buckets, directories), after st.
+	Others []NamedStore
+}
+
+// NamedStore is a store with the name versions know it by.
+type NamedStore struct {
+	Name  string
+	Store cairn.Store
+}
+
+// StoreGC is what a collection did in one of GCOptions.Others.
+type StoreGC struct {
+	Name           string `json:"name"`
+	DeletedObjects int    `json:"deleted_objects"`
+	FreedBytes     int64  `json:"freed_bytes"`
+	CompactedBytes int64  `json:"compacted_bytes"`
+	Error          string `json:"error,omitempty"`
 }
 
 // GCReport is what a collection did (or, dry, would do).
@@ -144,6 +162,8 @@ type GCReport struct {
 	FreedBytes     int64 `json:"freed_bytes"`
 	CompactedBytes int64 `json:"compacted_bytes"`
 	DryRun         bool  `json:"dry_run"`
+	// Stores: the sweep of each of GCOptions.Others.
+	Stores []StoreGC `json:"stores,omitempty"`
 }
 
 // GC purges expired trash, then deletes every object in st that no kept
@@ -184,9 +204,39 @@ func GC(ctx context.Context, svc *meta.Service, vols []*Volume, st cairn.Store, 
 		return rep, fmt.Errorf("gc stopped, nothing deleted: %w", err)
 	}
 	rep.LiveObjects = len(live)
+	one, err := sweep(ctx, st, live, fence, opts.DryRun)
+	rep.DeletedObjects, rep.FreedBytes, rep.CompactedBytes = one.DeletedObjects, one.FreedBytes, one.CompactedBytes
+	if err != nil {
+		return rep, err
+	}
+	for _, o := range opts.Others {
+		sg, err := sweep(ctx, o.Store, live, fence, opts.DryRun)
+		sg.Name = o.Name
+		if err != nil {
+			if fence != nil {
+				if ferr := fence.Alive(ctx); ferr != nil {
+					return rep, ferr // the fence is gone: stop at once
+				}
+			}
+			sg.Error = err.Error() // one unreachable store does not stop the others
+		}
+		rep.Stores = append(rep.Stores, sg)
+		rep.DeletedObjects += sg.DeletedObjects
+		rep.FreedBytes += sg.FreedBytes
+		rep.CompactedBytes += sg.CompactedBytes
+	}
+	return rep, nil
+}
+
+// sweep deletes from st every object live lacks (checking the fence every
+// 256 deletes), makes the deletes durable where the store buffers them
+// (a pack store's tombstones: before the fence is released), and compacts
+// what the store can.
+func sweep(ctx context.Context, st cairn.Store, live idSet, fence *meta.Fence, dry bool) (StoreGC, error) {
+	var sg StoreGC
 	var dead []cairn.ID
 	var deadBytes []int64
-	err = st.List(ctx, func(id cairn.ID, size int64) error {
+	err := st.List(ctx, func(id cairn.ID, size int64) error {
 		if !live.has(id) {
 			dead = append(dead, id)
 			deadBytes = append(deadBytes, size)
@@ -194,30 +244,38 @@ func GC(ctx context.Context, svc *meta.Service, vols []*Volume, st cairn.Store, 
 		return nil
 	})
 	if err != nil {
-		return rep, err
+		return sg, err
 	}
 	for i := range dead {
-		if !opts.DryRun {
+		if !dry {
 			if i%256 == 0 {
 				if err := fence.Alive(ctx); err != nil {
-					return rep, err
+					return sg, err
 				}
 			}
 			if err := st.Delete(ctx, dead[i]); err != nil {
-				return rep, err
+				return sg, err
 			}
 		}
-		rep.DeletedObjects++
-		rep.FreedBytes += deadBytes[i]
+		sg.DeletedObjects++
+		sg.FreedBytes += deadBytes[i]
 	}
-	if c, ok := st.(store.Compacter); ok && !opts.DryRun {
-		freed, err := c.Compact(ctx)
-		rep.CompactedBytes = freed
-		if err != nil {
-			return rep, err
+	if dry {
+		return sg, nil
+	}
+	if f, ok := st.(interface{ Flush(context.Context) error }); ok {
+		if err := f.Flush(ctx); err != nil {
+			return sg, err
 		}
 	}
-	return rep, nil
+	if c, ok := st.(store.Compacter); ok {
+		freed, err := c.Compact(ctx)
+		sg.CompactedBytes = freed
+		if err != nil {
+			return sg, err
+		}
+	}
+	return sg, nil
 }
 
 // mark returns the set of every manifest and chunk the versions reference.

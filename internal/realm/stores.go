@@ -23,10 +23,12 @@ import (
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/store"
+	"cairn.dev/cairn/internal/store/anchorstore"
 	"cairn.dev/cairn/internal/store/azstore"
 	"cairn.dev/cairn/internal/store/gcsstore"
 	"cairn.dev/cairn/internal/store/localstore"
 	"cairn.dev/cairn/internal/store/objstore"
+	"cairn.dev/cairn/internal/store/packstore"
 	"cairn.dev/cairn/internal/store/s3store"
 )
 
@@ -34,14 +36,17 @@ import (
 type namedStore struct {
 	rec meta.StoreRecord
 	st  cairn.Store
+	// counter is the cloud store under the wrappers, which counts the
+	// requests sent (nil for other kinds).
+	counter *objstore.Store
 	// base is the request count already recorded (see flushRequests).
 	base objstore.Requests
 }
 
 // requests returns the store's request counter, if it keeps one.
 func (n *namedStore) requests() (objstore.Requests, bool) {
-	if c, ok := n.st.(interface{ Requests() objstore.Requests }); ok {
-		return c.Requests(), true
+	if n.counter != nil {
+		return n.counter.Requests(), true
 	}
 	return objstore.Requests{}, false
 }
@@ -185,12 +190,56 @@ func (r *Realm) namedStoreLocked(ctx context.Context, name string) (*namedStore,
 		return nil, cairn.E("open store", cairn.KindOf(err), name, err)
 	}
 	n := &namedStore{rec: *rec, st: st}
+	if obj, ok := st.(*objstore.Store); ok {
+		// A cloud bucket: small objects go in packs (few requests), and a
+		// read of an object the metadata names but the bucket does not
+		// show yet waits for it (the consistency anchor).
+		n.counter = obj
+		if n.st, err = r.packed(ctx, name, anchorstore.New(obj, anchorstore.Options{Name: rec.URL, Logger: r.log})); err != nil {
+			obj.Close()
+			return nil, cairn.E("open store", cairn.KindOf(err), name, err)
+		}
+	}
 	n.base, _ = n.requests()
 	if r.named == nil {
 		r.named = map[string]*namedStore{}
 	}
 	r.named[name] = n
 	return n, nil
+}
+
+// packed wraps a cloud store in a pack store whose index log lives in
+// home/packs/NAME; if another process of this device holds that log, this
+// one keeps its index in memory (it learns the packs from the bucket).
+func (r *Realm) packed(ctx context.Context, name string, st cairn.Store) (cairn.Store, error) {
+	o := packstore.Options{Dir: filepath.Join(r.Home, "packs", name), Logger: r.log}
+	ps, err := packstore.New(ctx, st, o)
+	if errors.Is(err, cairn.ErrConflict) {
+		o.Dir = ""
+		ps, err = packstore.New(ctx, st, o)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ps, nil
+}
+
+// RegisteredStores opens every registered store for gc; errs names those
+// that could not be opened (they are left out).
+func (r *Realm) RegisteredStores(ctx context.Context) (out []fs.NamedStore, errs []error, err error) {
+	recs, err := r.Meta.Stores(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, rec := range recs {
+		st, err := r.NamedStore(ctx, rec.Name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, fs.NamedStore{Name: rec.Name, Store: st})
+	}
+	return out, errs, nil
 }
 
 // NamedStore returns registered store name, opened on first use, or
