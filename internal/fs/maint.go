@@ -246,14 +246,22 @@ func sweep(ctx context.Context, st cairn.Store, live idSet, fence *meta.Fence, d
 	if err != nil {
 		return sg, err
 	}
+	flush := func() error { // deletes a store buffers land before the fence ends
+		if f, ok := st.(interface{ Flush(context.Context) error }); ok && len(dead) > 0 {
+			return f.Flush(context.WithoutCancel(ctx)) // also when ctx ended the sweep
+		}
+		return nil
+	}
 	for i := range dead {
 		if !dry {
 			if i%256 == 0 {
 				if err := fence.Alive(ctx); err != nil {
+					flush()
 					return sg, err
 				}
 			}
 			if err := st.Delete(ctx, dead[i]); err != nil {
+				flush()
 				return sg, err
 			}
 		}
@@ -263,10 +271,8 @@ func sweep(ctx context.Context, st cairn.Store, live idSet, fence *meta.Fence, d
 	if dry {
 		return sg, nil
 	}
-	if f, ok := st.(interface{ Flush(context.Context) error }); ok {
-		if err := f.Flush(ctx); err != nil {
-			return sg, err
-		}
+	if err := flush(); err != nil {
+		return sg, err
 	}
 	if c, ok := st.(store.Compacter); ok {
 		freed, err := c.Compact(ctx)

@@ -193,12 +193,15 @@ func (r *Realm) namedStoreLocked(ctx context.Context, name string) (*namedStore,
 	if obj, ok := st.(*objstore.Store); ok {
 		// A cloud bucket: small objects go in packs (few requests), and a
 		// read of an object the metadata names but the bucket does not
-		// show yet waits for it (the consistency anchor).
+		// show yet (not in a listed pack) waits for it: the consistency
+		// anchor, above the pack index so each retry lists again.
 		n.counter = obj
-		if n.st, err = r.packed(ctx, name, anchorstore.New(obj, anchorstore.Options{Name: rec.URL, Logger: r.log})); err != nil {
+		ps, err := r.packed(ctx, name, obj)
+		if err != nil {
 			obj.Close()
 			return nil, cairn.E("open store", cairn.KindOf(err), name, err)
 		}
+		n.st = anchorstore.New(ps, anchorstore.Options{Name: rec.URL, Logger: r.log})
 	}
 	n.base, _ = n.requests()
 	if r.named == nil {

@@ -200,6 +200,15 @@ func (s *Store) Refresh(ctx context.Context) error {
 	return store.CtxErr(ctx, "refresh", "")
 }
 
+// Flush makes the inner store's buffered writes and deletes durable, if
+// it buffers any (a pack store's tombstones).
+func (s *Store) Flush(ctx context.Context) error {
+	if f, ok := s.inner.(interface{ Flush(context.Context) error }); ok {
+		return f.Flush(ctx)
+	}
+	return store.CtxErr(ctx, "flush", "")
+}
+
 // Compact compacts the inner store if it can (store.Compacter); a store
 // that cannot has nothing to reclaim.
 func (s *Store) Compact(ctx context.Context) (int64, error) {
