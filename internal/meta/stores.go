@@ -9,7 +9,6 @@ package meta
 import (
 	"context"
 	"errors"
-	"fmt"
 	"regexp"
 	"sort"
 	"strings"
@@ -116,8 +115,23 @@ func (s *Service) SetStoreDraining(ctx context.Context, name string, draining bo
 }
 
 func (s *Service) updateStore(ctx context.Context, name string, fn func(*StoreRecord)) error {
-	const op = "update store"
-	k := s.key("store", name)
+	return s.casUpdate(ctx, "update store", name, s.key("store", name), func(old []byte, exists bool) ([]byte, error) {
+		if !exists {
+			return nil, cairn.E("update store", cairn.NotFound, name, errors.New("no such store in the realm"))
+		}
+		var rec StoreRecord
+		if err := json.Unmarshal(old, &rec); err != nil {
+			return nil, cairn.E("update store", cairn.Corrupt, name, err)
+		}
+		fn(&rec)
+		b, _ := json.Marshal(rec)
+		return b, nil
+	})
+}
+
+// casUpdate replaces the value at k with what fn makes of the current one,
+// by compare-and-swap on its revision, reading again on a concurrent change.
+func (s *Service) casUpdate(ctx context.Context, op, name, k string, fn func(old []byte, exists bool) ([]byte, error)) error {
 	for attempt := 0; attempt < 20; attempt++ {
 		cctx, cancel := s.opCtx(ctx)
 		resp, err := s.cli.Get(cctx, k)
@@ -125,18 +139,17 @@ func (s *Service) updateStore(ctx context.Context, name string, fn func(*StoreRe
 			cancel()
 			return etcdErr(op, name, err)
 		}
-		if len(resp.Kvs) == 0 {
-			cancel()
-			return cairn.E(op, cairn.NotFound, name, errors.New("no such store in the realm"))
+		var old []byte
+		var rev int64
+		if len(resp.Kvs) > 0 {
+			old, rev = resp.Kvs[0].Value, resp.Kvs[0].ModRevision
 		}
-		var rec StoreRecord
-		if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		b, err := fn(old, len(resp.Kvs) > 0)
+		if err != nil {
 			cancel()
-			return cairn.E(op, cairn.Corrupt, name, err)
+			return err
 		}
-		fn(&rec)
-		b, _ := json.Marshal(rec)
-		tr, err := s.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
+		tr, err := s.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
 			Then(clientv3.OpPut(k, string(b))).Commit()
 		cancel()
 		if err != nil {
@@ -163,44 +176,23 @@ func (s *Service) DeleteStore(ctx context.Context, name string) error {
 // AddStoreRequests adds counts (request class → number) to what device
 // has recorded for store name.
 func (s *Service) AddStoreRequests(ctx context.Context, name, device string, counts map[string]int64) error {
-	const op = "record store requests"
 	if len(counts) == 0 {
 		return nil
 	}
 	if device == "" {
 		device = "local"
 	}
-	k := s.key("storereq", name, device)
-	for attempt := 0; attempt < 20; attempt++ {
-		cctx, cancel := s.opCtx(ctx)
-		resp, err := s.cli.Get(cctx, k)
-		if err != nil {
-			cancel()
-			return etcdErr(op, name, err)
-		}
+	return s.casUpdate(ctx, "record store requests", name, s.key("storereq", name, device), func(old []byte, exists bool) ([]byte, error) {
 		cur := map[string]int64{}
-		var rev int64
-		if len(resp.Kvs) > 0 {
-			rev = resp.Kvs[0].ModRevision
-			if err := json.Unmarshal(resp.Kvs[0].Value, &cur); err != nil {
-				cur = map[string]int64{} // damaged counts are only statistics: start again
-			}
+		if exists && json.Unmarshal(old, &cur) != nil {
+			cur = map[string]int64{} // damaged counts are only statistics: start again
 		}
 		for c, n := range counts {
 			cur[c] += n
 		}
 		b, _ := json.Marshal(cur)
-		tr, err := s.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
-			Then(clientv3.OpPut(k, string(b))).Commit()
-		cancel()
-		if err != nil {
-			return etcdErr(op, name, err)
-		}
-		if tr.Succeeded {
-			return nil
-		}
-	}
-	return cairn.E(op, cairn.Conflict, name, fmt.Errorf("too many concurrent changes"))
+		return b, nil
+	})
 }
 
 // StoreRequests returns the request counts every device recorded for

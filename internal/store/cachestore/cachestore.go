@@ -176,16 +176,8 @@ func (s *Store) Put(ctx context.Context, id cairn.ID, data []byte) error {
 	if err := s.backing.Put(ctx, id, data); err != nil {
 		return err
 	}
-	if !s.opts.NoCacheOnPut && int64(len(data)) <= s.opts.MaxBytes {
-		var p *insert
-		s.mu.Lock()
-		if s.lru.m[id] == nil {
-			p = s.reserveLocked(id)
-		}
-		s.mu.Unlock()
-		if p != nil {
-			s.insert(ctx, id, data, p)
-		}
+	if !s.opts.NoCacheOnPut {
+		s.Keep(ctx, id, data)
 	}
 	return nil
 }
