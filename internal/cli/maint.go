@@ -39,8 +39,10 @@ func (e *env) gcCmd() *cobra.Command {
 		Use:   "gc [--dry-run] [--json]",
 		Short: "Purge expired trash and delete chunks nothing references any more",
 		Long: `Purge trash entries older than their volume's trash time, then delete every
-object in the store that no kept version and no trash entry references, and
-compact the store to give the space back. Writers are fenced while it runs:
+object that no kept version and no trash entry references from this device's
+store, every registered store (cloud buckets: packs mostly garbage are
+rewritten) and every other online node's store, and compact them to give the
+space back. An offline node or unreachable store is skipped and named. Writers are fenced while it runs:
 a file being written during gc is written again, never lost. gc stops without
 deleting anything if it cannot read a manifest. --dry-run reports what it
 would free and changes nothing.`,
@@ -51,7 +53,8 @@ would free and changes nothing.`,
 			if err != nil {
 				return err
 			}
-			others, unreachable, err := r.RegisteredStores(ctx)
+			others, unreachable, closeOthers, err := r.GCStores(ctx)
+			defer closeOthers()
 			if err != nil {
 				return err
 			}

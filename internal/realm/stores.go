@@ -227,12 +227,21 @@ func (r *Realm) packed(ctx context.Context, name string, st cairn.Store) (cairn.
 	return ps, nil
 }
 
-// RegisteredStores opens every registered store for gc; errs names those
-// that could not be opened (they are left out).
-func (r *Realm) RegisteredStores(ctx context.Context) (out []fs.NamedStore, errs []error, err error) {
+// GCStores opens, for gc, every store besides this device's own that
+// may hold the realm's objects: every registered store and every other
+// node's store (what `put --store NODE` sent there). errs names those that
+// could not be opened (an offline node: its garbage stays until a later
+// gc). closeAll closes what was opened here.
+func (r *Realm) GCStores(ctx context.Context) (out []fs.NamedStore, errs []error, closeAll func(), err error) {
+	var opened []cairn.Store
+	closeAll = func() {
+		for _, st := range opened {
+			st.Close()
+		}
+	}
 	recs, err := r.Meta.Stores(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, closeAll, err
 	}
 	for _, rec := range recs {
 		st, err := r.NamedStore(ctx, rec.Name)
@@ -242,7 +251,24 @@ func (r *Realm) RegisteredStores(ctx context.Context) (out []fs.NamedStore, errs
 		}
 		out = append(out, fs.NamedStore{Name: rec.Name, Store: st})
 	}
-	return out, errs, nil
+	nodes, err := r.Meta.Nodes(ctx)
+	if err != nil {
+		return nil, nil, closeAll, err
+	}
+	self := r.nodeName(ctx)
+	for _, n := range nodes {
+		if n.Name == self || n.Removed != 0 {
+			continue
+		}
+		st, err := r.nodeStore(ctx, n.Name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		opened = append(opened, st)
+		out = append(out, fs.NamedStore{Name: n.Name, Store: st})
+	}
+	return out, errs, closeAll, nil
 }
 
 // NamedStore returns registered store name, opened on first use, or

@@ -1,0 +1,70 @@
+package realm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/fs"
+)
+
+func countObjects(t *testing.T, st cairn.Store) int {
+	t.Helper()
+	n := 0
+	if err := st.List(context.Background(), func(cairn.ID, int64) error { n++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestGCSweepsOtherNodes: what a device sent to another node's store
+// (put --store) is collected there once nothing references it, and what
+// is still referenced stays.
+func TestGCSweepsOtherNodes(t *testing.T) {
+	ctx := context.Background()
+	a, b, _ := twoDevices(t, Options{Target: "a"})
+	keep, gone := make([]byte, 1<<20), make([]byte, 1<<20)
+	rand.Read(keep)
+	rand.Read(gone)
+	writeFile(t, b, "keep", keep)
+	writeFile(t, b, "gone", gone)
+	ast, err := a.Store(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := countObjects(t, ast)
+
+	v, err := b.Volume(ctx, DefaultVolume)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, _ := v.Meta.Root(ctx)
+	if _, err := v.Meta.Remove(ctx, root, "gone", "home:/gone", false); err != nil {
+		t.Fatal(err)
+	}
+	bst, _ := b.Store(ctx)
+	others, errs, closeAll, err := b.GCStores(ctx)
+	defer closeAll()
+	if err != nil || len(errs) != 0 || len(others) != 1 || others[0].Name != "a" {
+		t.Fatalf("GCStores = %v, %v, %v", others, errs, err)
+	}
+	vols, _ := b.AllVolumes(ctx)
+	// A time past the trash's expiry: the removed file is purged.
+	rep, err := fs.GC(ctx, b.Meta, vols, bst, fs.GCOptions{Others: others, Now: time.Now().Add(1000 * 24 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Stores) != 1 || rep.Stores[0].DeletedObjects == 0 || rep.Stores[0].Error != "" {
+		t.Fatalf("gc report %+v", rep)
+	}
+	after := countObjects(t, ast)
+	if after != before-rep.Stores[0].DeletedObjects || after == 0 {
+		t.Fatalf("a's store: %d objects before, %d after, %d deleted", before, after, rep.Stores[0].DeletedObjects)
+	}
+	if got, _, err := readFile(a, "keep"); err != nil || !bytes.Equal(got, keep) {
+		t.Fatalf("a kept file after gc: %v", err)
+	}
+}
