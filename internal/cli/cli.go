@@ -196,6 +196,7 @@ CAIRN_CHUNK_CACHE (bound of the cache of chunks read from other nodes, e.g.
 	root.AddCommand(e.mountCmds()...)
 	root.AddCommand(e.davCmd())
 	root.AddCommand(e.storeCmd())
+	root.AddCommand(e.policyCmd(), e.repairCmd())
 	return root
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -106,12 +107,16 @@ type putJob struct {
 }
 
 type putState struct {
-	e     *env
-	v     *fs.Volume
-	force bool
-	sum   PutSummary
-	prog  *progress
-	mu    sync.Mutex
+	e *env
+	v *fs.Volume
+	// volFor returns the handle of v that writes under the placement
+	// policy in force for a path of the volume (policy.go).
+	volFor func(path string) *fs.Volume
+	volPre string // "VOLUME:", cut from destinations to get that path
+	force  bool
+	sum    PutSummary
+	prog   *progress
+	mu     sync.Mutex
 	// existing caches the entries of destination directories that existed
 	// before this put, for the unchanged-file check (one range read each).
 	existing map[uint64]map[string]*meta.Entry
@@ -150,7 +155,11 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force bool, wo
 		// at once; memory is bounded by the byte budget below instead.
 		workers = 32 * runtime.GOMAXPROCS(0)
 	}
-	st := &putState{e: e, v: v, force: force, existing: map[uint64]map[string]*meta.Entry{}}
+	volFor, err := e.policyVolumes(ctx, v, p)
+	if err != nil {
+		return nil, err
+	}
+	st := &putState{e: e, v: v, volFor: volFor, volPre: p.Volume + ":", force: force, existing: map[uint64]map[string]*meta.Entry{}}
 	st.sum.WorkersUsed = workers
 	// Count what there is, so the bar can show a total (only for a bar).
 	showBar := human && !e.quiet && isTerminal(e.stderr)
@@ -410,7 +419,7 @@ func (st *putState) putFile(ctx context.Context, j putJob) error {
 		}
 		return &countingReader{f: f, n: &readBytes, prog: st.prog}, nil
 	}
-	_, ws, err := st.v.WriteFile(ctx, j.dir, j.name, open, a)
+	_, ws, err := st.volFor(strings.TrimPrefix(j.dst, st.volPre)).WriteFile(ctx, j.dir, j.name, open, a)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()

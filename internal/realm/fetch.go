@@ -456,6 +456,9 @@ func (rt *router) storePeer(ctx context.Context, name string) (*peer, error) {
 	if p != nil {
 		return p, nil
 	}
+	if meta.IsPolicyName(name) {
+		return rt.policyPeer(ctx, name) // a copies or ec wrapper (policy.go)
+	}
 	rt.r.remoteMu.Lock()
 	n, err := rt.r.namedStoreLocked(ctx, name)
 	rt.r.remoteMu.Unlock()

@@ -131,6 +131,7 @@ type Realm struct {
 	cacheStore   cairn.Store
 	cache        *cachestore.Store
 	router       *router
+	pol          policyState // placement policies' wrappers and volumes (policy.go)
 	revMu        sync.Mutex
 	rev          *meta.Revocations
 	name         string
@@ -319,6 +320,7 @@ func (r *Realm) Close() error {
 	for _, v := range r.vols {
 		v.Close()
 	}
+	r.closePolicies() // before the stores they write to
 	r.remoteMu.Lock()
 	r.remoteClosed = true // no read opens the cache or a remote store again
 	if r.cache != nil {
