@@ -103,6 +103,12 @@ type Server struct {
 	log  *syncBuffer
 	done chan struct{} // closed when the process has exited
 	once sync.Once
+
+	// What Restart runs again.
+	bin   string
+	env   []string
+	args  []string
+	ready func(ctx context.Context, addr string) error
 }
 
 // syncBuffer is the server's output, kept (up to a bound) for failures.
@@ -138,16 +144,11 @@ func start(t testing.TB, name, bin string, env []string, args func(port int) []s
 	var lastErr error
 	for range 3 {
 		port := FreePort(t)
-		s := &Server{Name: name, Addr: fmt.Sprintf("127.0.0.1:%d", port), log: &syncBuffer{}, done: make(chan struct{})}
-		s.cmd = exec.Command(bin, args(port)...)
-		s.cmd.Env = env
-		s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-		// The server dies with the test binary, even if it is killed.
-		s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := s.cmd.Start(); err != nil {
+		s := &Server{Name: name, Addr: fmt.Sprintf("127.0.0.1:%d", port), log: &syncBuffer{},
+			bin: bin, env: env, args: args(port), ready: ready}
+		if err := s.run(); err != nil {
 			t.Fatalf("start %s: %v", name, err)
 		}
-		go func() { _ = s.cmd.Wait(); close(s.done) }()
 		t.Cleanup(s.Stop)
 		t0 := time.Now()
 		err := s.waitReady(ready, 60*time.Second)
@@ -163,6 +164,45 @@ func start(t testing.TB, name, bin string, env []string, args func(port int) []s
 	}
 	t.Fatalf("%v", lastErr)
 	return nil
+}
+
+// run starts the process.
+func (s *Server) run() error {
+	s.done = make(chan struct{})
+	s.once = sync.Once{}
+	s.cmd = exec.Command(s.bin, s.args...)
+	s.cmd.Env = s.env
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	// The server dies with the test binary, even if it is killed.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		return err
+	}
+	cmd, done := s.cmd, s.done
+	go func() { _ = cmd.Wait(); close(done) }()
+	return nil
+}
+
+// Restart starts a server that Stop stopped again, on the same address
+// and with the same data directory (MinIO, Azurite; fake-gcs-server only
+// when started OnDisk, else it comes back empty), and waits until it is
+// ready. Not to be called while the server runs, nor concurrently with
+// Stop.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	select {
+	case <-s.done:
+	default:
+		t.Fatalf("restart %s: it is running", s.Name)
+	}
+	if err := s.run(); err != nil {
+		t.Fatalf("restart %s: %v", s.Name, err)
+	}
+	t0 := time.Now()
+	if err := s.waitReady(s.ready, 60*time.Second); err != nil {
+		t.Fatalf("restart %s: %v", s.Name, err)
+	}
+	t.Logf("%s ready again at %s in %v", s.Name, s.Addr, time.Since(t0).Round(time.Millisecond))
 }
 
 var errExited = errors.New("exited")

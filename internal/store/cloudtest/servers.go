@@ -24,10 +24,27 @@ type MinIO struct {
 }
 
 // StartMinIO starts MinIO and creates a bucket.
-func StartMinIO(t testing.TB) *MinIO {
+func StartMinIO(t testing.TB) *MinIO { return StartMinIOWith(t, MinIOOptions{}) }
+
+// MinIOOptions choose how StartMinIOWith starts MinIO.
+type MinIOOptions struct {
+	// AccessKey and SecretKey are the root credentials (default: random).
+	// Two servers given the same ones can be used by one process that
+	// takes its S3 credentials from the environment.
+	AccessKey, SecretKey string
+}
+
+// StartMinIOWith starts MinIO with options and creates a bucket.
+func StartMinIOWith(t testing.TB, o MinIOOptions) *MinIO {
 	t.Helper()
 	bin := binary(t, "MinIO "+MinIOVersion, "minio-"+MinIOVersion, "minio")
-	m := &MinIO{AccessKey: "cairn" + randHex(6), SecretKey: randHex(16), Bucket: bucketName()}
+	m := &MinIO{AccessKey: o.AccessKey, SecretKey: o.SecretKey, Bucket: bucketName()}
+	if m.AccessKey == "" {
+		m.AccessKey = "cairn" + randHex(6)
+	}
+	if m.SecretKey == "" {
+		m.SecretKey = randHex(16)
+	}
 	data := t.TempDir()
 	env := append(baseEnv(t),
 		"MINIO_ROOT_USER="+m.AccessKey, "MINIO_ROOT_PASSWORD="+m.SecretKey,
@@ -69,15 +86,30 @@ type FakeGCS struct {
 
 // StartFakeGCS starts fake-gcs-server (in-memory backend) and creates a
 // bucket. fake-gcs-server checks no credentials.
-func StartFakeGCS(t testing.TB) *FakeGCS {
+func StartFakeGCS(t testing.TB) *FakeGCS { return StartFakeGCSWith(t, FakeGCSOptions{}) }
+
+// FakeGCSOptions choose how StartFakeGCSWith starts fake-gcs-server.
+type FakeGCSOptions struct {
+	// OnDisk keeps the objects in a temporary directory (the filesystem
+	// backend) instead of memory, so they survive Stop and Restart.
+	OnDisk bool
+}
+
+// StartFakeGCSWith starts fake-gcs-server with options and creates a
+// bucket.
+func StartFakeGCSWith(t testing.TB, o FakeGCSOptions) *FakeGCS {
 	t.Helper()
 	bin := binary(t, "fake-gcs-server "+FakeGCSVersion, "fake-gcs-server-"+FakeGCSVersion, "fake-gcs-server")
 	g := &FakeGCS{Bucket: bucketName()}
+	backend := []string{"-backend", "memory"}
+	if o.OnDisk {
+		backend = []string{"-backend", "filesystem", "-filesystem-root", t.TempDir()}
+	}
 	g.Server = start(t, "fake-gcs-server", bin, baseEnv(t), func(port int) []string {
-		return []string{"-scheme", "http", "-host", "127.0.0.1", "-port", strconv.Itoa(port),
-			"-backend", "memory", "-log-level", "error",
+		return append([]string{"-scheme", "http", "-host", "127.0.0.1", "-port", strconv.Itoa(port),
+			"-log-level", "error",
 			"-public-host", fmt.Sprintf("127.0.0.1:%d", port),
-			"-external-url", fmt.Sprintf("http://127.0.0.1:%d", port)}
+			"-external-url", fmt.Sprintf("http://127.0.0.1:%d", port)}, backend...)
 	}, httpReady("/storage/v1/b", http.StatusOK))
 	g.Host = g.Addr
 	body := strings.NewReader(fmt.Sprintf(`{"name":%q}`, g.Bucket))
