@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -58,7 +59,8 @@ type EntryWatch struct {
 }
 
 // WatchEntries starts watching the volume's records and returns once etcd
-// has established the watch (or ctx ends). The watch ends with an error
+// has established the watch (or ctx ends, or the service's OpTimeout
+// passes: Kind Unavailable). The watch ends with an error
 // from Next when etcd cancels it (its start was compacted away, the member
 // lost its leader), on Close, or when ctx ends; a caller that caches
 // entries must then assume it missed changes.
@@ -86,6 +88,9 @@ func (v *Vol) WatchEntries(ctx context.Context) (*EntryWatch, error) {
 	case <-ctx.Done():
 		cancel()
 		return nil, etcdErr("watch", v.V.Name, ctx.Err())
+	case <-time.After(v.s.opts.OpTimeout):
+		cancel()
+		return nil, etcdErr("watch", v.V.Name, context.DeadlineExceeded)
 	}
 }
 

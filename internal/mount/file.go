@@ -2,6 +2,7 @@ package mount
 
 import (
 	"bufio"
+	"container/list"
 	"context"
 	"errors"
 	"io"
@@ -18,26 +19,45 @@ import (
 	"cairn.dev/cairn/internal/meta"
 )
 
-// content is the open copy of a regular file: the version current when it
-// was opened, fetched whole into a file on local disk, plus whatever this
-// mount has written to it since. Every handle open on the file shares it,
-// so descriptors of one mount see each other's writes at once, as on a
-// local disk. It goes when its last handle is released.
+// content is one copy of a regular file on local disk (cache.go): a clean
+// copy of a version, or a work copy holding writes. Every handle open on
+// the file shares the node's current content, so descriptors of one mount
+// see each other's writes at once, as on a local disk. A clean copy stays
+// in the cache when its last handle is released.
+//
+// Durability (SCFS Table 1): a write lands in the copy (the kernel's page
+// cache of it: no guarantee); fsync makes the copy durable on local disk;
+// the close of a descriptor that wrote makes it durable in the store and
+// current in the metadata (blocking mode), or queues that durably
+// (non-blocking mode, queue.go).
+//
+// Locks, in the order they are taken: wmu, node.mu, the cache's mu, mu.
 type content struct {
-	m *Mount
-	f *os.File
+	ino uint64
+
 	// wmu orders writes, truncates and commits: a commit reads the copy
 	// while holding it, so a version is one state of the file.
 	wmu sync.Mutex
+	// fmu guards f against the swap of a copy-on-write (a write to a copy
+	// a queued commit owns); reads hold it shared.
+	fmu sync.RWMutex
+	f   *os.File // nil while nobody has the copy open
+
+	// Guarded by the cache's mu.
+	path   string        // where the copy is ("": renamed over, not ours)
+	refs   int           // handles open on it, plus a fetch's
+	cached bool          // indexed as the clean copy of (ino, manifest)
+	elem   *list.Element // its place in the LRU list while cached and closed
 
 	mu       sync.Mutex
-	refs     int  // handles open on it
-	writers  int  // of which opened for writing
-	dirty    bool // written since fetched or last committed
-	keep     bool // its commit failed: kept on disk (and logged) when dropped
+	writers  int  // handles opened for writing
+	dirty    bool // written since fetched or last committed (or queued)
+	frozen   bool // its file is the data of a queued commit
+	pending  int  // queued commits of it not yet done
+	keep     bool // a commit failed: kept in unsaved/ when closed
 	size     int64
 	mtime    time.Time
-	base     uint64   // the version it holds when clean (0: none)
+	version  bool     // it is (or, if dirty, was fetched from) a version
 	manifest cairn.ID // that version's manifest
 }
 
@@ -58,37 +78,37 @@ var (
 )
 
 // local returns the size and mtime of the copy when they, not the
-// metadata's, are the file's: it has writes not yet committed, or a
-// handle that may write.
+// metadata's, are the file's: it has writes not yet committed, a handle
+// that may write, or a queued commit.
 func (c *content) local() (int64, time.Time, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.size, c.mtime, c.dirty || c.writers > 0
+	return c.size, c.mtime, c.dirty || c.writers > 0 || c.pending > 0
 }
 
 // usable reports whether a new open of a file whose entry is e may share
-// c: always while c holds writes or writers of this mount (the last close
-// wins, as in AFS), otherwise only while c is of e's current version.
+// c: always while c holds writes, writers or queued commits of this mount
+// (the last close wins, as in AFS), otherwise only while c is a copy of
+// e's current version.
 func (c *content) usable(e *meta.Entry) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.dirty || c.writers > 0 {
+	if c.dirty || c.writers > 0 || c.pending > 0 {
 		return true
 	}
 	cur := e.Current()
 	if cur == nil {
-		return c.base == 0 && c.size == 0
+		return !c.version && c.size == 0
 	}
-	return c.base == cur.N && c.manifest == cur.Manifest
+	return c.version && c.manifest == cur.Manifest && c.size == cur.Size
 }
 
-func (c *content) ref(write bool) {
-	c.mu.Lock()
-	c.refs++
+func (c *content) addWriter(write bool) {
 	if write {
+		c.mu.Lock()
 		c.writers++
+		c.mu.Unlock()
 	}
-	c.mu.Unlock()
 }
 
 func (c *content) touch(t time.Time) {
@@ -97,60 +117,85 @@ func (c *content) touch(t time.Time) {
 	c.mu.Unlock()
 }
 
-func (c *content) truncate(size int64) error {
+// file returns the open copy (stable while wmu is held).
+func (c *content) file() *os.File {
+	c.fmu.RLock()
+	defer c.fmu.RUnlock()
+	return c.f
+}
+
+// prepareWrite, with c.wmu held, makes c's copy one a write may change: a
+// copy a queued commit owns is copied first, a clean copy leaves the
+// cache's index.
+func (m *Mount) prepareWrite(c *content) error {
+	c.mu.Lock()
+	frozen, size := c.frozen, c.size
+	c.mu.Unlock()
+	if frozen {
+		m.cache.mu.Lock()
+		src := c.path
+		m.cache.mu.Unlock()
+		nf, np, err := m.cache.copyFile(src, c.ino, size)
+		if err != nil {
+			return err
+		}
+		c.fmu.Lock()
+		old := c.f
+		c.f = nf
+		c.fmu.Unlock()
+		old.Close() // the queue reads its own descriptor
+		m.cache.mu.Lock()
+		c.path = np
+		m.cache.mu.Unlock()
+		c.mu.Lock()
+		c.frozen = false
+		c.mu.Unlock()
+		return nil
+	}
+	return m.cache.detach(c)
+}
+
+func (m *Mount) truncateContent(c *content, size int64) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if err := c.f.Truncate(size); err != nil {
-		return cairn.E("truncate", cairn.IO, c.f.Name(), err)
+	if err := m.prepareWrite(c); err != nil {
+		return err
+	}
+	if err := c.file().Truncate(size); err != nil {
+		return cairn.E("truncate", cairn.IO, c.ino16(), err)
 	}
 	c.mu.Lock()
-	if size != c.size {
+	if size != c.size || !c.dirty {
 		c.size, c.dirty, c.mtime = size, true, time.Now()
 	}
 	c.mu.Unlock()
 	return nil
 }
 
-// drop closes the copy and removes it, unless a failed commit asked to
-// keep it.
-func (c *content) drop() {
-	c.m.copiesMu.Lock()
-	_, live := c.m.copies[c]
-	delete(c.m.copies, c)
-	c.m.copiesMu.Unlock()
-	if !live {
-		return // dropped already
-	}
-	c.mu.Lock()
-	keep := c.keep
-	c.mu.Unlock()
-	c.f.Close()
-	if keep {
-		c.m.log.Error("kept the unsaved content of a file whose commit failed", "copy", c.f.Name())
-		return
-	}
-	os.Remove(c.f.Name())
-}
-
-// fetch makes a copy of e's current version (empty: an empty copy, for
-// an open that truncates).
-func (m *Mount) fetch(ctx context.Context, e *meta.Entry, empty bool) (*content, error) {
-	f, err := os.CreateTemp(m.cache, "open-*")
-	if err != nil {
-		return nil, cairn.E("open", cairn.IO, m.cache, err)
-	}
-	c := &content{m: m, f: f, mtime: time.Unix(0, e.Mtime)}
-	m.copiesMu.Lock()
-	m.copies[c] = struct{}{}
-	m.copiesMu.Unlock()
+// load returns a copy of e's current version with one reference: from
+// the cache, or fetched from the store into it (empty: an empty work copy,
+// for an open that truncates).
+func (m *Mount) load(ctx context.Context, e *meta.Entry, empty bool) (*content, error) {
 	cur := e.Current()
-	if cur == nil {
+	if cur == nil || empty {
+		c, err := m.cache.newWork(e.Ino)
+		if err != nil {
+			return nil, err
+		}
+		c.mtime = time.Unix(0, e.Mtime)
+		if cur != nil {
+			c.version, c.manifest = true, cur.Manifest
+			c.dirty = cur.Size > 0
+		}
 		return c, nil
 	}
-	c.base, c.manifest = cur.N, cur.Manifest
-	if empty {
-		c.dirty = cur.Size > 0
+	k := cacheKey{e.Ino, cur.Manifest}
+	if c, ok := m.cache.lookup(k, cur.Size); ok {
 		return c, nil
+	}
+	f, err := m.cache.newTmp()
+	if err != nil {
+		return nil, err
 	}
 	w := bufio.NewWriterSize(f, 1<<20)
 	err = m.vol.ReadFile(ctx, e, cur, w)
@@ -158,61 +203,93 @@ func (m *Mount) fetch(ctx context.Context, e *meta.Entry, empty bool) (*content,
 		err = w.Flush()
 	}
 	if err != nil {
-		c.drop()
+		f.Close()
+		os.Remove(f.Name())
 		return nil, err
 	}
-	c.size = cur.Size
+	c, err := m.cache.insertFetched(f, k, cur.Size)
+	if err != nil {
+		return nil, err
+	}
+	c.mtime = time.Unix(0, cur.Mtime)
 	return c, nil
 }
 
-// acquire returns the copy a new handle of n shares, fetching e's current
+// acquire returns the copy a new handle of n shares, loading e's current
 // version when there is none it may share (an older one lives on for the
 // handles that have it).
 func (n *node) acquire(ctx context.Context, e *meta.Entry, write, empty bool) (*content, error) {
+	m := n.m
 	n.mu.Lock()
 	if c := n.content; c != nil && c.usable(e) {
-		c.ref(write)
-		n.mu.Unlock()
-		return c, nil
+		if m.cache.ref(c) == nil {
+			c.addWriter(write)
+			n.mu.Unlock()
+			return c, nil
+		}
+		n.content = nil // its file was evicted
 	}
 	n.mu.Unlock()
-	// Fetched without n.mu: a slow fetch does not hold up stat.
-	c, err := n.m.fetch(ctx, e, empty)
+	// Loaded without n.mu: a slow fetch does not hold up stat.
+	c, err := m.load(ctx, e, empty)
 	if err != nil {
 		return nil, err
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if old := n.content; old != nil && old.usable(e) {
-		c.drop() // another open got there first
-		old.ref(write)
+	if old := n.content; old != nil && old != c && old.usable(e) && m.cache.ref(old) == nil {
+		m.cache.unref(c) // another open got there first
+		old.addWriter(write)
 		return old, nil
 	}
 	n.content = c
-	c.ref(write)
+	c.addWriter(write)
 	return c, nil
 }
 
-// release lets go of a handle's reference to c.
+// release lets go of a handle's reference to c. The node keeps pointing
+// at a copy with a queued commit, so that a new open here sees its writes
+// before the commit is done.
 func (n *node) release(c *content) {
 	n.mu.Lock()
+	n.m.cache.mu.Lock()
+	last := c.refs == 1
+	n.m.cache.mu.Unlock()
 	c.mu.Lock()
-	c.refs--
-	last := c.refs == 0
+	pending := c.pending > 0
 	c.mu.Unlock()
-	if last && n.content == c {
+	if last && n.content == c && !pending {
 		n.content = nil
 	}
 	n.mu.Unlock()
-	if last {
-		c.drop()
+	n.m.cache.unref(c)
+}
+
+// forgetClosed stops pointing at c once nobody has it open and it has no
+// queued commit left.
+func (n *node) forgetClosed(c *content) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.content != c {
+		return
+	}
+	n.m.cache.mu.Lock()
+	closed := c.refs == 0
+	n.m.cache.mu.Unlock()
+	c.mu.Lock()
+	pending := c.pending > 0
+	c.mu.Unlock()
+	if closed && !pending {
+		n.content = nil
 	}
 }
 
-// Open reads the file's current version from the metadata service (close-
-// to-open: every open does) and gives a handle on a copy of it. The kernel
-// is not told to keep its page cache, so it drops what it cached of the
-// file at every open.
+// Open reads the file's entry (from the entry cache while the watch
+// vouches for it, else from the metadata service) and gives a handle on a
+// copy of its current version: the one this mount has open, one in the
+// disk cache, or one fetched now. An open for writing first takes the
+// file's writer lock. The kernel keeps its page cache of the file when the
+// copy is the one it read last (the memory buffer of an open file).
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	ctx = bg(ctx)
 	n.mu.Lock()
@@ -228,13 +305,34 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		// attribute cache time.
 		_ = n.NotifyContent(-1, 0)
 	}
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		name, p, ok := n.place()
+		if !ok {
+			return nil, 0, syscall.ENOENT
+		}
+		if err := n.lockForWrite(ctx, p, name); err != nil {
+			return nil, 0, n.m.errno("open for writing", n.path(""), err)
+		}
+	}
 	h, err := n.open(ctx, e, flags)
 	if err != nil {
+		if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+			n.unlockWrite(ctx)
+		}
 		return nil, 0, n.m.errno("open", n.path(""), err)
 	}
-	return h, 0, 0
+	var keep uint32
+	n.mu.Lock()
+	if n.served == h.c {
+		keep = fuse.FOPEN_KEEP_CACHE
+	}
+	n.served = h.c
+	n.mu.Unlock()
+	return h, keep, 0
 }
 
+// open gives a handle on a copy of e's current version. For writing, the
+// caller holds the writer lock.
 func (n *node) open(ctx context.Context, e *meta.Entry, flags uint32) (*handle, error) {
 	if e.Type != meta.TypeFile {
 		return nil, syscall.EISDIR
@@ -247,8 +345,13 @@ func (n *node) open(ctx context.Context, e *meta.Entry, flags uint32) (*handle, 
 	}
 	h := &handle{n: n, c: c, write: write, append: flags&syscall.O_APPEND != 0}
 	if trunc {
-		if err := c.truncate(0); err != nil {
-			h.Release(ctx)
+		if err := n.m.truncateContent(c, 0); err != nil {
+			if write {
+				c.mu.Lock()
+				c.writers--
+				c.mu.Unlock()
+			}
+			n.release(c)
 			return nil, err
 		}
 	}
@@ -267,19 +370,31 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		return nil, nil, 0, errno
 	}
 	ch := n.child(ctx, e, out)
-	h, err := ch.Operations().(*node).open(ctx, e, flags)
+	cn := ch.Operations().(*node)
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		if err := cn.lockForWrite(ctx, n, name); err != nil {
+			return nil, nil, 0, n.m.errno("create", n.path(name), err)
+		}
+	}
+	h, err := cn.open(ctx, e, flags)
 	if err != nil {
+		if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+			cn.unlockWrite(ctx)
+		}
 		return nil, nil, 0, n.m.errno("create", n.path(name), err)
 	}
+	cn.mu.Lock()
+	cn.served = h.c
+	cn.mu.Unlock()
 	return ch, h, 0, 0
 }
 
 // truncate cuts a file to size: in h's copy (ftruncate; the commit is at
 // close), or, for truncate(2) by path, in a copy opened for it and
-// committed at once.
+// committed (or queued) at once.
 func (n *node) truncate(ctx context.Context, h *handle, size int64) syscall.Errno {
 	if h != nil {
-		if err := h.c.truncate(size); err != nil {
+		if err := n.m.truncateContent(h.c, size); err != nil {
 			return n.m.errno("truncate", n.path(""), err)
 		}
 		return 0
@@ -288,27 +403,68 @@ func (n *node) truncate(ctx context.Context, h *handle, size int64) syscall.Errn
 	if err != nil {
 		return n.m.errno("truncate", n.path(""), err)
 	}
+	name, p, ok := n.place()
+	if !ok {
+		return syscall.ENOENT
+	}
+	if err := n.lockForWrite(ctx, p, name); err != nil {
+		return n.m.errno("truncate", n.path(""), err)
+	}
 	flags := uint32(syscall.O_WRONLY)
 	if size == 0 {
 		flags |= syscall.O_TRUNC
 	}
 	h, err = n.open(ctx, e, flags)
-	if err == nil {
-		if err = h.c.truncate(size); err == nil {
-			n.m.begin()
-			err = n.commit(ctx, h.c)
-			n.m.end()
-		}
-		h.Release(ctx)
+	if err != nil {
+		n.unlockWrite(ctx)
+		return n.m.errno("truncate", n.path(""), err)
 	}
+	if err = n.m.truncateContent(h.c, size); err == nil {
+		err = n.save(ctx, h.c)
+	}
+	h.Release(ctx)
 	return n.m.errno("truncate", n.path(""), err)
+}
+
+// save makes c's writes durable as the mode says: committed now
+// (blocking), or on local disk and queued (non-blocking).
+func (n *node) save(ctx context.Context, c *content) error {
+	if n.m.mode == NonBlocking {
+		return n.enqueue(ctx, c)
+	}
+	n.m.begin()
+	defer n.m.end()
+	return n.commit(ctx, c)
+}
+
+// commitAttrs are the attributes a new version of n gets: the entry's
+// mode and owner now, not when it was opened (a chmod while open must
+// survive the commit).
+func (n *node) commitAttrs(ctx context.Context, parent *node, name string, mtime time.Time) (fs.Attrs, error) {
+	n.mu.Lock()
+	last := n.last
+	n.mu.Unlock()
+	attrs := fs.Attrs{Mode: last.Mode, UID: last.UID, GID: last.GID, Mtime: mtime}
+	switch cur, err := n.m.ents.get(ctx, parent.ino, name, false); {
+	case err == nil:
+		attrs.Mode, attrs.UID, attrs.GID = cur.Mode, cur.UID, cur.GID
+		if cur.Ino != n.ino {
+			n.m.log.Warn("file replaced elsewhere while open here: the last close wins", "path", n.path(""))
+		}
+	case errors.Is(err, cairn.ErrNotFound):
+		n.m.log.Warn("file removed elsewhere while open here: written back", "path", n.path(""))
+	default:
+		return attrs, err
+	}
+	return attrs, nil
 }
 
 // commit stores c as the file's new current version if it holds writes
 // not yet committed (fs.Volume.WriteFile: chunks to the store, then a
-// compare-and-swap in etcd, under the file's writer lock). A file removed
-// while open is not brought back: its last writes are dropped, as on a
-// local disk.
+// compare-and-swap in etcd, under the writer lock this mount holds since
+// the open). A file removed while open is not brought back: its last
+// writes are dropped, as on a local disk. A commit that fails leaves the
+// writes in the copy (kept in unsaved/ if the file is closed so).
 func (n *node) commit(ctx context.Context, c *content) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -330,43 +486,43 @@ func (n *node) commit(ctx context.Context, c *content) error {
 	if errno != 0 {
 		return errno
 	}
-	path := n.path("")
-	n.mu.Lock()
-	last := n.last
-	n.mu.Unlock()
-	attrs := fs.Attrs{Mode: last.Mode, UID: last.UID, GID: last.GID, Mtime: mtime}
-	switch cur, err := n.m.vol.Meta.Get(ctx, parent.ino, name); {
-	case err == nil:
-		// Its mode and owner now, not when it was opened: a chmod while
-		// open must survive the commit.
-		attrs.Mode, attrs.UID, attrs.GID = cur.Mode, cur.UID, cur.GID
-		if cur.Ino != n.ino {
-			n.m.log.Warn("file replaced elsewhere while open here: the last close wins", "path", path)
-		}
-	case errors.Is(err, cairn.ErrNotFound):
-		n.m.log.Warn("file removed elsewhere while open here: written back", "path", path)
-	default:
-		return err
-	}
-	open := func() (io.ReadCloser, error) { return io.NopCloser(io.NewSectionReader(c.f, 0, size)), nil }
-	e, _, err := n.m.vol.WriteFile(ctx, dir, name, open, attrs)
+	attrs, err := n.commitAttrs(ctx, parent, name, mtime)
 	if err != nil {
 		return err
 	}
+	if attrs.Lock, err = n.commitLock(ctx, parent, name); err != nil {
+		return err
+	}
+	f := c.file()
+	open := func() (io.ReadCloser, error) { return io.NopCloser(io.NewSectionReader(f, 0, size)), nil }
+	e, _, err := n.m.vol.WriteFile(ctx, dir, name, open, attrs)
+	if err != nil {
+		n.commitFailed()
+		return err
+	}
+	n.committed(ctx)
+	n.m.ents.put(e)
 	c.mu.Lock()
 	c.dirty, c.keep = false, false
-	if v := e.Current(); v != nil {
-		c.base, c.manifest = v.N, v.Manifest
-	}
+	v := e.Current()
+	c.version, c.manifest = true, v.Manifest
 	c.mu.Unlock()
-	n.remember(e)
+	if e.Ino == n.ino {
+		n.m.cache.adopt(c, cacheKey{n.ino, v.Manifest})
+		n.remember(e)
+	}
 	return nil
 }
 
+func (c *content) ino16() string { return cacheKey{ino: c.ino}.name()[:16] }
+
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	k, err := h.c.f.ReadAt(dest, off)
+	c := h.c
+	c.fmu.RLock()
+	k, err := c.f.ReadAt(dest, off)
+	c.fmu.RUnlock()
 	if err != nil && err != io.EOF {
-		return nil, h.n.m.errno("read", h.n.path(""), cairn.E("read", cairn.IO, h.c.f.Name(), err))
+		return nil, h.n.m.errno("read", h.n.path(""), cairn.E("read", cairn.IO, c.ino16(), err))
 	}
 	return fuse.ReadResultData(dest[:k]), 0
 }
@@ -378,12 +534,15 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	c := h.c
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if err := h.n.m.prepareWrite(c); err != nil {
+		return 0, h.n.m.errno("write", h.n.path(""), err)
+	}
 	if h.append {
 		c.mu.Lock()
 		off = c.size
 		c.mu.Unlock()
 	}
-	k, err := c.f.WriteAt(data, off)
+	k, err := c.file().WriteAt(data, off)
 	c.mu.Lock()
 	if k > 0 {
 		c.dirty, c.mtime = true, time.Now()
@@ -393,40 +552,44 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	}
 	c.mu.Unlock()
 	if err != nil {
-		return uint32(k), h.n.m.errno("write", h.n.path(""), cairn.E("write", cairn.IO, c.f.Name(), err))
+		if errors.Is(err, syscall.ENOSPC) {
+			return uint32(k), syscall.ENOSPC
+		}
+		return uint32(k), h.n.m.errno("write", h.n.path(""), cairn.E("write", cairn.IO, c.ino16(), err))
 	}
 	return uint32(k), 0
 }
 
 // Flush runs at every close(2) of a descriptor: one that may have written
-// commits the copy if it holds unsaved writes, and the close returns the
-// commit's error.
+// saves the copy if it holds unsaved writes (save: committed, or queued in
+// non-blocking mode), and the close returns the error. A failed commit is
+// logged; the writes stay in the copy.
 func (h *handle) Flush(ctx context.Context) syscall.Errno {
 	if !h.write {
 		return 0
 	}
 	ctx = bg(ctx)
-	h.n.m.begin()
-	defer h.n.m.end()
-	if err := h.n.commit(ctx, h.c); err != nil {
+	if err := h.n.save(ctx, h.c); err != nil {
+		h.n.m.log.Error("saving at close failed; the writes stay in the local copy", "path", h.n.path(""), "err", err)
 		return h.n.m.errno("commit at close", h.n.path(""), err)
 	}
 	return 0
 }
 
-// Fsync makes the copy durable on local disk (SCFS Table 1: close, not
-// fsync, makes it durable in the stores).
+// Fsync makes the copy durable on local disk (SCFS Table 1, level 1:
+// close, not fsync, makes it durable in the stores).
 func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
-	if err := h.c.f.Sync(); err != nil {
-		return h.n.m.errno("fsync", h.n.path(""), cairn.E("fsync", cairn.IO, h.c.f.Name(), err))
+	if err := h.c.file().Sync(); err != nil {
+		return h.n.m.errno("fsync", h.n.path(""), cairn.E("fsync", cairn.IO, h.c.ino16(), err))
 	}
 	return 0
 }
 
 // Release runs once the kernel drops the handle, after its last close.
-// The last writer commits what no close committed (its flush failed, or a
+// The last writer saves what no close saved (its flush failed, or a
 // writable mapping wrote after it); nobody sees an error from here, so a
-// failure is logged and the copy kept on disk.
+// failure is logged and the copy kept on disk. The last writer's release
+// lets the writer lock go (unless a queued commit still needs it).
 func (h *handle) Release(ctx context.Context) syscall.Errno {
 	ctx = bg(ctx)
 	c, n := h.c, h.n
@@ -436,16 +599,25 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	if h.write {
 		c.writers--
 	}
-	commit := h.write && c.writers == 0 && c.dirty
+	save := h.write && c.writers == 0 && c.dirty
 	c.mu.Unlock()
-	if commit {
-		if err := n.commit(ctx, c); err != nil {
-			n.m.log.Error("commit after the last close failed", "path", n.path(""), "err", err)
+	if save {
+		if err := n.save(ctx, c); err != nil {
+			n.m.log.Error("saving after the last close failed", "path", n.path(""), "err", err)
 			c.mu.Lock()
 			c.keep = true
 			c.mu.Unlock()
 		}
 	}
-	n.release(c)
+	h.drop(ctx)
 	return 0
+}
+
+// drop releases what the handle holds: its writer lock reference and its
+// copy.
+func (h *handle) drop(ctx context.Context) {
+	if h.write {
+		h.n.unlockWrite(ctx)
+	}
+	h.n.release(h.c)
 }

@@ -1,20 +1,27 @@
 // Package mount serves an open volume as a FUSE file system (go-fuse v2)
 // with close-to-open consistency (DESIGN.md decision 4): an open of a
-// regular file reads the file's current version from the metadata service
-// into a whole-file copy on local disk and serves reads and writes from it;
-// closing a descriptor that wrote commits the copy as a new version with
+// regular file finds the file's current version in the metadata and serves
+// reads and writes from a whole-file copy of it on local disk; closing a
+// descriptor that wrote commits the copy as a new version with
 // fs.Volume.WriteFile (chunks to the store, then compare-and-swap in etcd),
 // so any later open, here or on another device, sees it.
 //
-// user.* extended attributes live in the metadata service (xattr.go).
+//   - cache.go: the copies persist in an LRU-bounded cache per volume,
+//     named by the version they hold, across unmounts.
+//   - entries.go: namespace records are cached and kept current by an
+//     etcd watch, so an open of an unchanged cached file costs no request
+//     at all (the window this opens is written there).
+//   - lock.go: an open for writing holds the file's writer lock until the
+//     commit of its last close; another device's open for writing gets
+//     EBUSY meanwhile.
+//   - queue.go: in non-blocking mode a close returns once the writes are
+//     durable on local disk, and a persistent queue commits them.
+//   - xattr.go: user.* extended attributes, in the metadata.
 //
-// What it does not do yet (issue 4): hard links (EPERM), device nodes and FIFOs
-// (EPERM), an LRU-bounded cache kept across opens (every open fetches the
-// whole current version), the writer lock held from open to close (it is
-// taken only while a close commits), non-blocking mode and its persistent
-// upload queue. A crash loses what was written since the last close:
-// fsync makes it durable on local disk only (SCFS Table 1), and nothing
-// picks it up again after a restart yet.
+// Not supported: hard links (EPERM), device nodes and FIFOs (EPERM),
+// RENAME_EXCHANGE (EINVAL). Writes not yet closed when the mount is
+// killed are not committed: the next mount keeps them in the cache's
+// unsaved/ directory and logs where.
 package mount
 
 import (
@@ -58,10 +65,21 @@ type Options struct {
 	// means DefaultAttrTimeout; NoAttrCache (or any negative value)
 	// disables it.
 	AttrTimeout time.Duration
-	// CacheDir is where the whole-file copies of open files live (a
-	// directory per mount is made inside it and removed at unmount).
+	// CacheDir holds the whole-file cache, a directory per volume (by
+	// volume ID) kept across mounts; one mount at a time uses a volume's.
 	// Default: a "cairn-mount" directory in os.TempDir().
 	CacheDir string
+	// CacheSize bounds the clean copies the cache keeps; zero means
+	// DefaultCacheSize of CacheDir. Copies open or not yet committed are
+	// never evicted and come on top.
+	CacheSize int64
+	// Mode is Blocking (a close commits) or NonBlocking (a close queues
+	// the commit once the writes are durable locally).
+	Mode Mode
+	// LockWait is how long an open for writing waits for a writer lock
+	// held by another device before failing with EBUSY; zero means
+	// DefaultLockWait.
+	LockWait time.Duration
 	// Logger receives what cannot be returned to a caller: a commit that
 	// failed at the last close, a file removed while being written.
 	Logger *slog.Logger
@@ -72,23 +90,33 @@ type Options struct {
 
 // Mount is a mounted volume.
 type Mount struct {
-	dir    string
-	vol    *fs.Volume
-	server *fuse.Server
-	root   *node
-	log    *slog.Logger
-	cache  string // this mount's directory of open-file copies
+	dir      string
+	vol      *fs.Volume
+	server   *fuse.Server
+	root     *node
+	log      *slog.Logger
+	mode     Mode
+	lockWait time.Duration
+	cache    *diskCache
+	ents     *entryCache
+	queue    *queue
+
+	// The watch that keeps ents current (watchLoop).
+	stopWatch context.CancelFunc
+	watchDone chan struct{}
+	watchMu   sync.Mutex
+	curWatch  *meta.EntryWatch
+	watchHold chan struct{} // tests: hold a new watch until closed
+
+	// locked are the nodes holding writer-lock references (lock.go).
+	lockedMu sync.Mutex
+	locked   map[*node]struct{}
 
 	// busy counts commits in progress, so Wait returns only after the
 	// last one (go-fuse does not wait for its request goroutines).
 	busyMu sync.Mutex
 	busyN  int
 	idle   *sync.Cond
-
-	// copies are the open-file copies not yet dropped: a lazy unmount
-	// can lose the kernel's last releases, and Wait drops what is left.
-	copiesMu sync.Mutex
-	copies   map[*content]struct{}
 
 	doneOnce sync.Once
 }
@@ -145,17 +173,42 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 		return nil, cairn.E(op, cairn.IO, o.CacheDir, err)
 	}
 	sweep(o.CacheDir, o.Logger)
-	cache, err := os.MkdirTemp(o.CacheDir, fmt.Sprintf("mount-%d-*", os.Getpid()))
-	if err != nil {
-		return nil, cairn.E(op, cairn.IO, o.CacheDir, err)
+	if o.CacheSize <= 0 {
+		o.CacheSize = DefaultCacheSize(o.CacheDir)
 	}
-	m := &Mount{dir: dir, vol: v, log: o.Logger.With("volume", v.Name(), "mountpoint", dir), cache: cache, copies: map[*content]struct{}{}}
+	if o.LockWait <= 0 {
+		o.LockWait = DefaultLockWait
+	}
+	m := &Mount{dir: dir, vol: v, log: o.Logger.With("volume", v.Name(), "mountpoint", dir), mode: o.Mode, lockWait: o.LockWait,
+		ents: newEntryCache(v.Meta), locked: map[*node]struct{}{}}
 	m.idle = sync.NewCond(&m.busyMu)
-	// The root is read once here so that a volume the metadata service
-	// cannot serve fails the mount instead of its first request.
-	rootEnt, err := v.Meta.Root(ctx)
+	cache, err := openCache(filepath.Join(o.CacheDir, v.Meta.V.ID), o.CacheSize, m.log)
 	if err != nil {
-		os.Remove(cache)
+		return nil, err
+	}
+	m.cache = cache
+	q, queued, err := loadQueue(m, filepath.Join(cache.dir, "queue"))
+	if err != nil {
+		cache.close()
+		return nil, cairn.E(op, cairn.IO, cache.dir, err)
+	}
+	m.queue = q
+	cache.unsavedLeftovers(queued)
+	// The watch first, then the root: a volume the metadata service
+	// cannot serve fails the mount instead of its first request.
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	m.stopWatch, m.watchDone = stop, make(chan struct{})
+	first, err := v.Meta.WatchEntries(wctx)
+	if err != nil {
+		m.log.Warn("no watch on the volume: every open asks the metadata service until there is one", "err", err)
+	} else {
+		m.ents.established(first.Start)
+	}
+	go m.watchLoop(wctx, first)
+	go q.run(wctx)
+	rootEnt, err := m.ents.get(ctx, 0, "", false)
+	if err != nil {
+		m.shutdown()
 		return nil, err
 	}
 	m.root = &node{m: m, ino: meta.RootIno, typ: meta.TypeDir}
@@ -186,12 +239,100 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 	}
 	server, err := gofs.Mount(dir, m.root, opts)
 	if err != nil {
-		os.Remove(cache)
+		m.shutdown()
 		return nil, cairn.E(op, cairn.IO, dir, err)
 	}
 	m.server = server
-	m.log.Info("mounted")
+	m.log.Info("mounted", "mode", o.Mode.String(), "cache", cache.dir, "cache_size", o.CacheSize)
 	return m, nil
+}
+
+// shutdown stops what Start started besides the server: the queue (after
+// the commits it can finish), the watch, the cache.
+func (m *Mount) shutdown() {
+	m.queue.stop()
+	m.unlockAll(context.Background())
+	m.stopWatch()
+	<-m.watchDone
+	m.cache.close()
+}
+
+// watchLoop keeps the entry cache current: it applies what the watch
+// reports, asks it for progress every watchProgress (entries.go), and
+// when it ends, empties the cache and watches again.
+func (m *Mount) watchLoop(ctx context.Context, w *meta.EntryWatch) {
+	defer close(m.watchDone)
+	backoff := 100 * time.Millisecond
+	down := w == nil
+	for {
+		if w == nil {
+			m.watchMu.Lock()
+			hold := m.watchHold
+			m.watchMu.Unlock()
+			if hold != nil {
+				select {
+				case <-hold:
+				case <-ctx.Done():
+					return
+				}
+			}
+			var err error
+			if w, err = m.vol.Meta.WatchEntries(ctx); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				if !down {
+					m.log.Warn("cannot watch the volume: every open asks the metadata service until the watch is back", "err", err)
+					down = true
+				}
+				select {
+				case <-time.After(backoff):
+				case <-ctx.Done():
+					return
+				}
+				backoff = min(2*backoff, 5*time.Second)
+				continue
+			}
+			if down {
+				m.log.Info("watching the volume again")
+			}
+			down, backoff = false, 100*time.Millisecond
+			m.ents.established(w.Start)
+		}
+		m.watchMu.Lock()
+		m.curWatch = w
+		m.watchMu.Unlock()
+		stop := make(chan struct{})
+		go func(w *meta.EntryWatch) {
+			t := time.NewTicker(watchProgress)
+			defer t.Stop()
+			for {
+				select {
+				case <-t.C:
+					w.RequestProgress()
+				case <-stop:
+					return
+				}
+			}
+		}(w)
+		var err error
+		for {
+			var ev meta.EntryEvents
+			if ev, err = w.Next(); err != nil {
+				break
+			}
+			m.ents.apply(ev)
+		}
+		close(stop)
+		w.Close()
+		m.ents.broken()
+		w = nil
+		if ctx.Err() != nil {
+			return
+		}
+		m.log.Warn("the watch on the volume ended: every open asks the metadata service until it is back", "err", err)
+		down = true
+	}
 }
 
 // sweep removes the empty cache directories of mounts whose process is
@@ -226,8 +367,11 @@ func (m *Mount) Unmount() error {
 	return nil
 }
 
-// Wait returns once the file system is unmounted and every commit begun
-// by a close has finished, and removes this mount's cache directory.
+// Wait returns once the file system is unmounted, every commit begun by
+// a close has finished, and the queue of non-blocking mode has committed
+// what it could (what it could not stays queued on disk for the next
+// mount). Copies the kernel never released are closed; any with writes
+// never committed go to the cache's unsaved/ directory (logged).
 func (m *Mount) Wait() {
 	m.server.Wait()
 	m.busyMu.Lock()
@@ -236,27 +380,22 @@ func (m *Mount) Wait() {
 	}
 	m.busyMu.Unlock()
 	m.doneOnce.Do(func() {
-		m.copiesMu.Lock()
-		left := make([]*content, 0, len(m.copies))
-		for c := range m.copies {
-			left = append(left, c)
-		}
-		m.copiesMu.Unlock()
-		for _, c := range left {
+		for _, c := range m.cache.openContents() {
 			c.mu.Lock()
 			if c.dirty {
 				c.keep = true
 			}
 			c.mu.Unlock()
-			c.drop()
+			m.cache.forceClose(c)
 		}
-		// Copies of files whose commit failed are kept (and were logged).
-		if err := os.Remove(m.cache); err != nil && !errors.Is(err, os.ErrNotExist) {
-			m.log.Warn("kept the cache directory: it holds copies of files whose commit failed", "dir", m.cache)
-		}
+		m.shutdown()
 		m.log.Info("unmounted")
 	})
 }
+
+// Pending returns how many commits the queue of non-blocking mode has
+// still to do.
+func (m *Mount) Pending() int { return m.queue.len() }
 
 func (m *Mount) begin() {
 	m.busyMu.Lock()

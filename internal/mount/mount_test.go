@@ -18,7 +18,10 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/etcdsvc/etcdtest"
@@ -27,6 +30,7 @@ import (
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
 	"cairn.dev/cairn/internal/store/memstore"
+	"cairn.dev/cairn/internal/volkey"
 )
 
 // skipWithoutFUSE skips a test on a machine that cannot mount (CI runs as
@@ -39,10 +43,11 @@ func skipWithoutFUSE(t *testing.T) {
 }
 
 // failStore is a memory store whose Puts fail while fail is set (a store
-// that cannot be reached).
+// that cannot be reached), and which counts its Gets.
 type failStore struct {
 	*memstore.Store
 	fail atomic.Bool
+	gets atomic.Int64
 }
 
 func (s *failStore) Put(ctx context.Context, id cairn.ID, data []byte) error {
@@ -50,6 +55,30 @@ func (s *failStore) Put(ctx context.Context, id cairn.ID, data []byte) error {
 		return cairn.E("put", cairn.Unavailable, id.String(), errors.New("store unreachable (test)"))
 	}
 	return s.Store.Put(ctx, id, data)
+}
+
+func (s *failStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	s.gets.Add(1)
+	return s.Store.Get(ctx, id)
+}
+
+// countingClient is an etcd client of endpoints that counts its unary
+// requests (reads, writes, transactions, lease grants; not the streams of
+// watches and lease keep-alives).
+func countingClient(t *testing.T, endpoints []string) (*clientv3.Client, *atomic.Int64) {
+	t.Helper()
+	var n atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		n.Add(1)
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli, &n
 }
 
 // syncBuf collects the mount's log; the test prints it when it fails.
@@ -81,6 +110,10 @@ type fixture struct {
 	mnt   string
 	cache string
 	logs  *syncBuf
+
+	etcd   []string      // the test etcd's endpoints
+	master volkey.Master // the volume's key
+	rpcs   *atomic.Int64 // requests this device made to etcd
 }
 
 // newFixture mounts a fresh volume (embedded etcd, memory store) in a
@@ -89,7 +122,9 @@ func newFixture(t *testing.T, o mount.Options) *fixture {
 	t.Helper()
 	skipWithoutFUSE(t)
 	ctx := context.Background()
-	svc, err := meta.New(etcdtest.New(t), meta.Options{})
+	endpoints := etcdtest.New(t).Endpoints()
+	cli, rpcs := countingClient(t, endpoints)
+	svc, err := meta.New(cli, meta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +144,7 @@ func newFixture(t *testing.T, o mount.Options) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { vol.Close() })
-	f := &fixture{t: t, st: st, vol: vol, mnt: t.TempDir(), cache: t.TempDir(), logs: &syncBuf{}}
+	f := &fixture{t: t, st: st, vol: vol, mnt: t.TempDir(), cache: t.TempDir(), logs: &syncBuf{}, etcd: endpoints, master: master, rpcs: rpcs}
 	o.CacheDir = f.cache
 	o.Logger = slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m, err := mount.Start(ctx, vol, f.mnt, o)
@@ -133,6 +168,87 @@ func newFixture(t *testing.T, o mount.Options) *fixture {
 }
 
 func (f *fixture) path(rel string) string { return filepath.Join(f.mnt, rel) }
+
+// mountAgain unmounts f's mount (every descriptor on it must be closed)
+// and mounts the volume on the same directory, with the same cache, again.
+func (f *fixture) mountAgain(o mount.Options) {
+	f.t.Helper()
+	if err := f.m.Unmount(); err != nil {
+		f.t.Fatalf("unmount: %v", err)
+	}
+	f.m.Wait()
+	f.start(o)
+}
+
+// start mounts f's volume on f.mnt with o (and f's cache and log),
+// unmounted at cleanup.
+func (f *fixture) start(o mount.Options) {
+	f.t.Helper()
+	o.CacheDir = f.cache
+	o.Logger = slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	m, err := mount.Start(context.Background(), f.vol, f.mnt, o)
+	if err != nil {
+		f.t.Fatalf("mount: %v", err)
+	}
+	f.m = m
+	f.t.Cleanup(func() {
+		if err := m.Unmount(); err != nil {
+			f.t.Errorf("unmount: %v", err)
+			mount.Unmount(f.mnt, true)
+		} else {
+			m.Wait()
+		}
+	})
+}
+
+// device mounts f's volume as another device does: its own etcd client
+// (its own lease, so its own writer locks), its own cache and mount
+// point; the same store (the realm's, reachable from both).
+func (f *fixture) device(o mount.Options, mo meta.Options) *fixture {
+	t := f.t
+	t.Helper()
+	ctx := context.Background()
+	cli, rpcs := countingClient(t, f.etcd)
+	svc, err := meta.New(cli, mo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close() })
+	mv, err := svc.Open(ctx, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vol, err := fs.Open(svc, mv, f.master, f.st, fs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vol.Close() })
+	d := &fixture{t: t, st: f.st, vol: vol, mnt: t.TempDir(), cache: t.TempDir(), logs: &syncBuf{}, etcd: f.etcd, master: f.master, rpcs: rpcs}
+	d.start(o)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("second device's mount log:\n%s", d.logs.String())
+		}
+	})
+	return d
+}
+
+// waitWatched waits until f's mount has seen every change up to rev
+// through its watch (and trusts its entry cache).
+func (f *fixture) waitWatched(rev int64) {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, trusted := mount.WatchState(f.m)
+		if got >= rev && trusted {
+			return
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("the mount's watch reached revision %d (trusted %v), not %d", got, trusted, rev)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
 
 // entry reads rel's entry straight from the metadata, as another device would.
 func (f *fixture) entry(rel string) *meta.Entry {
@@ -611,25 +727,31 @@ func TestLargeFile(t *testing.T) {
 }
 
 // TestCloseToOpen: a version committed elsewhere (straight through the
-// file layer, as another device would) is what the next open reads, at
-// once, even while the kernel still caches the old attributes.
+// file layer, as another device would) is what the next open reads once
+// the mount's watch has reported the commit (entries.go: the window),
+// even while the kernel still caches the old attributes.
 func TestCloseToOpen(t *testing.T) {
 	f := newFixture(t, mount.Options{AttrTimeout: time.Minute})
-	f.put("shared", []byte("v1"))
+	put := func(content string) {
+		t.Helper()
+		f.put("shared", []byte(content))
+		f.waitWatched(f.entry("shared").Rev)
+	}
+	put("v1")
 	if got := f.readMount("shared"); string(got) != "v1" {
 		t.Fatalf("first read %q", got)
 	}
-	f.put("shared", []byte("version two, longer"))
+	put("version two, longer")
 	if got := f.readMount("shared"); string(got) != "version two, longer" {
 		t.Fatalf("open after a commit elsewhere read %q", got)
 	}
-	// A descriptor opened before keeps reading what it opened.
+	// A descriptor open meanwhile does not hold the new version back.
 	r, err := os.Open(f.path("shared"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	f.put("shared", []byte("three"))
+	put("three")
 	if got := f.readMount("shared"); string(got) != "three" {
 		t.Fatalf("open after the third commit read %q", got)
 	}
@@ -666,7 +788,7 @@ func TestCommitFailureReported(t *testing.T) {
 	if e := f.entry("f"); len(e.Versions) != 1 || string(f.cat("f")) != "committed" {
 		t.Fatalf("after the failed commit: %d versions, %q", len(e.Versions), f.cat("f"))
 	}
-	kept, _ := filepath.Glob(filepath.Join(f.cache, "mount-*", "open-*"))
+	kept, _ := filepath.Glob(filepath.Join(f.cache, "*", "unsaved", "*"))
 	if len(kept) != 1 {
 		t.Fatalf("kept copies: %v", kept)
 	}

@@ -39,6 +39,12 @@ type node struct {
 	// last is the entry as last read: what a removed file that is
 	// still open reports, and the attributes it is written back with.
 	last meta.Entry
+	// served is the copy the kernel was last given an open of: a new
+	// open of the same copy keeps the kernel's page cache.
+	served *content
+
+	// wl is the file's writer lock while this mount writes it (lock.go).
+	wl writerLock
 }
 
 var (
@@ -147,20 +153,26 @@ func (n *node) path(child string) string {
 	return p
 }
 
-// entry reads n's current entry from the metadata service. A node whose
-// name now holds another entry (replaced on another device) is ESTALE:
-// the kernel then looks the name up again.
+// entry returns n's current entry: from the entry cache while the watch
+// vouches for it, else from the metadata service (entries.go). A node
+// whose name now holds another entry (replaced on another device) is
+// ESTALE: the kernel then looks the name up again.
 func (n *node) entry(ctx context.Context) (*meta.Entry, error) {
+	return n.readEntry(ctx, false)
+}
+
+// readEntry is entry, from the metadata service itself when fresh.
+func (n *node) readEntry(ctx context.Context, fresh bool) (*meta.Entry, error) {
 	var e *meta.Entry
 	var err error
 	if n.IsRoot() {
-		e, err = n.m.vol.Meta.Root(ctx)
+		e, err = n.m.ents.get(ctx, 0, "", fresh)
 	} else {
 		name, p, ok := n.place()
 		if !ok {
 			return nil, syscall.ENOENT
 		}
-		e, err = n.m.vol.Meta.Get(ctx, p.ino, name)
+		e, err = n.m.ents.get(ctx, p.ino, name, fresh)
 	}
 	if err != nil {
 		return nil, err
@@ -219,7 +231,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if n.typ != meta.TypeDir {
 		return nil, syscall.ENOTDIR
 	}
-	e, err := n.m.vol.Meta.Get(ctx, n.ino, name)
+	e, err := n.m.ents.get(ctx, n.ino, name, false)
 	if err != nil {
 		return nil, n.m.errno("lookup", n.path(name), err)
 	}
@@ -278,7 +290,7 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	}
 	if setMode || setUID || setGID || setMtime {
 		for attempt := 0; ; attempt++ {
-			e, err := n.entry(ctx)
+			e, err := n.readEntry(ctx, attempt > 0)
 			if err != nil {
 				return n.m.errno("setattr", n.path(""), err)
 			}
@@ -301,6 +313,7 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 			if err != nil {
 				return n.m.errno("setattr", n.path(""), err)
 			}
+			n.m.ents.put(ne)
 			n.remember(ne)
 			break
 		}
@@ -332,10 +345,14 @@ func (n *node) create(ctx context.Context, e meta.Entry) (*meta.Entry, syscall.E
 	ne, err := n.m.vol.Meta.Create(ctx, dir, e)
 	if err != nil {
 		if errors.Is(err, cairn.ErrExist) {
+			if ne != nil {
+				n.m.ents.put(ne)
+			}
 			return ne, syscall.EEXIST
 		}
 		return nil, n.m.errno("create", n.path(e.Name), err)
 	}
+	n.m.ents.put(ne)
 	return ne, 0
 }
 
@@ -386,7 +403,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	if errno != 0 {
 		return errno
 	}
-	e, err := n.m.vol.Meta.Get(ctx, n.ino, name)
+	e, err := n.m.ents.get(ctx, n.ino, name, false)
 	if err != nil {
 		return n.m.errno("remove", n.path(name), err)
 	}
@@ -396,7 +413,9 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	case !dir && e.IsDir():
 		return syscall.EISDIR
 	}
-	if _, err := n.m.vol.Meta.Remove(ctx, parent, name, n.path(name), false); err != nil {
+	_, err = n.m.vol.Meta.Remove(ctx, parent, name, n.path(name), false)
+	n.m.ents.forget(n.ino, name)
+	if err != nil {
 		return n.m.errno("remove", n.path(name), err)
 	}
 	return 0
@@ -438,18 +457,21 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			return n.m.errno("rename", np.path(newName), err)
 		}
 	}
-	if err := n.m.vol.Meta.Rename(ctx, src, name, dst, newName, np.path(newName)); err != nil {
+	err := n.m.vol.Meta.Rename(ctx, src, name, dst, newName, np.path(newName))
+	n.m.ents.forget(n.ino, name)
+	n.m.ents.forget(np.ino, newName)
+	if err != nil {
 		return n.m.errno("rename", n.path(name), err)
 	}
 	return 0
 }
 
-// Statfs reports the space of the disk that holds the open-file copies,
-// where writes land first.
+// Statfs reports the space of the disk that holds the cache, where
+// writes land first.
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	var st unix.Statfs_t
-	if err := unix.Statfs(n.m.cache, &st); err != nil {
-		return n.m.errno("statfs", n.m.cache, err)
+	if err := unix.Statfs(n.m.cache.dir, &st); err != nil {
+		return n.m.errno("statfs", n.m.cache.dir, err)
 	}
 	out.Blocks, out.Bfree, out.Bavail = st.Blocks, st.Bfree, st.Bavail
 	out.Files, out.Ffree = st.Files, st.Ffree
@@ -490,7 +512,7 @@ type dirHandle struct {
 }
 
 func (d *dirHandle) load(ctx context.Context) syscall.Errno {
-	ents, err := d.n.m.vol.Meta.ReadDir(ctx, d.n.ino)
+	ents, err := d.n.m.ents.readDir(ctx, d.n.ino)
 	if err != nil {
 		return d.n.m.errno("readdir", d.n.path(""), err)
 	}

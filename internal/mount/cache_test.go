@@ -1,0 +1,547 @@
+package mount_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/mount"
+)
+
+// cleanCopies lists the clean copies in the mount's cache.
+func cleanCopies(t *testing.T, m *mount.Mount) []string {
+	t.Helper()
+	names, err := filepath.Glob(filepath.Join(mount.CacheDir(m), "clean", "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// TestCacheAcrossRemount: a file read or written once is served from the
+// cache by a later mount, without a byte from the store; a version
+// committed elsewhere while unmounted is fetched, never the stale copy.
+func TestCacheAcrossRemount(t *testing.T) {
+	f := newFixture(t, mount.Options{})
+	a, b := randBytes(300<<10), randBytes(50<<10)
+	if err := os.WriteFile(f.path("a"), a, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.put("b", b) // committed without the mount: not in its cache
+	if got := f.readMount("b"); !bytes.Equal(got, b) {
+		t.Fatal("first read of b differs")
+	}
+	f.mountAgain(mount.Options{})
+	if n := len(cleanCopies(t, f.m)); n != 2 {
+		t.Fatalf("%d clean copies after the remount, want 2 (a, written; b, read)", n)
+	}
+	gets := f.st.gets.Load()
+	if !bytes.Equal(f.readMount("a"), a) || !bytes.Equal(f.readMount("b"), b) {
+		t.Fatal("a or b differs after the remount")
+	}
+	if n := f.st.gets.Load() - gets; n != 0 {
+		t.Fatalf("reading cached files after a remount made %d store reads, want 0", n)
+	}
+	// Changed on another device while unmounted: the copy of the old
+	// version is not what the next open reads.
+	if err := f.m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	f.m.Wait()
+	b2 := randBytes(50 << 10)
+	f.put("b", b2)
+	f.start(mount.Options{})
+	gets = f.st.gets.Load()
+	if !bytes.Equal(f.readMount("b"), b2) {
+		t.Fatal("after a commit elsewhere while unmounted, the mount served the old copy")
+	}
+	if f.st.gets.Load() == gets {
+		t.Fatal("the new version was not fetched")
+	}
+	// A copy cut short (a power loss before its data reached the disk)
+	// is dropped, not served.
+	if err := f.m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	f.m.Wait()
+	cut := 0
+	for _, p := range cleanCopies(t, f.m) {
+		if fi, err := os.Stat(p); err == nil && fi.Size() == int64(len(a)) {
+			os.Truncate(p, 1000)
+			cut++
+		}
+	}
+	if cut != 1 {
+		t.Fatalf("found %d copies of a to cut", cut)
+	}
+	f.start(mount.Options{})
+	if !bytes.Equal(f.readMount("a"), a) {
+		t.Fatal("a copy cut short was served")
+	}
+}
+
+// TestCacheEviction: clean copies are evicted least recently used first
+// once they pass the bound; a copy open for reading and a file written but
+// not yet closed are never evicted.
+func TestCacheEviction(t *testing.T) {
+	const size = 100 << 10
+	f := newFixture(t, mount.Options{CacheSize: 3*size + size/2})
+	data := map[string][]byte{}
+	write := func(name string) {
+		t.Helper()
+		data[name] = randBytes(size)
+		if err := os.WriteFile(f.path(name), data[name], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"f0", "f1", "f2"} {
+		write(name)
+	}
+	if used, ev := mount.CacheStats(f.m); used != 3*size || ev != 0 {
+		t.Fatalf("after three files: %d bytes cached, %d evictions", used, ev)
+	}
+	// f0 is read again (most recently used now), then two more files
+	// evict the two least recently used: f1 and f2.
+	if !bytes.Equal(f.readMount("f0"), data["f0"]) {
+		t.Fatal("f0 differs")
+	}
+	write("f3")
+	write("f4")
+	if used, ev := mount.CacheStats(f.m); used != 3*size || ev != 2 {
+		t.Fatalf("after five files: %d bytes cached, %d evictions; want %d, 2", used, ev, 3*size)
+	}
+	gets := f.st.gets.Load()
+	for _, name := range []string{"f0", "f3", "f4"} {
+		if !bytes.Equal(f.readMount(name), data[name]) {
+			t.Fatalf("%s differs", name)
+		}
+	}
+	if n := f.st.gets.Load() - gets; n != 0 {
+		t.Fatalf("reading the three cached files made %d store reads", n)
+	}
+	if !bytes.Equal(f.readMount("f1"), data["f1"]) || f.st.gets.Load() == gets {
+		t.Fatal("f1 should have been evicted and fetched again")
+	}
+	// Open copies are not evicted: f0 stays open for reading, f5 is
+	// being written (not closed), and three new files pass the bound.
+	r, err := os.Open(f.path("f0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w, err := os.Create(f.path("f5"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	data["f5"] = randBytes(2 * size)
+	if _, err := w.Write(data["f5"]); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"f6", "f7", "f8", "f9"} {
+		write(name)
+	}
+	got := make([]byte, size)
+	if _, err := r.ReadAt(got, 0); err != nil || !bytes.Equal(got, data["f0"]) {
+		t.Fatalf("reading the open f0 after the evictions: %v", err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(f.cat("f5"), data["f5"]) {
+		t.Fatal("f5, written while the cache evicted, differs")
+	}
+	r.Close()
+	if used, _ := mount.CacheStats(f.m); used > 3*size+size/2 {
+		t.Fatalf("%d bytes cached once everything is closed, over the bound", used)
+	}
+	var total int64
+	for _, p := range cleanCopies(t, f.m) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += fi.Size()
+	}
+	if used, _ := mount.CacheStats(f.m); total != used {
+		t.Fatalf("clean copies on disk hold %d bytes, the cache counts %d", total, used)
+	}
+}
+
+// TestOpenWithoutRoundTrip: an open (and lookup, stat, read, close) of a
+// cached file whose entry has not changed asks neither etcd nor the store
+// anything; a version committed elsewhere is what the next open reads
+// once the watch has reported it (from the watched entry, so still no
+// etcd read); while the watch is down, every open asks etcd.
+func TestOpenWithoutRoundTrip(t *testing.T) {
+	// No kernel attribute cache: every lookup and stat reaches the mount.
+	f := newFixture(t, mount.Options{AttrTimeout: mount.NoAttrCache})
+	if err := os.MkdirAll(f.path("d/e"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	v1 := randBytes(100 << 10)
+	if err := os.WriteFile(f.path("d/e/a"), v1, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := f.entry("d/e/a")
+	f.waitWatched(e.Rev)
+	rpcs, gets := f.rpcs.Load(), f.st.gets.Load()
+	for range 3 {
+		if !bytes.Equal(f.readMount("d/e/a"), v1) {
+			t.Fatal("read differs")
+		}
+		if _, err := os.Stat(f.path("d/e/a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, g := f.rpcs.Load()-rpcs, f.st.gets.Load()-gets; n != 0 || g != 0 {
+		t.Fatalf("opening an unchanged cached file 3 times made %d etcd requests and %d store reads, want 0 and 0", n, g)
+	}
+
+	// Another device commits: once the watch has reported it, the next
+	// open reads the new version.
+	v2 := randBytes(100 << 10)
+	f.put("d/e/a", v2)
+	f.waitWatched(f.entry("d/e/a").Rev)
+	rpcs, gets = f.rpcs.Load(), f.st.gets.Load()
+	if !bytes.Equal(f.readMount("d/e/a"), v2) {
+		t.Fatal("the open after the watch reported a commit elsewhere read the old version")
+	}
+	if n, g := f.rpcs.Load()-rpcs, f.st.gets.Load()-gets; n != 0 || g == 0 {
+		t.Fatalf("reading the new version made %d etcd requests (want 0: the watch brought the entry) and %d store reads (want some)", n, g)
+	}
+
+	// The watch fails: until it is back, opens check etcd, and see a
+	// commit the watch never reported.
+	resume := mount.BreakWatch(f.m)
+	v3 := randBytes(10 << 10)
+	f.put("d/e/a", v3)
+	rpcs = f.rpcs.Load()
+	if !bytes.Equal(f.readMount("d/e/a"), v3) {
+		t.Fatal("with the watch down, an open read a stale version")
+	}
+	if f.rpcs.Load() == rpcs {
+		t.Fatal("with the watch down, an open made no etcd request")
+	}
+	resume()
+	f.waitWatched(f.entry("d/e/a").Rev)
+	f.readMount("d/e/a") // the entry cache was emptied: this read fills it
+	rpcs, gets = f.rpcs.Load(), f.st.gets.Load()
+	if !bytes.Equal(f.readMount("d/e/a"), v3) {
+		t.Fatal("read differs after the watch is back")
+	}
+	if n, g := f.rpcs.Load()-rpcs, f.st.gets.Load()-gets; n != 0 || g != 0 {
+		t.Fatalf("with the watch back, an open made %d etcd requests and %d store reads", n, g)
+	}
+}
+
+// TestWriterLock: an open for writing holds the file's writer lock until
+// the commit of its last close; processes of one device share it; another
+// device's open for writing fails with EBUSY meanwhile (logged with the
+// file's name), its open for reading works.
+func TestWriterLock(t *testing.T) {
+	f := newFixture(t, mount.Options{})
+	g := f.device(mount.Options{LockWait: 200 * time.Millisecond}, meta.Options{})
+	if err := os.WriteFile(f.path("doc"), []byte("v1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w1, err := os.OpenFile(f.path("doc"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w1.Close()
+	w2, err := os.OpenFile(f.path("doc"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatalf("a second writer on the same device: %v", err)
+	}
+	defer w2.Close()
+	busy := func(what string) {
+		t.Helper()
+		x, err := os.OpenFile(g.path("doc"), os.O_WRONLY, 0)
+		if err == nil {
+			x.Close()
+			t.Fatalf("%s: the other device opened the file for writing", what)
+		}
+		if !errors.Is(err, syscall.EBUSY) {
+			t.Fatalf("%s: the other device's open for writing: %v, want EBUSY", what, err)
+		}
+	}
+	busy("two writers open")
+	if !strings.Contains(g.logs.String(), "open for writing on another device") || !strings.Contains(g.logs.String(), "v:/doc") {
+		t.Fatalf("no log line naming the file:\n%s", g.logs.String())
+	}
+	if got := g.readMount("doc"); string(got) != "v1" {
+		t.Fatalf("the other device reads %q", got)
+	}
+	// The first close commits; the second writer still holds the lock.
+	w1.WriteString("+a")
+	if err := w1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.cat("doc"); string(got) != "v1+a" {
+		t.Fatalf("after the first close: %q", got)
+	}
+	busy("one writer still open")
+	w2.WriteString("+b")
+	if err := w2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Released with the last close: the other device writes now.
+	g.waitWatched(f.entry("doc").Rev)
+	x, err := os.OpenFile(g.path("doc"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatalf("the other device after the last close: %v", err)
+	}
+	defer x.Close()
+	x.WriteString("+c")
+	if err := x.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.waitWatched(f.entry("doc").Rev)
+	if got := f.readMount("doc"); string(got) != "v1+a+b+c" {
+		t.Fatalf("first device reads %q", got)
+	}
+	// A new file made by one device is locked for the other while open.
+	n, err := os.Create(f.path("new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if x, err := os.OpenFile(g.path("new"), os.O_WRONLY, 0); !errors.Is(err, syscall.EBUSY) {
+		if err == nil {
+			x.Close()
+		}
+		t.Fatalf("the other device opens a file being created: %v, want EBUSY", err)
+	}
+	n.Close()
+}
+
+// TestTwoDevicesCloseToOpen: what one device writes and closes, the other
+// reads at its next open once its watch reported the commit, including
+// for a file it had read (and cached) before; both see each other's
+// namespace changes.
+func TestTwoDevicesCloseToOpen(t *testing.T) {
+	f := newFixture(t, mount.Options{})
+	g := f.device(mount.Options{}, meta.Options{})
+	if err := os.WriteFile(f.path("shared"), []byte("from the first device"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g.waitWatched(f.entry("shared").Rev)
+	if got := g.readMount("shared"); string(got) != "from the first device" {
+		t.Fatalf("second device reads %q", got)
+	}
+	for i := range 3 {
+		want := fmt.Sprintf("round %d from the second device", i)
+		if err := os.WriteFile(g.path("shared"), []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f.waitWatched(f.entry("shared").Rev)
+		if got := f.readMount("shared"); string(got) != want {
+			t.Fatalf("round %d: first device reads %q", i, got)
+		}
+		want = fmt.Sprintf("round %d from the first device", i)
+		if err := os.WriteFile(f.path("shared"), []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		g.waitWatched(f.entry("shared").Rev)
+		if got := g.readMount("shared"); string(got) != want {
+			t.Fatalf("round %d: second device reads %q", i, got)
+		}
+	}
+	if err := os.Rename(g.path("shared"), g.path("moved")); err != nil {
+		t.Fatal(err)
+	}
+	f.waitWatched(f.entry("moved").Rev)
+	if _, err := os.Stat(f.path("shared")); !errors.Is(err, os.ErrNotExist) {
+		// The kernel of the first device may keep the name for its
+		// entry timeout; the mount itself must not.
+		time.Sleep(mount.DefaultAttrTimeout)
+		if _, err := os.Stat(f.path("shared")); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("a name renamed away on the other device: %v", err)
+		}
+	}
+	if got := f.readMount("moved"); string(got) != "round 2 from the first device" {
+		t.Fatalf("renamed file reads %q", got)
+	}
+}
+
+// TestCommitIntoTrashedDirectory: a file open for writing whose directory
+// another device moved to the trash fails its commit at close (ENOENT),
+// loudly, and loses nothing: the writes are kept in the cache's unsaved/
+// directory, and the trashed copy keeps its old version.
+func TestCommitIntoTrashedDirectory(t *testing.T) {
+	f := newFixture(t, mount.Options{})
+	if err := os.Mkdir(f.path("d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.path("d/f"), []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, err := os.OpenFile(f.path("d/f"), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.WriteString("new writes")
+	ctx := context.Background()
+	if _, err := f.vol.Meta.Remove(ctx, f.entry(""), "d", "v:/d", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("close after the directory was trashed: %v, want ENOENT", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(f.logs.String(), "kept the unsaved content") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log of the kept copy:\n%s", f.logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(f.logs.String(), "saving at close failed") {
+		t.Fatalf("the failed commit was not logged:\n%s", f.logs.String())
+	}
+	kept, _ := filepath.Glob(filepath.Join(mount.CacheDir(f.m), "unsaved", "*"))
+	if len(kept) != 1 {
+		t.Fatalf("kept copies: %v", kept)
+	}
+	if b, _ := os.ReadFile(kept[0]); string(b) != "new writes" {
+		t.Fatalf("kept copy holds %q", b)
+	}
+	trash, err := f.vol.Meta.Trash(ctx)
+	if err != nil || len(trash) != 1 {
+		t.Fatalf("trash: %v %v", trash, err)
+	}
+	fe, err := f.vol.Meta.Get(ctx, trash[0].Entry.Ino, "f")
+	if err != nil || len(fe.Versions) != 1 {
+		t.Fatalf("the trashed file: %+v, %v", fe, err)
+	}
+}
+
+// waitPending waits until the mount's queue is empty.
+func (f *fixture) waitPending(within time.Duration) {
+	f.t.Helper()
+	deadline := time.Now().Add(within)
+	for f.m.Pending() > 0 {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("%d queued commits still pending after %v", f.m.Pending(), within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestNonBlocking: a close returns once the writes are durable locally,
+// even with the store unreachable; nothing reaches the metadata before
+// its data is stored; the writer lock is held until the commit; this
+// mount reads its own queued writes; writes after a queued close are
+// committed after it, in order; a queue left at unmount is finished by
+// the next mount.
+func TestNonBlocking(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.NonBlocking})
+	g := f.device(mount.Options{LockWait: 200 * time.Millisecond}, meta.Options{})
+	if err := os.WriteFile(f.path("a"), []byte("v1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPending(10 * time.Second)
+	if got := f.cat("a"); string(got) != "v1" {
+		t.Fatalf("after the queue ran: %q", got)
+	}
+
+	f.st.fail.Store(true)
+	if err := os.WriteFile(f.path("a"), []byte("v2, queued"), 0o644); err != nil {
+		t.Fatalf("close with the store unreachable: %v", err)
+	}
+	if f.m.Pending() != 1 {
+		t.Fatalf("%d commits pending, want 1", f.m.Pending())
+	}
+	if e := f.entry("a"); len(e.Versions) != 1 || string(f.cat("a")) != "v1" {
+		t.Fatalf("the metadata changed before the data was stored: %d versions", len(e.Versions))
+	}
+	if got := f.readMount("a"); string(got) != "v2, queued" {
+		t.Fatalf("this mount reads %q before the commit", got)
+	}
+	records, _ := filepath.Glob(filepath.Join(mount.CacheDir(f.m), "queue", "*.json"))
+	if len(records) != 1 {
+		t.Fatalf("queue records on disk: %v", records)
+	}
+	if x, err := os.OpenFile(g.path("a"), os.O_WRONLY, 0); !errors.Is(err, syscall.EBUSY) {
+		if err == nil {
+			x.Close()
+		}
+		t.Fatalf("another device's open for writing while the commit is queued: %v, want EBUSY", err)
+	}
+	// More writes after the queued close: a copy of the queued data
+	// takes them, and they are committed after it.
+	w, err := os.OpenFile(f.path("a"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.WriteString(" + more")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.readMount("a"); string(got) != "v2, queued + more" || f.m.Pending() != 2 {
+		t.Fatalf("after a second queued close: %q, %d pending", got, f.m.Pending())
+	}
+	f.st.fail.Store(false)
+	f.waitPending(20 * time.Second)
+	e := f.entry("a")
+	if len(e.Versions) != 3 || string(f.cat("a")) != "v2, queued + more" {
+		t.Fatalf("after the queue ran: %d versions, %q", len(e.Versions), f.cat("a"))
+	}
+	var prev bytes.Buffer
+	if err := f.vol.ReadFile(context.Background(), e, &e.Versions[1], &prev); err != nil || prev.String() != "v2, queued" {
+		t.Fatalf("version 2: %q, %v", prev.String(), err)
+	}
+	// The lock went with the last commit.
+	g.waitWatched(e.Rev)
+	x, err := os.OpenFile(g.path("a"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatalf("the other device after the queue ran: %v", err)
+	}
+	x.Close()
+	gets := f.st.gets.Load()
+	if got := f.readMount("a"); string(got) != "v2, queued + more" || f.st.gets.Load() != gets {
+		t.Fatalf("the committed copy is not served from the cache: %q", got)
+	}
+
+	// Unmounted with the store unreachable: the queue stays on disk, and
+	// the next mount finishes it.
+	f.st.fail.Store(true)
+	if err := os.WriteFile(f.path("b"), []byte("queued across a remount"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	f.m.Wait()
+	records, _ = filepath.Glob(filepath.Join(f.cache, "*", "queue", "*.json"))
+	if len(records) != 1 {
+		t.Fatalf("queue records after the unmount: %v", records)
+	}
+	if _, err := f.vol.Meta.Lookup(context.Background(), []string{"b"}); err == nil {
+		if e := f.entry("b"); len(e.Versions) != 0 {
+			t.Fatal("b was committed with the store unreachable")
+		}
+	}
+	f.st.fail.Store(false)
+	f.start(mount.Options{Mode: mount.NonBlocking})
+	f.waitPending(20 * time.Second)
+	if got := f.cat("b"); string(got) != "queued across a remount" {
+		t.Fatalf("b after the next mount: %q", got)
+	}
+	if e := f.entry("b"); e.Mode != 0o600 {
+		t.Fatalf("b's mode %o", e.Mode)
+	}
+	if records, _ = filepath.Glob(filepath.Join(f.cache, "*", "queue", "*.json")); len(records) != 0 {
+		t.Fatalf("queue records left: %v", records)
+	}
+}

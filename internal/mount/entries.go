@@ -1,0 +1,224 @@
+package mount
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"cairn.dev/cairn/internal/meta"
+)
+
+// The entry cache keeps the namespace records this mount has read, kept
+// current by a watch on the volume's records (meta.Vol.WatchEntries), so
+// that a lookup, a stat or an open of a file whose record has not changed
+// asks the metadata service nothing: the lease idea of LBFS §3.2.1, with
+// etcd's watch as the server's promise to call back.
+//
+// Close-to-open holds with a window: a version committed on another device
+// is seen by the next open here once the watch has delivered its change,
+// normally a network round trip after the commit. A watch that stalls
+// without failing (a network that drops packets silently) would stretch
+// that, so the cache is trusted only while the watch has answered within
+// watchTrust: it is asked for a progress notice every watchProgress, and
+// when none came back in time every read goes to etcd again. The worst
+// case is therefore watchTrust (6 s) after the commit. When the watch
+// fails (compaction, a lost leader, etcd gone) the cache is emptied and
+// every read goes to etcd until a new watch is established.
+const (
+	watchTrust    = 6 * time.Second
+	watchProgress = 2 * time.Second
+	// maxCachedEntries bounds the cache; past it, it is emptied.
+	maxCachedEntries = 200_000
+)
+
+type ekey struct {
+	parent uint64 // 0: the root's own record
+	name   string
+}
+
+type entryCache struct {
+	vol *meta.Vol
+
+	mu    sync.Mutex
+	ents  map[ekey]*meta.Entry
+	epoch uint64 // bumped when the cache is emptied; a read begun before is not kept
+	live  bool   // a watch is established and reports every change
+	heard time.Time
+	rev   int64 // the revision up to which the watch has reported every change
+	// reads counts reads of etcd in progress, and tombs the newest change
+	// seen for a name while any is, so that a read answered before a
+	// change is not kept after it.
+	reads int
+	tombs map[ekey]int64
+
+	etcdReads atomic.Int64 // reads that went to etcd (for tests)
+}
+
+func newEntryCache(v *meta.Vol) *entryCache {
+	return &entryCache{vol: v, ents: map[ekey]*meta.Entry{}, tombs: map[ekey]int64{}}
+}
+
+func copyEntry(e *meta.Entry) *meta.Entry {
+	c := *e
+	c.Versions = append([]meta.Version(nil), e.Versions...)
+	return &c
+}
+
+// trusted reports whether the cache may answer without asking etcd.
+func (c *entryCache) trustedLocked() bool {
+	return c.live && time.Since(c.heard) < watchTrust
+}
+
+// get returns the record name in directory parent (0, "": the root's),
+// from the cache when it may answer, else from etcd.
+func (c *entryCache) get(ctx context.Context, parent uint64, name string, fresh bool) (*meta.Entry, error) {
+	k := ekey{parent, name}
+	c.mu.Lock()
+	if !fresh && c.trustedLocked() {
+		if e := c.ents[k]; e != nil {
+			c.mu.Unlock()
+			return copyEntry(e), nil
+		}
+	}
+	epoch := c.epoch
+	c.reads++
+	c.mu.Unlock()
+	c.etcdReads.Add(1)
+	e, err := c.vol.Get(ctx, parent, name)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil {
+		c.keepLocked(epoch, k, e)
+	}
+	c.doneReadLocked()
+	return e, err
+}
+
+// readDir lists directory ino from etcd and keeps what it read.
+func (c *entryCache) readDir(ctx context.Context, ino uint64) ([]meta.Entry, error) {
+	c.mu.Lock()
+	epoch := c.epoch
+	c.reads++
+	c.mu.Unlock()
+	c.etcdReads.Add(1)
+	ents, err := c.vol.ReadDir(ctx, ino)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil {
+		for i := range ents {
+			c.keepLocked(epoch, ekey{ino, ents[i].Name}, &ents[i])
+		}
+	}
+	c.doneReadLocked()
+	return ents, err
+}
+
+func (c *entryCache) doneReadLocked() {
+	c.reads--
+	if c.reads == 0 && len(c.tombs) > 0 {
+		c.tombs = map[ekey]int64{}
+	}
+}
+
+// keepLocked caches e, read from etcd since epoch, unless the cache was
+// emptied since or a newer change of that name was seen.
+func (c *entryCache) keepLocked(epoch uint64, k ekey, e *meta.Entry) {
+	if !c.live || epoch != c.epoch {
+		return
+	}
+	if old := c.ents[k]; old != nil && old.Rev > e.Rev {
+		return
+	}
+	if t, ok := c.tombs[k]; ok && t > e.Rev {
+		return
+	}
+	if len(c.ents) >= maxCachedEntries {
+		c.resetLocked()
+		return
+	}
+	c.ents[k] = copyEntry(e)
+}
+
+// put records e, just written by this mount (its Rev is the write's).
+func (c *entryCache) put(e *meta.Entry) {
+	k := ekey{e.Parent, e.Name}
+	if e.Ino == meta.RootIno {
+		k = ekey{}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reads > 0 {
+		c.tombs[k] = max(c.tombs[k], e.Rev)
+	}
+	c.keepLocked(c.epoch, k, e)
+}
+
+// forget drops a name this mount just removed or renamed (what a read in
+// progress returns for it is not kept either).
+func (c *entryCache) forget(parent uint64, name string) {
+	k := ekey{parent, name}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.ents, k)
+	if c.reads > 0 {
+		c.tombs[k] = math.MaxInt64
+	}
+}
+
+func (c *entryCache) resetLocked() {
+	c.ents = map[ekey]*meta.Entry{}
+	c.epoch++
+}
+
+// established starts trusting the cache: a watch from rev is live.
+func (c *entryCache) established(rev int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.resetLocked()
+	c.live, c.heard, c.rev = true, time.Now(), rev
+}
+
+// broken stops trusting the cache: the watch ended.
+func (c *entryCache) broken() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.resetLocked()
+	c.live = false
+}
+
+// apply takes in one response of the watch. It returns the changes to
+// names the cache held (for the kernel's caches).
+func (c *entryCache) apply(ev meta.EntryEvents) []meta.EntryChange {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var known []meta.EntryChange
+	for _, ch := range ev.Changes {
+		k := ekey{ch.Parent, ch.Name}
+		if c.reads > 0 {
+			c.tombs[k] = max(c.tombs[k], ch.Rev)
+		}
+		old, ok := c.ents[k]
+		if !ok {
+			continue
+		}
+		known = append(known, meta.EntryChange{Parent: ch.Parent, Name: ch.Name, Entry: old, Rev: ch.Rev})
+		if ch.Entry == nil {
+			delete(c.ents, k)
+		} else if ch.Rev >= old.Rev {
+			c.ents[k] = ch.Entry
+		}
+	}
+	c.heard = time.Now()
+	c.rev = max(c.rev, ev.Rev)
+	return known
+}
+
+// watchedRev returns the revision up to which the watch has reported
+// every change, and whether the cache is trusted now.
+func (c *entryCache) watchedRev() (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.rev, c.trustedLocked()
+}

@@ -1,0 +1,43 @@
+package mount
+
+import "time"
+
+// BreakWatch ends the mount's watch as a failure would and holds the
+// next one back until resume is called. It returns once the mount has
+// stopped trusting its entry cache.
+func BreakWatch(m *Mount) (resume func()) {
+	hold := make(chan struct{})
+	m.watchMu.Lock()
+	m.watchHold = hold
+	w := m.curWatch
+	m.watchMu.Unlock()
+	if w != nil {
+		w.Close()
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, trusted := m.ents.watchedRev(); !trusted {
+			break
+		}
+		if time.Now().After(deadline) {
+			panic("the mount still trusts its entry cache after its watch was closed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return func() {
+		m.watchMu.Lock()
+		m.watchHold = nil
+		m.watchMu.Unlock()
+		close(hold)
+	}
+}
+
+// WatchState returns the revision up to which the mount's watch has
+// reported every change, and whether the mount trusts its entry cache.
+func WatchState(m *Mount) (int64, bool) { return m.ents.watchedRev() }
+
+// CacheStats returns the bytes of clean copies in the cache and how many
+// were evicted.
+func CacheStats(m *Mount) (int64, int64) { return m.cache.size(), m.cache.evictions.Load() }
+
+// CacheDir returns the mount's cache directory for its volume.
+func CacheDir(m *Mount) string { return m.cache.dir }

@@ -1,0 +1,478 @@
+package mount
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/meta"
+)
+
+// Mode says what a close waits for (SCFS §2.5 and DESIGN decision 4).
+type Mode int
+
+const (
+	// Blocking: close returns once the new version is stored and current
+	// in the metadata (durable in the stores; any later open anywhere
+	// sees it).
+	Blocking Mode = iota
+	// NonBlocking: close returns once the writes are durable on local
+	// disk and their commit is queued; the queue stores and commits them
+	// in the background, in order, and survives a kill and a restart (the
+	// next mount of the volume finishes it). The writer lock is held until
+	// the commit is done. Other devices see the new version only then.
+	NonBlocking
+)
+
+// ParseMode reads "blocking" or "non-blocking".
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "blocking", "":
+		return Blocking, nil
+	case "non-blocking", "nonblocking":
+		return NonBlocking, nil
+	}
+	return 0, cairn.E("mount", cairn.Invalid, s, errors.New("mode must be blocking or non-blocking"))
+}
+
+func (m Mode) String() string {
+	if m == NonBlocking {
+		return "non-blocking"
+	}
+	return "blocking"
+}
+
+// queueRecord is one queued commit, a JSON file queue/<seq>.json in the
+// volume's cache directory (doc/format.md, "Mount cache, version 1"). The
+// data it commits is the work copy named by Data, made durable before the
+// record is.
+type queueRecord struct {
+	V   int    `json:"v"` // format version: 1
+	Seq uint64 `json:"seq"`
+	// The file, and where it was at its close: name Name in directory
+	// Dir, whose own record is DirName in DirParent (the root: 0 and "").
+	Ino       uint64 `json:"ino"`
+	Name      string `json:"name"`
+	Dir       uint64 `json:"dir"`
+	DirParent uint64 `json:"dir_parent"`
+	DirName   string `json:"dir_name"`
+	Data      string `json:"data"` // file name in work/
+	Size      int64  `json:"size"`
+	Mtime     int64  `json:"mtime"` // unix ns
+	Mode      uint32 `json:"mode"`
+	UID       uint32 `json:"uid"`
+	GID       uint32 `json:"gid"`
+	Queued    int64  `json:"queued"` // unix ns
+}
+
+type job struct {
+	rec queueRecord
+	n   *node    // nil for a commit queued before a restart
+	c   *content // the copy whose file is the data (nil likewise)
+}
+
+// queue runs the queued commits of one mount, one at a time, in order.
+type queue struct {
+	m   *Mount
+	dir string
+
+	mu       sync.Mutex
+	jobs     []*job
+	seq      uint64
+	stopping bool
+	kick     chan struct{}
+	done     chan struct{}
+}
+
+const maxQueueBackoff = 30 * time.Second
+
+// loadQueue reads the records a previous mount left. It returns the data
+// files they name (work copies that are not leftovers).
+func loadQueue(m *Mount, dir string) (*queue, map[string]bool, error) {
+	q := &queue{m: m, dir: dir, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	names, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil {
+		return nil, nil, err
+	}
+	sort.Strings(names)
+	data := map[string]bool{}
+	for _, name := range names {
+		var rec queueRecord
+		b, err := os.ReadFile(name)
+		if err == nil {
+			err = json.Unmarshal(b, &rec)
+		}
+		if err == nil && rec.V != 1 {
+			err = fmt.Errorf("format version %d", rec.V)
+		}
+		if err != nil {
+			m.log.Error("a queued commit cannot be read; it is left where it is", "record", name, "err", err)
+			continue
+		}
+		q.seq = max(q.seq, rec.Seq)
+		p := q.dataPath(&rec)
+		if _, err := os.Stat(p); err != nil {
+			// The commit was done and its copy kept in the cache, but
+			// the record's removal did not reach the disk.
+			os.Remove(name)
+			continue
+		}
+		data[p] = true
+		q.jobs = append(q.jobs, &job{rec: rec})
+	}
+	if len(q.jobs) > 0 {
+		m.log.Info("finishing commits queued before the last unmount", "count", len(q.jobs))
+	}
+	return q, data, nil
+}
+
+func (q *queue) dataPath(rec *queueRecord) string {
+	return filepath.Join(q.m.cache.dir, "work", filepath.Base(rec.Data))
+}
+
+func (q *queue) recordPath(seq uint64) string {
+	return filepath.Join(q.dir, fmt.Sprintf("%016x.json", seq))
+}
+
+// add writes rec durably (a new file, fsynced, renamed into place, the
+// directory fsynced) and queues it.
+func (q *queue) add(j *job) error {
+	q.mu.Lock()
+	q.seq++
+	j.rec.Seq = q.seq
+	q.mu.Unlock()
+	j.rec.V, j.rec.Queued = 1, time.Now().UnixNano()
+	b, _ := json.Marshal(&j.rec)
+	p := q.recordPath(j.rec.Seq)
+	tmp := p + ".tmp"
+	err := writeSync(tmp, b)
+	if err == nil {
+		err = os.Rename(tmp, p)
+	}
+	if err == nil {
+		err = syncDir(q.dir)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return cairn.E("queue commit", cairn.IO, p, err)
+	}
+	q.mu.Lock()
+	q.jobs = append(q.jobs, j)
+	q.mu.Unlock()
+	q.poke()
+	return nil
+}
+
+func writeSync(p string, b []byte) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func (q *queue) poke() {
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
+}
+
+// len returns how many commits are queued (the one running included).
+func (q *queue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.jobs)
+}
+
+// stop makes run return once the queue is empty or a commit fails (what
+// is left stays on disk for the next mount), and waits for it.
+func (q *queue) stop() {
+	q.mu.Lock()
+	q.stopping = true
+	q.mu.Unlock()
+	q.poke()
+	<-q.done
+}
+
+// run commits the queued jobs in order until stop.
+func (q *queue) run(ctx context.Context) {
+	defer close(q.done)
+	backoff := time.Second
+	for {
+		q.mu.Lock()
+		var j *job
+		if len(q.jobs) > 0 {
+			j = q.jobs[0]
+		}
+		stopping := q.stopping
+		q.mu.Unlock()
+		if j == nil {
+			if stopping {
+				return
+			}
+			<-q.kick
+			continue
+		}
+		e, err := q.commit(ctx, j)
+		if err == nil || permanent(err) {
+			q.finish(ctx, j, e, err)
+			backoff = time.Second
+			continue
+		}
+		if stopping {
+			q.m.log.Warn("unmounting with commits still queued: the next mount of the volume finishes them", "count", q.len(), "err", err)
+			return
+		}
+		q.m.log.Warn("a queued commit failed; trying again", "path", q.pathOf(j), "retry_in", backoff, "err", err)
+		select {
+		case <-time.After(backoff):
+		case <-q.kick:
+		}
+		backoff = min(2*backoff, maxQueueBackoff)
+	}
+}
+
+// permanent tells a commit that can never succeed (its directory or name
+// is gone or taken by a directory, its data is gone) from one to retry.
+func permanent(err error) bool {
+	if errors.Is(err, errDropped) {
+		return true
+	}
+	switch cairn.KindOf(err) {
+	case cairn.NotFound, cairn.IsDir, cairn.NotDir, cairn.Exist, cairn.Invalid, cairn.Permission:
+		return true
+	}
+	return false
+}
+
+// errDropped: the file was removed on this mount after its close; its
+// queued writes go with it, as on a local disk.
+var errDropped = errors.New("file removed before its queued commit")
+
+func (q *queue) pathOf(j *job) string {
+	if j.n != nil {
+		return j.n.path("")
+	}
+	return fmt.Sprintf("%s:(directory %016x)/%s", q.m.vol.Name(), j.rec.Dir, j.rec.Name)
+}
+
+// commit stores and commits one job's data: the node's place and lock
+// for a live job, the recorded place (and a new lock) for one queued
+// before a restart.
+func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
+	m, rec := q.m, &j.rec
+	mtime := time.Unix(0, rec.Mtime)
+	var dir *meta.Entry
+	var name string
+	var attrs fs.Attrs
+	if j.n != nil {
+		var parent *node
+		var ok bool
+		if name, parent, ok = j.n.place(); !ok {
+			return nil, errDropped
+		}
+		var errno syscall.Errno
+		if dir, errno = parent.dirEntry(); errno != 0 {
+			return nil, cairn.E("commit", cairn.NotFound, j.n.path(""), errno)
+		}
+		var err error
+		if attrs, err = j.n.commitAttrs(ctx, parent, name, mtime); err != nil {
+			return nil, err
+		}
+		if attrs.Lock, err = j.n.commitLock(ctx, parent, name); err != nil {
+			return nil, err
+		}
+	} else {
+		dir = &meta.Entry{Ino: rec.Dir, Parent: rec.DirParent, Name: rec.DirName, Type: meta.TypeDir}
+		name = rec.Name
+		attrs = fs.Attrs{Mode: rec.Mode, UID: rec.UID, GID: rec.GID, Mtime: mtime}
+		if cur, err := m.ents.get(ctx, rec.Dir, rec.Name, true); err == nil {
+			attrs.Mode, attrs.UID, attrs.GID = cur.Mode, cur.UID, cur.GID
+		}
+		// The lock the queue held died with the process; wait for it
+		// longer than an open would.
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		l, err := m.vol.Meta.Lock(lctx, rec.Dir, rec.Name)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		defer l.Unlock(ctx) // a no-op once the commit released it
+		attrs.Lock = l
+	}
+	f, err := os.Open(q.dataPath(rec))
+	if err != nil {
+		return nil, cairn.E("commit", cairn.NotFound, q.dataPath(rec), err)
+	}
+	defer f.Close()
+	open := func() (io.ReadCloser, error) { return io.NopCloser(io.NewSectionReader(f, 0, rec.Size)), nil }
+	e, _, err := m.vol.WriteFile(ctx, dir, name, open, attrs)
+	if err != nil {
+		if j.n != nil {
+			j.n.commitFailed()
+		}
+		return nil, err
+	}
+	if j.n != nil {
+		j.n.committed(ctx)
+	}
+	m.ents.put(e)
+	return e, nil
+}
+
+// finish ends a job: done (its copy becomes the clean copy of the new
+// version), dropped, or failed for good (its data kept in unsaved/).
+func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
+	m, rec := q.m, &j.rec
+	data := q.dataPath(rec)
+	failed := err != nil && !errors.Is(err, errDropped)
+	switch {
+	case err == nil:
+		m.log.Debug("queued commit done", "path", q.pathOf(j), "queued_for", time.Since(time.Unix(0, rec.Queued)))
+	case failed:
+		m.log.Error("a queued commit cannot be done; its content is kept", "path", q.pathOf(j), "err", err)
+	default:
+		m.log.Info("a file removed after its close: its queued writes are dropped", "ino", fmt.Sprintf("%016x", rec.Ino))
+	}
+	var v *meta.Version
+	if e != nil {
+		v = e.Current()
+	}
+	if c, n := j.c, j.n; c != nil {
+		c.wmu.Lock()
+		m.cache.mu.Lock()
+		still := c.path == data
+		m.cache.mu.Unlock()
+		c.mu.Lock()
+		c.pending--
+		// Still the copy's file: nothing was written since the close (a
+		// write would have copied it first).
+		still = still && c.frozen
+		if still {
+			c.frozen = false
+			if v != nil {
+				c.version, c.manifest = true, v.Manifest
+			}
+			if failed {
+				c.dirty, c.keep = true, true // tried again at the next close
+			}
+		}
+		c.mu.Unlock()
+		if still && v != nil && e.Ino == c.ino {
+			m.cache.adopt(c, cacheKey{c.ino, v.Manifest})
+			n.remember(e)
+		}
+		c.wmu.Unlock()
+		switch {
+		case still:
+			m.cache.settleClosed(c)
+		case failed:
+			m.cache.keepUnsaved(data, rec.Ino)
+		default:
+			os.Remove(data)
+		}
+		n.forgetClosed(c)
+		n.unlockWrite(ctx)
+	} else {
+		switch {
+		case v != nil:
+			m.cache.adoptFile(data, cacheKey{e.Ino, v.Manifest}, rec.Size)
+		case failed:
+			m.cache.keepUnsaved(data, rec.Ino)
+		default:
+			os.Remove(data)
+		}
+	}
+	if rerr := os.Remove(q.recordPath(rec.Seq)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		m.log.Warn("could not remove a done commit's record", "record", q.recordPath(rec.Seq), "err", rerr)
+	}
+	q.mu.Lock()
+	if len(q.jobs) > 0 && q.jobs[0] == j {
+		q.jobs = q.jobs[1:]
+	}
+	q.mu.Unlock()
+}
+
+// enqueue makes c's writes durable on local disk and queues their commit
+// (non-blocking mode). c's file becomes the queued data: the next write
+// to c copies it first.
+func (n *node) enqueue(ctx context.Context, c *content) error {
+	m := n.m
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.mu.Lock()
+	dirty, size, mtime := c.dirty, c.size, c.mtime
+	c.mu.Unlock()
+	if !dirty {
+		return nil
+	}
+	name, parent, ok := n.place()
+	if !ok {
+		m.log.Info("a file removed while open was closed: its unsaved writes are dropped", "ino", n.ino)
+		c.mu.Lock()
+		c.dirty = false
+		c.mu.Unlock()
+		return nil
+	}
+	dir, errno := parent.dirEntry()
+	if errno != 0 {
+		return errno
+	}
+	if err := c.file().Sync(); err != nil {
+		return cairn.E("close", cairn.IO, n.path(""), err)
+	}
+	m.cache.mu.Lock()
+	data := c.path
+	m.cache.mu.Unlock()
+	if !strings.HasPrefix(data, filepath.Join(m.cache.dir, "work")+"/") {
+		return cairn.E("close", cairn.IO, data, errors.New("a written copy outside work/ (bug)"))
+	}
+	n.mu.Lock()
+	last := n.last
+	n.mu.Unlock()
+	j := &job{n: n, c: c, rec: queueRecord{Ino: n.ino, Name: name, Dir: dir.Ino, DirParent: dir.Parent, DirName: dir.Name,
+		Data: filepath.Base(data), Size: size, Mtime: mtime.UnixNano(), Mode: last.Mode, UID: last.UID, GID: last.GID}}
+	n.holdLock()
+	c.mu.Lock()
+	c.frozen, c.dirty = true, false
+	c.pending++
+	c.mu.Unlock()
+	if err := m.queue.add(j); err != nil {
+		c.mu.Lock()
+		c.frozen, c.dirty = false, true
+		c.pending--
+		c.mu.Unlock()
+		n.unlockWrite(ctx)
+		return err
+	}
+	return nil
+}
