@@ -66,8 +66,9 @@ func TestMinIO(t *testing.T) {
 		for i := range 1000 {
 			mustGet(t, s, ids[i], data[i])
 		}
-		if d := bucket.Requests().Sub(before); d.Get != 1000 || d.Total() != d.Get {
-			t.Errorf("1,000 Gets sent %v, want 1,000 ranged GETs", d)
+		// Read in the order written: read-ahead spans of 4 MiB.
+		if d := bucket.Requests().Sub(before); d.Get > 50 || d.Total() != d.Get {
+			t.Errorf("1,000 Gets in order sent %v, want at most 50 ranged GETs", d)
 		}
 		// Another device, with an empty index, learns every pack from
 		// its trailer: one listing and one or two ranged GETs per pack.

@@ -36,7 +36,9 @@
 //
 // Get reads an object out of its pack with one ranged read
 // (store.RangeReader, or a whole Get of the pack when the backing store
-// cannot read ranges) and checks it against its own ID (Kind Corrupt
+// cannot read ranges; once the reads of a pack look sequential, one ranged
+// read of Options.ReadAhead bytes serves the objects in it: readahead.go)
+// and checks it against its own ID (Kind Corrupt
 // otherwise). The index (object ID → pack, offset, length) is in memory and
 // cached in a log under Options.Dir; it is only a cache. At New, and
 // whenever an object is missed, the wrapper lists the backing store: packs
@@ -125,6 +127,12 @@ type Options struct {
 	// lists.
 	HasRefresh time.Duration
 
+	// ReadAhead is how many bytes of a pack one read fetches once the
+	// reads of that pack look sequential (see readahead.go), so that a
+	// file read in order costs one request per span, not per object.
+	// Default 4 MiB; negative: every object is read alone.
+	ReadAhead int
+
 	// ProbeBytes is how much of a pack's end one read fetches to learn
 	// its index (more is read when the index is larger). Default 64 KiB.
 	ProbeBytes int
@@ -142,6 +150,7 @@ const (
 	DefaultMaxUploads = 4
 	DefaultHasRefresh = 30 * time.Second
 	DefaultProbeBytes = 64 << 10
+	DefaultReadAhead  = 4 << 20
 
 	// DefaultRepackThreshold is the useful fraction below which Compact
 	// rewrites a pack.
@@ -172,6 +181,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ProbeBytes == 0 {
 		o.ProbeBytes = DefaultProbeBytes
+	}
+	if o.ReadAhead == 0 {
+		o.ReadAhead = DefaultReadAhead
 	}
 	switch {
 	case o.Threshold < 0 || o.PackSize <= 0 || o.MaxUploads < 0:
@@ -218,6 +230,9 @@ type Store struct {
 	nPut, nGet, nRange, nHas, nList, nDelete atomic.Int64
 
 	active atomic.Int64 // Puts of small objects under way
+
+	raMu sync.Mutex // guards ra
+	ra   readAhead
 
 	delMu  sync.RWMutex  // Delete (shared) against Repack (exclusive)
 	refSem chan struct{} // one refresh at a time
@@ -562,7 +577,7 @@ func (s *Store) get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	gone := false
 	for _, r := range refs {
 		o := r.p.objs[r.i]
-		data, err := s.readRange(ctx, r.p.id, o.off, o.n)
+		data, err := s.readObject(ctx, r)
 		switch cairn.KindOf(err) {
 		case cairn.Other:
 			if err != nil {
