@@ -4,11 +4,12 @@
 # Go modules are cached by Go itself (GOMODCACHE); `go mod download` warms that cache.
 set -euo pipefail
 
-# Debian packages: restic/rsync are peers the benchmarks compare against, fuse3 gives
+# Debian packages: restic/rsync/rclone are peers the benchmarks compare against (rclone:
+# bench/cloud.sh, to MinIO), fuse3 gives
 # fusermount3 for mount tests, time gives /usr/bin/time -v (peak RSS), jq reads
 # the --json output of cairn and restic in bench/, iproute2 gives ip(8) for the
 # network-namespace hosts of internal/netnstest.
-PKGS=(restic rsync fuse3 time jq iproute2)
+PKGS=(restic rsync rclone fuse3 time jq iproute2)
 
 missing=()
 for p in "${PKGS[@]}"; do
