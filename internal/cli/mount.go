@@ -30,28 +30,50 @@ const envMountChild = "CAIRN_MOUNT_CHILD"
 // background process to mount.
 const mountReadyTimeout = 2 * time.Minute
 
+// envQueueDelay holds each queued commit of a non-blocking mount back
+// (a duration): for tests that kill a mount with commits queued.
+const envQueueDelay = "CAIRN_MOUNT_QUEUE_DELAY"
+
 func (e *env) mountCmds() []*cobra.Command {
 	var foreground, debug bool
 	var attrTimeout time.Duration
+	var cacheSize, mode string
 	m := &cobra.Command{
-		Use:   "mount [--foreground] VOLUME MOUNTPOINT",
+		Use:   "mount [--foreground] [--mode blocking|non-blocking] [--cache-size SIZE] VOLUME MOUNTPOINT",
 		Short: "Mount a volume as a directory (FUSE)",
 		Long: `Mount VOLUME (for example 'home') on the directory MOUNTPOINT, so unmodified
 programs read and write it. It runs in the background (log: $CAIRN_HOME/mount.log)
 until 'cairn umount MOUNTPOINT'; --foreground stays attached and unmounts on
 Ctrl-C or SIGTERM. A mount point left broken by a killed mount is repaired first.
 
-Consistency is close-to-open: every open reads the file's current version into a
-copy on local disk ($CAIRN_HOME/mountcache), and every close of a descriptor that
-wrote commits the copy as a new version (close returns the commit's error), which
-any later open on any device sees. fsync makes writes durable on local disk only;
-close makes them durable in the store. Attributes are cached by the kernel for
+Consistency is close-to-open: an open serves the file's current version from a
+copy on local disk, and every close of a descriptor that wrote commits the copy
+as a new version (close returns the commit's error), which any later open on any
+device sees. Copies are kept in a cache per volume ($CAIRN_HOME/mountcache/VOLUME-ID)
+across mounts, least recently used evicted past --cache-size (default: a tenth of
+the free disk, at most 4GiB); a watch on the metadata keeps this mount's view
+current, so opening an unchanged cached file asks no server anything (a change
+made on another device is seen once the watch reports it: normally milliseconds,
+at most 6 s if the watch stalls). Attributes are cached by the kernel for
 --attr-timeout (0 disables).
+
+Durability: fsync makes writes durable on local disk; close makes them durable in
+the store. With --mode non-blocking, close returns once the writes are durable on
+local disk and a queue on disk commits them in the background (in order; a mount
+killed or unmounted with commits queued leaves them for the next mount of the
+volume); other devices see the new version once it is committed.
+
+An open for writing takes the file's writer lock, held until the last writer on
+this device has closed and its commit is done; another device's open for writing
+fails meanwhile with "Device or resource busy" (EBUSY), and its mount log names
+the file. The lock of a mount that was killed lapses with its lease
+(CAIRN_LOCK_TTL, default 15s).
 
 Extended attributes of the user.* namespace are kept (other namespaces:
 EOPNOTSUPP). Not supported: hard links, device nodes and FIFOs (EPERM),
-RENAME_EXCHANGE (EINVAL); atime reads as mtime. Writes not yet
-closed are lost if the mount is killed.`,
+RENAME_EXCHANGE (EINVAL); atime reads as mtime. Writes not yet closed when the
+mount is killed are not committed: the next mount keeps them in the cache's
+unsaved/ directory and logs where. A volume is mounted once per device.`,
 		Args: exactArgs(2, "VOLUME and MOUNTPOINT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name, err := mountVolumeName(args[0])
@@ -69,15 +91,37 @@ closed are lost if the mount is killed.`,
 			if attrTimeout == 0 {
 				o.AttrTimeout = mount.NoAttrCache
 			}
+			if o.Mode, err = mount.ParseMode(mode); err != nil {
+				return withCode(ExitUsage, err)
+			}
+			if cacheSize != "" {
+				if o.CacheSize, err = parseSize(cacheSize); err != nil || o.CacheSize <= 0 {
+					return withCode(ExitUsage, fmt.Errorf("mount: --cache-size %q: want a size such as 512MiB or 4GiB", cacheSize))
+				}
+			}
+			if s := os.Getenv(envQueueDelay); s != "" {
+				if o.QueueDelay, err = time.ParseDuration(s); err != nil {
+					return withCode(ExitUsage, fmt.Errorf("mount: %s=%q: %v", envQueueDelay, s, err))
+				}
+			}
 			if foreground || os.Getenv(envMountChild) != "" {
 				return e.mountHere(cmd.Context(), name, dir, o)
 			}
-			return e.mountBackground(cmd.Context(), name, dir, attrTimeout, debug)
+			var extra []string
+			if cacheSize != "" {
+				extra = append(extra, "--cache-size", cacheSize)
+			}
+			if o.Mode != mount.Blocking {
+				extra = append(extra, "--mode", o.Mode.String())
+			}
+			return e.mountBackground(cmd.Context(), name, dir, attrTimeout, debug, extra)
 		},
 	}
 	m.Flags().BoolVar(&foreground, "foreground", false, "stay in the foreground; Ctrl-C or SIGTERM unmounts")
 	m.Flags().DurationVar(&attrTimeout, "attr-timeout", mount.DefaultAttrTimeout, "how long the kernel caches attributes and names (0: not at all)")
 	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")
+	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking: close returns once the writes are durable locally, a queue commits them")
+	m.Flags().StringVar(&cacheSize, "cache-size", "", "bound of the whole-file cache, such as 2GiB (default: a tenth of the free disk, at most 4GiB)")
 
 	var lazy bool
 	u := &cobra.Command{
@@ -192,7 +236,7 @@ func (e *env) mountHere(ctx context.Context, name, dir string, o mount.Options) 
 // mountBackground checks what can be checked here (realm, volume, key,
 // mount point), then starts this program again, detached, to serve the
 // mount, and returns once it reports the mount ready.
-func (e *env) mountBackground(ctx context.Context, name, dir string, attrTimeout time.Duration, debug bool) error {
+func (e *env) mountBackground(ctx context.Context, name, dir string, attrTimeout time.Duration, debug bool, extra []string) error {
 	var pass []byte
 	ask := e.passphrase(false)
 	r, err := e.mountOpen(ctx, func() ([]byte, error) {
@@ -235,6 +279,7 @@ func (e *env) mountBackground(ctx context.Context, name, dir string, attrTimeout
 	if debug {
 		args = append(args, "--debug")
 	}
+	args = append(args, extra...)
 	args = append(args, name, dir)
 	logPath := filepath.Join(e.home, "mount.log")
 	if fi, err := os.Stat(logPath); err == nil && fi.Size() > 1<<20 {

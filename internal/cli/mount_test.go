@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -59,11 +60,17 @@ func isMounted(dir string) bool {
 }
 
 // foreground starts 'cairn mount --foreground' and waits until it serves.
-func (r *realmT) foreground(dir string) (*exec.Cmd, *proc, *bytes.Buffer) {
+func (r *realmT) foreground(dir string) (*exec.Cmd, *proc, *outBuf) {
 	r.t.Helper()
-	cmd := r.command("mount", "--foreground", "home", dir)
-	cmd.Env = r.env
-	var out bytes.Buffer
+	return r.foregroundWith(dir, nil)
+}
+
+// foregroundWith is foreground with more environment and flags.
+func (r *realmT) foregroundWith(dir string, env []string, flags ...string) (*exec.Cmd, *proc, *outBuf) {
+	r.t.Helper()
+	cmd := r.command(append(append([]string{"mount", "--foreground"}, flags...), "home", dir)...)
+	cmd.Env = append(append([]string{}, r.env...), env...)
+	var out outBuf
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		r.t.Fatal(err)
@@ -85,13 +92,32 @@ func (r *realmT) foreground(dir string) (*exec.Cmd, *proc, *bytes.Buffer) {
 	return cmd, p, &out
 }
 
+// outBuf collects a running command's output; the test may read it
+// while the command writes.
+type outBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (o *outBuf) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *outBuf) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
+}
+
 // proc is a started command: done is closed when it has exited with err.
 type proc struct {
 	done chan struct{}
 	err  error
 }
 
-func waitExit(t *testing.T, p *proc, out *bytes.Buffer) {
+func waitExit(t *testing.T, p *proc, out *outBuf) {
 	t.Helper()
 	select {
 	case <-p.done:
@@ -209,4 +235,180 @@ func TestMount(t *testing.T) {
 	r.fails(3, "mount", "home", filepath.Join(mnt, "missing"))
 	r.fails(2, "mount", "home:/d", mnt)
 	r.fails(3, "umount", mnt)
+}
+
+// queueRecords lists the queued commits of the realm's mounts.
+func queueRecords(t *testing.T, home string) []string {
+	t.Helper()
+	recs, err := filepath.Glob(filepath.Join(home, "mountcache", "*", "queue", "*.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+// TestMountNonBlockingKilled: in non-blocking mode a close returns with
+// the commit queued on disk and nothing committed; the mount is killed
+// with SIGKILL; the next mount finishes the queued commit (once the dead
+// mount's writer lock has lapsed with its lease).
+func TestMountNonBlockingKilled(t *testing.T) {
+	skipWithoutFUSE(t)
+	r := newRealm(t)
+	r.env = append(r.env, "CAIRN_LOCK_TTL=1s")
+	mnt := mountPoint(t)
+	src := filepath.Join(t.TempDir(), "doc")
+	writeFile(t, src, []byte("version 1, by put\n"), 0o644)
+	r.ok("put", src, "home:/")
+
+	// The queue of this mount holds every commit an hour.
+	cmd, exited, out := r.foregroundWith(mnt, []string{"CAIRN_MOUNT_QUEUE_DELAY=1h"}, "--mode", "non-blocking")
+	v2 := randBytes(300 << 10)
+	if err := os.WriteFile(filepath.Join(mnt, "doc"), v2, 0o644); err != nil {
+		t.Fatalf("close in non-blocking mode: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "new"), []byte("a new file, queued\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustRead(t, filepath.Join(mnt, "doc")); !bytes.Equal(got, v2) {
+		t.Fatal("the mount does not read its own queued writes")
+	}
+	if got := r.ok("cat", "home:/doc"); got != "version 1, by put\n" {
+		t.Fatalf("committed before the queue ran: %q", got)
+	}
+	if recs := queueRecords(t, r.home); len(recs) != 2 {
+		t.Fatalf("queued commits on disk: %v", recs)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited.done
+	waitFor(t, "the killed mount leaves ENOTCONN", 10*time.Second, func() bool {
+		_, err := os.Stat(mnt)
+		return errors.Is(err, syscall.ENOTCONN)
+	})
+	if got := r.ok("cat", "home:/doc"); got != "version 1, by put\n" {
+		t.Fatalf("after the kill: %q", got)
+	}
+
+	// The next mount (blocking, in the background) repairs the mount
+	// point and finishes the queue.
+	res := r.run("mount", "home", mnt)
+	if res.code != 0 {
+		t.Fatalf("mount after the kill: exit %d\n%s%s\n%s", res.code, res.stdout, res.stderr, out.String())
+	}
+	waitFor(t, "the queued commits are done", 30*time.Second, func() bool { return len(queueRecords(t, r.home)) == 0 })
+	if got := r.ok("cat", "home:/doc"); got != string(v2) {
+		t.Fatalf("after the next mount: %d bytes, want the queued %d", len(got), len(v2))
+	}
+	if got := r.ok("cat", "home:/new"); got != "a new file, queued\n" {
+		t.Fatalf("new file after the next mount: %q", got)
+	}
+	if got := mustRead(t, filepath.Join(mnt, "doc")); !bytes.Equal(got, v2) {
+		t.Fatal("the next mount reads something else")
+	}
+	r.ok("umount", mnt)
+	waitFor(t, "unmounted", 20*time.Second, func() bool { return !isMounted(mnt) })
+}
+
+// TestMountTwoDevices (issue 4, item 6): two devices of one realm, each
+// with its own $CAIRN_HOME and mount of the same volume. What one writes
+// and closes, the other's next open reads; a file open for writing on
+// one is refused to the other's writers (EBUSY, logged); a device killed
+// while writing loses nothing committed: the previous version stays
+// current and readable, and its writer lock lapses with its lease.
+func TestMountTwoDevices(t *testing.T) {
+	skipWithoutFUSE(t)
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	a.serve("2s")
+	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "laptop", "--ttl", "10m"))
+	b := joiner(t)
+	b.env = append(b.env, "CAIRN_LOCK_TTL=1s")
+	b.ok("join", tok, "--no-passphrase")
+	b.serve("2s") // the desk reads what the laptop writes from its node
+	mntA, mntB := mountPoint(t), mountPoint(t)
+	_, _, outA := a.foreground(mntA)
+	cmdB, exitedB, outB := b.foreground(mntB)
+	pa, pb := filepath.Join(mntA, "doc"), filepath.Join(mntB, "doc")
+	// readsAs waits until p reads want (the other device's watch has
+	// reported the commit).
+	readsAs := func(p, want string) {
+		t.Helper()
+		waitFor(t, p+" reads the other device's commit", 20*time.Second, func() bool {
+			got, err := os.ReadFile(p)
+			return err == nil && string(got) == want
+		})
+	}
+
+	if err := os.WriteFile(pa, []byte("written on the desk\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	readsAs(pb, "written on the desk\n")
+	if err := os.WriteFile(pb, []byte("written on the laptop\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	readsAs(pa, "written on the laptop\n")
+
+	// Concurrent writers: the desk holds the file open for writing.
+	w, err := os.OpenFile(pa, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if x, err := os.OpenFile(pb, os.O_WRONLY, 0); !errors.Is(err, syscall.EBUSY) {
+		if err == nil {
+			x.Close()
+		}
+		t.Fatalf("the laptop opens for writing a file the desk writes: %v, want EBUSY", err)
+	}
+	if !strings.Contains(outB.String(), "open for writing on another device") || !strings.Contains(outB.String(), "home:/doc") {
+		t.Fatalf("the laptop's mount did not log the refusal:\n%s", outB.String())
+	}
+	w.WriteString("appended on the desk\n")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	readsAs(pb, "written on the laptop\nappended on the desk\n")
+
+	// The laptop is killed while writing: its writes are lost, the
+	// current version is intact everywhere, its lock lapses.
+	wb, err := os.OpenFile(pb, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wb.Close()
+	wb.WriteString("half-written on the laptop")
+	if x, err := os.OpenFile(pa, os.O_WRONLY, 0); !errors.Is(err, syscall.EBUSY) {
+		if err == nil {
+			x.Close()
+		}
+		t.Fatalf("the desk opens for writing a file the laptop writes: %v, want EBUSY", err)
+	}
+	if err := cmdB.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exitedB.done
+	wb.Close()
+	if err := mount.Unmount(mntB, true); err != nil {
+		t.Fatalf("unmount the killed laptop's mount: %v", err)
+	}
+	want := "written on the laptop\nappended on the desk\n"
+	if got := mustRead(t, pa); string(got) != want {
+		t.Fatalf("the desk reads %q after the laptop was killed", got)
+	}
+	if got := a.ok("cat", "home:/doc"); got != want {
+		t.Fatalf("cairn cat after the laptop was killed: %q", got)
+	}
+	waitFor(t, "the killed laptop's writer lock lapses", 20*time.Second, func() bool {
+		x, err := os.OpenFile(pa, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			return false
+		}
+		defer x.Close()
+		x.WriteString("after the laptop died\n")
+		return x.Close() == nil
+	})
+	if got := a.ok("cat", "home:/doc"); got != want+"after the laptop died\n" {
+		t.Fatalf("after the lock lapsed: %q\n%s", got, outA.String())
+	}
+	a.ok("umount", mntA)
 }

@@ -380,7 +380,7 @@ func (c *diskCache) detach(cc *content) error {
 		return cairn.E("write", cairn.IO, cc.path, err)
 	}
 	c.unindexLocked(cc)
-	cc.path = p
+	cc.path, cc.named = p, false
 	return nil
 }
 
@@ -403,7 +403,7 @@ func (c *diskCache) adopt(cc *content, k cacheKey) {
 		c.log.Warn("could not keep a committed copy in the cache", "copy", cc.path, "err", err)
 		return
 	}
-	cc.path, cc.cached = p, true
+	cc.path, cc.cached, cc.named = p, true, false
 	c.clean[k] = cc
 	c.used += cc.size
 	if cc.refs == 0 {

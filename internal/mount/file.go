@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -48,6 +49,7 @@ type content struct {
 	refs   int           // handles open on it, plus a fetch's
 	cached bool          // indexed as the clean copy of (ino, manifest)
 	elem   *list.Element // its place in the LRU list while cached and closed
+	named  bool          // path's directory entry is durable (fsynced)
 
 	mu       sync.Mutex
 	writers  int  // handles opened for writing
@@ -145,7 +147,7 @@ func (m *Mount) prepareWrite(c *content) error {
 		c.fmu.Unlock()
 		old.Close() // the queue reads its own descriptor
 		m.cache.mu.Lock()
-		c.path = np
+		c.path, c.named = np, false
 		m.cache.mu.Unlock()
 		c.mu.Lock()
 		c.frozen = false
@@ -577,11 +579,30 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno {
 }
 
 // Fsync makes the copy durable on local disk (SCFS Table 1, level 1:
-// close, not fsync, makes it durable in the stores).
+// close, not fsync, makes it durable in the stores): its data, and its
+// name in the cache directory, so that a crash leaves it for the next
+// mount to keep in unsaved/.
 func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
-	if err := h.c.file().Sync(); err != nil {
-		return h.n.m.errno("fsync", h.n.path(""), cairn.E("fsync", cairn.IO, h.c.ino16(), err))
+	c, m := h.c, h.n.m
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.file().Sync(); err != nil {
+		return m.errno("fsync", h.n.path(""), cairn.E("fsync", cairn.IO, c.ino16(), err))
 	}
+	m.cache.mu.Lock()
+	p, named := c.path, c.named
+	m.cache.mu.Unlock()
+	if named || p == "" {
+		return 0
+	}
+	if err := syncDir(filepath.Dir(p)); err != nil {
+		return m.errno("fsync", h.n.path(""), cairn.E("fsync", cairn.IO, p, err))
+	}
+	m.cache.mu.Lock()
+	if c.path == p {
+		c.named = true
+	}
+	m.cache.mu.Unlock()
 	return 0
 }
 

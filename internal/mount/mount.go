@@ -80,6 +80,10 @@ type Options struct {
 	// held by another device before failing with EBUSY; zero means
 	// DefaultLockWait.
 	LockWait time.Duration
+	// QueueDelay holds each queued commit (non-blocking mode) back this
+	// long after its close. Zero: at once. Tests use it to kill a mount
+	// with commits queued.
+	QueueDelay time.Duration
 	// Logger receives what cannot be returned to a caller: a commit that
 	// failed at the last close, a file removed while being written.
 	Logger *slog.Logger
@@ -187,7 +191,7 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 		return nil, err
 	}
 	m.cache = cache
-	q, queued, err := loadQueue(m, filepath.Join(cache.dir, "queue"))
+	q, queued, err := loadQueue(m, filepath.Join(cache.dir, "queue"), o.QueueDelay)
 	if err != nil {
 		cache.close()
 		return nil, cairn.E(op, cairn.IO, cache.dir, err)

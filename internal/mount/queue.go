@@ -84,8 +84,9 @@ type job struct {
 
 // queue runs the queued commits of one mount, one at a time, in order.
 type queue struct {
-	m   *Mount
-	dir string
+	m     *Mount
+	dir   string
+	delay time.Duration
 
 	mu       sync.Mutex
 	jobs     []*job
@@ -99,8 +100,8 @@ const maxQueueBackoff = 30 * time.Second
 
 // loadQueue reads the records a previous mount left. It returns the data
 // files they name (work copies that are not leftovers).
-func loadQueue(m *Mount, dir string) (*queue, map[string]bool, error) {
-	q := &queue{m: m, dir: dir, kick: make(chan struct{}, 1), done: make(chan struct{})}
+func loadQueue(m *Mount, dir string, delay time.Duration) (*queue, map[string]bool, error) {
+	q := &queue{m: m, dir: dir, delay: delay, kick: make(chan struct{}, 1), done: make(chan struct{})}
 	names, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
 		return nil, nil, err
@@ -240,6 +241,13 @@ func (q *queue) run(ctx context.Context) {
 				return
 			}
 			<-q.kick
+			continue
+		}
+		if wait := time.Until(time.Unix(0, j.rec.Queued).Add(q.delay)); wait > 0 && !stopping {
+			select {
+			case <-time.After(wait):
+			case <-q.kick:
+			}
 			continue
 		}
 		e, err := q.commit(ctx, j)
@@ -451,10 +459,18 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 		return cairn.E("close", cairn.IO, n.path(""), err)
 	}
 	m.cache.mu.Lock()
-	data := c.path
+	data, named := c.path, c.named
 	m.cache.mu.Unlock()
 	if !strings.HasPrefix(data, filepath.Join(m.cache.dir, "work")+"/") {
 		return cairn.E("close", cairn.IO, data, errors.New("a written copy outside work/ (bug)"))
+	}
+	if !named {
+		if err := syncDir(filepath.Dir(data)); err != nil {
+			return cairn.E("close", cairn.IO, data, err)
+		}
+		m.cache.mu.Lock()
+		c.named = c.path == data
+		m.cache.mu.Unlock()
 	}
 	n.mu.Lock()
 	last := n.last
