@@ -8,8 +8,10 @@ set -euo pipefail
 # bench/cloud.sh, to MinIO), fuse3 gives
 # fusermount3 for mount tests, time gives /usr/bin/time -v (peak RSS), jq reads
 # the --json output of cairn and restic in bench/, iproute2 gives ip(8) for the
-# network-namespace hosts of internal/netnstest.
-PKGS=(restic rsync rclone fuse3 time jq iproute2)
+# network-namespace hosts of internal/netnstest, git and sqlite3 are real programs
+# the mount tests run on a mount (internal/mount/programs_test.go; vim and ed too
+# when present, not required).
+PKGS=(restic rsync rclone fuse3 time jq iproute2 git sqlite3)
 
 missing=()
 for p in "${PKGS[@]}"; do
