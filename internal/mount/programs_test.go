@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -88,33 +87,6 @@ func run(t *testing.T, dir string, env []string, stdin string, name string, args
 		t.Fatalf("%s %s (in %s): %v\nstdout:\n%s\nstderr:\n%s", name, strings.Join(args, " "), dir, err, out.String(), errb.String())
 	}
 	return out.String()
-}
-
-// remount unmounts f's mount (every descriptor on it must be closed) and
-// mounts the same volume on the same directory again, with o.
-func (f *fixture) remount(o mount.Options) {
-	f.t.Helper()
-	if err := f.m.Unmount(); err != nil {
-		f.t.Fatalf("unmount before remounting: %v", err)
-	}
-	f.m.Wait()
-	o.CacheDir = f.cache
-	o.Logger = slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	m, err := mount.Start(context.Background(), f.vol, f.mnt, o)
-	if err != nil {
-		f.t.Fatalf("remount: %v", err)
-	}
-	f.m = m
-	// Runs before the fixture's own cleanup, whose Unmount of the first
-	// mount is then a no-op.
-	f.t.Cleanup(func() {
-		if err := m.Unmount(); err != nil {
-			f.t.Errorf("unmount: %v", err)
-			mount.Unmount(f.mnt, true)
-		} else {
-			m.Wait()
-		}
-	})
 }
 
 // treeFile is one entry of a directory tree as compareTrees sees it.
@@ -352,7 +324,7 @@ func TestProgramGit(t *testing.T) {
 	// mount shows it now. A remount shows the same (diff-files does not
 	// refresh: it lists every file whose inode, size, mtime or ctime
 	// differ from the index).
-	f.remount(mount.Options{})
+	f.mountAgain(mount.Options{})
 	if df := run(t, dst, env, "", "git", "diff-files", "--name-only"); df != "" {
 		t.Fatalf("git diff-files after remount (stat data not kept):\n%s", df)
 	}
@@ -426,8 +398,8 @@ func TestProgramTar(t *testing.T) {
 	if out := run(t, f.path("x"), env, "", "tar", "--compare", "-f", tarball); out != "" {
 		t.Fatalf("tar --compare on the mount:\n%s", out)
 	}
-	// And after a remount, from the metadata and the store.
-	f.remount(mount.Options{})
+	// And after a remount.
+	f.mountAgain(mount.Options{})
 	compareTrees(t, local, f.path("x"), true)
 }
 
@@ -581,7 +553,7 @@ func TestProgramSQLite(t *testing.T) {
 		t.Fatalf("WAL database: %q", got)
 	}
 
-	f.remount(mount.Options{})
+	f.mountAgain(mount.Options{})
 	if got := run(t, dir, env, query, "sqlite3", "-bail", "test.db"); got != wantOut {
 		t.Fatalf("queries after remount printed\n%s\nwant\n%s", got, wantOut)
 	}
