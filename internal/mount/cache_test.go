@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
 )
@@ -442,7 +444,7 @@ func (f *fixture) waitPending(within time.Duration) {
 // its data is stored; the writer lock is held until the commit; this
 // mount reads its own queued writes; writes after a queued close are
 // committed after it, in order; a queue left at unmount is finished by
-// the next mount.
+// the next mount, which refuses writers of its files until then.
 func TestNonBlocking(t *testing.T) {
 	f := newFixture(t, mount.Options{Mode: mount.NonBlocking})
 	g := f.device(mount.Options{LockWait: 200 * time.Millisecond}, meta.Options{})
@@ -533,8 +535,23 @@ func TestNonBlocking(t *testing.T) {
 		}
 	}
 	f.st.fail.Store(false)
-	f.start(mount.Options{Mode: mount.NonBlocking})
-	f.waitPending(20 * time.Second)
+	// The next mount holds it back an hour: meanwhile the file is not
+	// open for writing here (its queued commit needs the writer lock).
+	f.start(mount.Options{Mode: mount.NonBlocking, QueueDelay: time.Hour})
+	if f.m.Pending() != 1 {
+		t.Fatalf("%d commits pending after the remount, want 1", f.m.Pending())
+	}
+	if x, err := os.OpenFile(f.path("b"), os.O_WRONLY, 0); !errors.Is(err, syscall.EBUSY) {
+		if err == nil {
+			x.Close()
+		}
+		t.Fatalf("open for writing of a file with a commit queued before the mount: %v, want EBUSY", err)
+	}
+	// An unmount does not wait out the delay: it finishes the queue.
+	if err := f.m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	f.m.Wait()
 	if got := f.cat("b"); string(got) != "queued across a remount" {
 		t.Fatalf("b after the next mount: %q", got)
 	}
@@ -543,5 +560,82 @@ func TestNonBlocking(t *testing.T) {
 	}
 	if records, _ = filepath.Glob(filepath.Join(f.cache, "*", "queue", "*.json")); len(records) != 0 {
 		t.Fatalf("queue records left: %v", records)
+	}
+}
+
+// TestPageCacheNotStale: the kernel keeps its page cache of a file across
+// opens of the same copy, but never serves a new version from pages an
+// older copy's descriptor read in meanwhile.
+func TestPageCacheNotStale(t *testing.T) {
+	f := newFixture(t, mount.Options{})
+	v1, v2 := bytes.Repeat([]byte("1"), 64<<10), bytes.Repeat([]byte("2"), 64<<10)
+	f.put("p", v1)
+	f.waitWatched(f.entry("p").Rev)
+	r1, err := os.Open(f.path("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r1.Close()
+	buf := make([]byte, len(v1))
+	if _, err := r1.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, v1) {
+		t.Fatalf("r1 reads v1: %v", err)
+	}
+	f.put("p", v2)
+	f.waitWatched(f.entry("p").Rev)
+	if !bytes.Equal(f.readMount("p"), v2) {
+		t.Fatal("the open after the commit does not read v2")
+	}
+	// Drop the page cache, let the old descriptor read v1's bytes back
+	// into it, close it: the next open must still read v2.
+	r2, err := os.Open(f.path("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(int(r2.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	r2.Close()
+	if _, err := r1.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	r1.Close()
+	for range 2 {
+		if got := f.readMount("p"); !bytes.Equal(got, v2) {
+			t.Fatalf("an open after an old descriptor's reads got %q...", got[:8])
+		}
+	}
+}
+
+// TestQuietWatchNotTrusted: the entry cache is trusted only while the
+// watch has answered recently (the window bound when a watch stalls
+// without failing): past it, an open asks etcd again.
+func TestQuietWatchNotTrusted(t *testing.T) {
+	f := newFixture(t, mount.Options{AttrTimeout: mount.NoAttrCache})
+	if err := os.WriteFile(f.path("s"), []byte("v1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Trusted 200 ms after the watch's last word, and never asked for
+	// progress: the watch falls quiet as a stalled one would.
+	mount.SetWatchTiming(f.m, 200*time.Millisecond, time.Hour)
+	mount.BreakWatch(f.m)() // a new watch, with that timing
+	f.readMount("s")        // cached again (the new watch emptied the cache)
+	deadline := time.Now().Add(10 * time.Second)
+	for seen := false; ; {
+		_, trusted := mount.WatchState(f.m)
+		seen = seen || trusted
+		if seen && !trusted {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the entry cache did not fall from trust (trusted once: %v)", seen)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	rpcs := f.rpcs.Load()
+	if got := f.readMount("s"); string(got) != "v1" {
+		t.Fatalf("open with a quiet watch read %q", got)
+	}
+	if f.rpcs.Load() == rpcs {
+		t.Fatal("an open with a quiet watch asked etcd nothing")
 	}
 }

@@ -41,12 +41,14 @@ type ekey struct {
 type entryCache struct {
 	vol *meta.Vol
 
-	mu    sync.Mutex
-	ents  map[ekey]*meta.Entry
-	epoch uint64 // bumped when the cache is emptied; a read begun before is not kept
-	live  bool   // a watch is established and reports every change
-	heard time.Time
-	rev   int64 // the revision up to which the watch has reported every change
+	mu       sync.Mutex
+	trust    time.Duration // watchTrust (tests shorten it)
+	progress time.Duration // watchProgress (tests lengthen it)
+	ents     map[ekey]*meta.Entry
+	epoch    uint64 // bumped when the cache is emptied; a read begun before is not kept
+	live     bool   // a watch is established and reports every change
+	heard    time.Time
+	rev      int64 // the revision up to which the watch has reported every change
 	// reads counts reads of etcd in progress, and tombs the newest change
 	// seen for a name while any is, so that a read answered before a
 	// change is not kept after it.
@@ -57,7 +59,7 @@ type entryCache struct {
 }
 
 func newEntryCache(v *meta.Vol) *entryCache {
-	return &entryCache{vol: v, ents: map[ekey]*meta.Entry{}, tombs: map[ekey]int64{}}
+	return &entryCache{vol: v, trust: watchTrust, progress: watchProgress, ents: map[ekey]*meta.Entry{}, tombs: map[ekey]int64{}}
 }
 
 func copyEntry(e *meta.Entry) *meta.Entry {
@@ -68,7 +70,7 @@ func copyEntry(e *meta.Entry) *meta.Entry {
 
 // trusted reports whether the cache may answer without asking etcd.
 func (c *entryCache) trustedLocked() bool {
-	return c.live && time.Since(c.heard) < watchTrust
+	return c.live && time.Since(c.heard) < c.trust
 }
 
 // get returns the record name in directory parent (0, "": the root's),
@@ -213,6 +215,13 @@ func (c *entryCache) apply(ev meta.EntryEvents) []meta.EntryChange {
 	c.heard = time.Now()
 	c.rev = max(c.rev, ev.Rev)
 	return known
+}
+
+// progressEvery returns how often the watch is asked for progress.
+func (c *entryCache) progressEvery() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.progress
 }
 
 // watchedRev returns the revision up to which the watch has reported

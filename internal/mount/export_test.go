@@ -41,3 +41,11 @@ func CacheStats(m *Mount) (int64, int64) { return m.cache.size(), m.cache.evicti
 
 // CacheDir returns the mount's cache directory for its volume.
 func CacheDir(m *Mount) string { return m.cache.dir }
+
+// SetWatchTiming changes how long the entry cache is trusted after the
+// watch last answered, and how often the watch is asked for progress.
+func SetWatchTiming(m *Mount, trust, progress time.Duration) {
+	m.ents.mu.Lock()
+	m.ents.trust, m.ents.progress = trust, progress
+	m.ents.mu.Unlock()
+}

@@ -65,10 +65,11 @@ type content struct {
 
 // handle is one open of a file.
 type handle struct {
-	n      *node
-	c      *content
-	write  bool
-	append bool
+	n       *node
+	c       *content
+	write   bool
+	append  bool
+	counted bool // in n.handles (an open the kernel made)
 }
 
 var (
@@ -323,14 +324,40 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		}
 		return nil, 0, n.m.errno("open", n.path(""), err)
 	}
-	var keep uint32
+	return h, n.opened(h), 0
+}
+
+// opened records a new handle on c and returns the open flags for the
+// kernel: FOPEN_KEEP_CACHE when its page cache can only hold c's bytes
+// (the kernel drops it at every other open).
+func (n *node) opened(h *handle) uint32 {
+	c := h.c
+	h.counted = true
 	n.mu.Lock()
-	if n.served == h.c {
-		keep = fuse.FOPEN_KEEP_CACHE
+	defer n.mu.Unlock()
+	if n.handles == nil {
+		n.handles = map[*content]int{}
 	}
-	n.served = h.c
-	n.mu.Unlock()
-	return h, keep, 0
+	n.handles[c]++
+	others := len(n.handles) > 1
+	keep := n.served == c && !n.mixed && !others
+	n.served = c
+	// Another copy's handles can fill the page cache from now on; an
+	// open that drops it while no other copy is open makes it clean.
+	n.mixed = others
+	if keep {
+		return fuse.FOPEN_KEEP_CACHE
+	}
+	return 0
+}
+
+// closed records the release of a handle on c.
+func (n *node) closed(c *content) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.handles[c]--; n.handles[c] <= 0 {
+		delete(n.handles, c)
+	}
 }
 
 // open gives a handle on a copy of e's current version. For writing, the
@@ -385,10 +412,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		}
 		return nil, nil, 0, n.m.errno("create", n.path(name), err)
 	}
-	cn.mu.Lock()
-	cn.served = h.c
-	cn.mu.Unlock()
-	return ch, h, 0, 0
+	return ch, h, cn.opened(h), 0
 }
 
 // truncate cuts a file to size: in h's copy (ftruncate; the commit is at
@@ -639,6 +663,9 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 func (h *handle) drop(ctx context.Context) {
 	if h.write {
 		h.n.unlockWrite(ctx)
+	}
+	if h.counted {
+		h.n.closed(h.c)
 	}
 	h.n.release(h.c)
 }

@@ -48,6 +48,10 @@ func (n *node) takeLock(ctx context.Context, dir *node, name string) (*meta.Lock
 // lockForWrite takes a reference on the writer lock of n (name in dir),
 // taking the lock itself if this mount does not hold it.
 func (n *node) lockForWrite(ctx context.Context, dir *node, name string) error {
+	if n.m.queue.queuedBefore(n.ino) {
+		n.m.log.Warn("file has a commit queued before this mount started, not done yet: open for writing refused (EBUSY)", "path", dir.path(name))
+		return cairn.E("lock", cairn.Conflict, dir.path(name), errors.New("a commit of this file queued before the mount started is not done yet"))
+	}
 	wl := &n.wl
 	wl.mu.Lock()
 	defer wl.mu.Unlock()

@@ -308,11 +308,9 @@ func (m *Mount) watchLoop(ctx context.Context, w *meta.EntryWatch) {
 		m.watchMu.Unlock()
 		stop := make(chan struct{})
 		go func(w *meta.EntryWatch) {
-			t := time.NewTicker(watchProgress)
-			defer t.Stop()
 			for {
 				select {
-				case <-t.C:
+				case <-time.After(m.ents.progressEvery()):
 					w.RequestProgress()
 				case <-stop:
 					return

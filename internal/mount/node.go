@@ -40,8 +40,12 @@ type node struct {
 	// still open reports, and the attributes it is written back with.
 	last meta.Entry
 	// served is the copy the kernel was last given an open of: a new
-	// open of the same copy keeps the kernel's page cache.
-	served *content
+	// open of the same copy keeps the kernel's page cache (the memory
+	// buffer of an open file), unless handles on another copy were open
+	// meanwhile (mixed: their reads may have filled the page cache).
+	served  *content
+	mixed   bool
+	handles map[*content]int // copies with handles of this node, and how many
 
 	// wl is the file's writer lock while this mount writes it (lock.go).
 	wl writerLock

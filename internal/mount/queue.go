@@ -90,6 +90,7 @@ type queue struct {
 
 	mu       sync.Mutex
 	jobs     []*job
+	old      map[uint64]int // inodes with commits queued before the restart
 	seq      uint64
 	stopping bool
 	kick     chan struct{}
@@ -101,7 +102,7 @@ const maxQueueBackoff = 30 * time.Second
 // loadQueue reads the records a previous mount left. It returns the data
 // files they name (work copies that are not leftovers).
 func loadQueue(m *Mount, dir string, delay time.Duration) (*queue, map[string]bool, error) {
-	q := &queue{m: m, dir: dir, delay: delay, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	q := &queue{m: m, dir: dir, delay: delay, old: map[uint64]int{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
 	names, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
 		return nil, nil, err
@@ -131,6 +132,7 @@ func loadQueue(m *Mount, dir string, delay time.Duration) (*queue, map[string]bo
 		}
 		data[p] = true
 		q.jobs = append(q.jobs, &job{rec: rec})
+		q.old[rec.Ino]++
 	}
 	if len(q.jobs) > 0 {
 		m.log.Info("finishing commits queued before the last unmount", "count", len(q.jobs))
@@ -427,7 +429,23 @@ func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
 	if len(q.jobs) > 0 && q.jobs[0] == j {
 		q.jobs = q.jobs[1:]
 	}
+	if j.n == nil {
+		if q.old[rec.Ino]--; q.old[rec.Ino] <= 0 {
+			delete(q.old, rec.Ino)
+		}
+	}
 	q.mu.Unlock()
+}
+
+// queuedBefore reports whether a commit of inode ino queued before the
+// mount started is not done yet. Until it is, the mount shows the file's
+// committed version and refuses to open it for writing (EBUSY): the
+// queued commit takes the file's writer lock of its own, which a writer
+// here would otherwise hold against it.
+func (q *queue) queuedBefore(ino uint64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.old[ino] > 0
 }
 
 // enqueue makes c's writes durable on local disk and queues their commit
