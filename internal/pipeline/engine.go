@@ -434,11 +434,12 @@ func (w *writeRun) collect() {
 				// path's CPU on new data.
 				data := *j.stored
 				id := j.ref.ID
+				epoch := e.known.epochNow()
 				err := e.st.Put(w.ctx, id, data)
 				putBuf(j.stored)
 				j.stored = nil
 				if err == nil {
-					e.known.add(id)
+					e.known.add(id, epoch)
 					newChunks.Add(1)
 					newStored.Add(int64(len(data)))
 				} else {
@@ -490,6 +491,10 @@ type knownSet struct {
 	mu       sync.Mutex
 	cur, old map[cairn.ID]struct{}
 	max      int
+	// epoch counts Forgets. A Put that began before a Forget may have
+	// stored its object before a garbage collection deleted it, so its ID
+	// is remembered only if no Forget came between (see epochNow, add).
+	epoch uint64
 }
 
 func newKnownSet(max int) *knownSet {
@@ -509,12 +514,26 @@ func (k *knownSet) has(id cairn.ID) bool {
 	return ok
 }
 
-func (k *knownSet) add(id cairn.ID) {
+// epochNow is read before a Put; add takes it back.
+func (k *knownSet) epochNow() uint64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.epoch
+}
+
+// add remembers id, Put by a call that began at epoch, unless the set was
+// forgotten since: found by TestPutWhileGC, where a Put that returned after
+// a Forget put its ID back in the set, a retry trusted it, and the commit
+// named a chunk a collection had deleted meanwhile.
+func (k *knownSet) add(id cairn.ID, epoch uint64) {
 	if k.max <= 0 {
 		return
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.epoch != epoch {
+		return
+	}
 	if len(k.cur) >= k.max/2 {
 		k.old, k.cur = k.cur, make(map[cairn.ID]struct{}, k.max/2)
 	}
@@ -526,6 +545,7 @@ func (k *knownSet) add(id cairn.ID) {
 func (e *Engine) Forget() {
 	e.known.mu.Lock()
 	e.known.cur, e.known.old = map[cairn.ID]struct{}{}, nil
+	e.known.epoch++
 	e.known.mu.Unlock()
 }
 
@@ -644,10 +664,11 @@ func (e *Engine) WriteDelta(ctx context.Context, b []byte, plain []manifest.Ref,
 		}
 		g.Go(func() error {
 			id := refs[i].ID
+			epoch := e.known.epochNow()
 			if err := e.st.Put(gctx, id, stored[i]); err != nil {
 				return cairn.E("put chunk", cairn.KindOf(err), id.Short(), err)
 			}
-			e.known.add(id)
+			e.known.add(id, epoch)
 			newChunks.Add(1)
 			newStored.Add(int64(len(stored[i])))
 			return nil

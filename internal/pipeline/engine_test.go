@@ -559,3 +559,50 @@ func sumSizes(refs []manifest.Ref) int {
 	}
 	return n
 }
+
+// gatedStore holds each Put until the test lets it go.
+type gatedStore struct {
+	*mapStore
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gatedStore) Put(ctx context.Context, id cairn.ID, data []byte) error {
+	g.entered <- struct{}{}
+	<-g.release
+	return g.mapStore.Put(ctx, id, data)
+}
+
+// A Put that returns after a Forget (a garbage collection ran meanwhile
+// and may have deleted what it stored before) leaves no trace in the set
+// of IDs the engine trusts: the next Write asks the store again and
+// stores the object again if it is gone (TestPutWhileGC lost chunks so).
+func TestForgetDuringPut(t *testing.T) {
+	ctx := context.Background()
+	inner := newMapStore()
+	g := &gatedStore{mapStore: inner, entered: make(chan struct{}, 16), release: make(chan struct{})}
+	e := newEngine(t, g, nil)
+	data := randomBytes(4<<10, 3) // one chunk
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := e.WriteBytes(ctx, data)
+		done <- err
+	}()
+	<-g.entered
+	e.Forget()
+	close(g.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// The collection deleted the object; the next write must put it back.
+	refs := e.Refs(data)
+	if err := inner.Delete(ctx, refs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, ws, err := e.WriteBytes(ctx, data); err != nil || ws.NewChunks != 1 {
+		t.Fatalf("write after the object was collected: %d new chunks, %v; want 1", ws.NewChunks, err)
+	}
+	if ok, _ := inner.Has(ctx, []cairn.ID{refs[0].ID}); !ok[0] {
+		t.Fatal("the object is not back in the store")
+	}
+}
