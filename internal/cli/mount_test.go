@@ -347,6 +347,12 @@ func TestMountTwoDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	readsAs(pa, "written on the laptop\n")
+	// Both watch the volume (the laptop through the desk's gateway).
+	for dev, out := range map[string]*outBuf{"desk": outA, "laptop": outB} {
+		if strings.Contains(out.String(), "watch") {
+			t.Fatalf("the %s's mount has no watch:\n%s", dev, out.String())
+		}
+	}
 
 	// Concurrent writers: the desk holds the file open for writing.
 	w, err := os.OpenFile(pa, os.O_WRONLY|os.O_APPEND, 0)
