@@ -143,7 +143,10 @@ func (c *entryCache) keepLocked(epoch uint64, k ekey, e *meta.Entry) {
 	c.ents[k] = copyEntry(e)
 }
 
-// put records e, just written by this mount (its Rev is the write's).
+// put records e, just written by this mount (its Rev is the write's). A
+// name the cache does not hold is kept only if the watch has not yet
+// reported e's revision: a newer change of it the watch already passed
+// over (names not held are not followed) would be missed.
 func (c *entryCache) put(e *meta.Entry) {
 	k := ekey{e.Parent, e.Name}
 	if e.Ino == meta.RootIno {
@@ -153,6 +156,9 @@ func (c *entryCache) put(e *meta.Entry) {
 	defer c.mu.Unlock()
 	if c.reads > 0 {
 		c.tombs[k] = max(c.tombs[k], e.Rev)
+	}
+	if _, held := c.ents[k]; !held && e.Rev <= c.rev {
+		return
 	}
 	c.keepLocked(c.epoch, k, e)
 }
