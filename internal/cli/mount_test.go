@@ -366,9 +366,9 @@ func TestMountTwoDevices(t *testing.T) {
 		}
 		t.Fatalf("the laptop opens for writing a file the desk writes: %v, want EBUSY", err)
 	}
-	if !strings.Contains(outB.String(), "open for writing on another device") || !strings.Contains(outB.String(), "home:/doc") {
-		t.Fatalf("the laptop's mount did not log the refusal:\n%s", outB.String())
-	}
+	waitFor(t, "the laptop's mount logs the refusal, naming the file", 5*time.Second, func() bool {
+		return strings.Contains(outB.String(), "open for writing on another device") && strings.Contains(outB.String(), "home:/doc")
+	})
 	w.WriteString("appended on the desk\n")
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
@@ -417,4 +417,18 @@ func TestMountTwoDevices(t *testing.T) {
 		t.Fatalf("after the lock lapsed: %q\n%s", got, outA.String())
 	}
 	a.ok("umount", mntA)
+	// The laptop's next mount keeps what it had not committed aside, and
+	// says where.
+	_, _, outB = b.foreground(mntB)
+	kept, _ := filepath.Glob(filepath.Join(b.home, "mountcache", "*", "unsaved", "*"))
+	if len(kept) != 1 || string(mustRead(t, kept[0])) != "half-written on the laptop" {
+		t.Fatalf("the laptop's uncommitted writes after its next mount: %v", kept)
+	}
+	waitFor(t, "the laptop's next mount logs where it kept them", 5*time.Second, func() bool {
+		return strings.Contains(outB.String(), kept[0])
+	})
+	if got := mustRead(t, pb); string(got) != want+"after the laptop died\n" {
+		t.Fatalf("the laptop's next mount reads %q", got)
+	}
+	b.ok("umount", mntB)
 }
