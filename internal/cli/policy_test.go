@@ -43,7 +43,7 @@ func policyGet(t *testing.T, r *realmT, path string) policyReport {
 // them), every file reads back from the stores; a wiped store is rebuilt
 // by 'cairn repair' (which names it), and then two others can go.
 func TestPolicyDirStores(t *testing.T) {
-	r := newRealm(t)
+	r := newRealm(t, "--no-passphrase", "--trash-ttl", "1ms")
 	base := t.TempDir()
 	for _, n := range []string{"a", "b", "c", "d"} {
 		r.ok("store", "add", n, "file://"+filepath.Join(base, n))
@@ -128,9 +128,9 @@ func TestPolicyDirStores(t *testing.T) {
 
 	// put --store overrides the policy.
 	writeFile(t, filepath.Join(src, "over.bin"), randBytes(10<<10), 0o644)
-	r.ok("put", "--store", "c", filepath.Join(src, "over.bin"), "home:/ec")
-	if g := policyGet(t, r, "home:/ec/over.bin"); len(g.Files) != 1 || !slices.Equal(g.Files[0].Stores, []string{"c"}) {
-		t.Fatalf("put --store c under an ec policy: %+v", g.Files)
+	r.ok("put", "--store", "d", filepath.Join(src, "over.bin"), "home:/ec")
+	if g := policyGet(t, r, "home:/ec/over.bin"); len(g.Files) != 1 || !slices.Equal(g.Files[0].Stores, []string{"d"}) {
+		t.Fatalf("put --store d under an ec policy: %+v", g.Files)
 	}
 
 	// Forget what this device knows: its chunk cache and shard maps.
@@ -192,6 +192,18 @@ func TestPolicyDirStores(t *testing.T) {
 	// Repair restores b and c; fsck reads everything.
 	t.Logf("repair after wiping b and c:\n%s", r.ok("repair"))
 	t.Logf("%s", r.ok("policy", "get", "home:/"))
+	// gc sweeps the ec members through the wrapper (their shards and maps
+	// are no chunk's IDs): a removed file's data goes, the others stay.
+	before := storeLs(t, r, nil)["c"].Objects
+	r.ok("rm", "home:/ec/big.bin")
+	delete(files, "ec/big.bin")
+	t.Logf("gc:\n%s", r.ok("gc"))
+	// 700 KiB is about 40 chunks: a shard and a map of each leave c.
+	if after := storeLs(t, r, nil)["c"].Objects; after > before-60 {
+		t.Errorf("gc left %d objects in store c (were %d)", after, before)
+	}
+	forget()
+	catAll("after gc")
 	r.ok("fsck", "--read-data")
 }
 

@@ -102,6 +102,14 @@ func (r *Realm) CheckPolicy(ctx context.Context, s string) (meta.Policy, error) 
 		if !errors.Is(err, cairn.ErrNotFound) {
 			return pol, err
 		}
+		if pol.Kind == meta.PolicyEC {
+			// gc sweeps a node's store with the chunks' mark, which
+			// would delete shards: until it sweeps them through the
+			// wrapper, ec members are registered stores only.
+			if _, err := r.Meta.Node(ctx, name); err == nil {
+				return pol, cairn.E("policy", cairn.Invalid, name, errors.New("an ec policy names registered stores only (see 'cairn store add'), not nodes: use node://NAME as a store, or copies:N"))
+			}
+		}
 		n, err := r.Meta.Node(ctx, name)
 		if err != nil {
 			if errors.Is(err, cairn.ErrNotFound) {
@@ -322,6 +330,14 @@ func (r *Realm) openMember(ctx context.Context, name string) (cairn.Store, bool,
 		return nil, false, err
 	}
 	if n != nil {
+		// Not through the consistency anchor: a shard or copy missing
+		// from a member is an expected answer the wrapper handles at
+		// once (reading another member, rebuilding), not a lag to wait
+		// out; the wrapper itself is read through the router, like any
+		// store a version names.
+		if n.member != nil {
+			return n.member, false, nil
+		}
 		return n.st, false, nil
 	}
 	st, err := r.nodeStore(ctx, name)
@@ -632,4 +648,41 @@ func (r *Realm) PolicyReport(ctx context.Context, vol string, parts []string) (*
 		rep.Files = []FilePlacement{}
 	}
 	return rep, nil
+}
+
+// policyGCStores adjusts the stores gc sweeps (GCStores): a store that is
+// a member of an ec policy holds shards and shard maps, whose IDs are no
+// chunk's, so sweeping it with the chunks' mark would delete them all; it
+// is left out, and each ec policy in use is swept through its wrapper
+// instead (its List names the objects it holds, Delete removes their
+// shards and maps). Members of copies policies hold objects under their own
+// IDs and are swept as they are.
+func (r *Realm) policyGCStores(ctx context.Context, out []fs.NamedStore) ([]fs.NamedStore, error) {
+	pols, err := r.PoliciesInUse(ctx)
+	if err != nil {
+		return out, err
+	}
+	ecMember := map[string]bool{}
+	var wrappers []fs.NamedStore
+	for _, s := range pols {
+		pol, err := meta.ParsePolicy(s)
+		if err != nil || pol.Kind != meta.PolicyEC {
+			continue
+		}
+		for _, m := range pol.Stores {
+			ecMember[m] = true
+		}
+		ps, err := r.policyStore(ctx, s)
+		if err != nil {
+			return out, err
+		}
+		wrappers = append(wrappers, fs.NamedStore{Name: s, Store: ps.Store})
+	}
+	kept := out[:0]
+	for _, o := range out {
+		if !ecMember[o.Name] {
+			kept = append(kept, o)
+		}
+	}
+	return append(kept, wrappers...), nil
 }

@@ -36,6 +36,9 @@ import (
 type namedStore struct {
 	rec meta.StoreRecord
 	st  cairn.Store
+	// member, if set, is st without the consistency anchor, for a
+	// placement policy's wrapper (policy.go).
+	member cairn.Store
 	// counter is the cloud store under the wrappers, which counts the
 	// requests sent (nil for other kinds).
 	counter *objstore.Store
@@ -202,6 +205,7 @@ func (r *Realm) namedStoreLocked(ctx context.Context, name string) (*namedStore,
 			return nil, cairn.E("open store", cairn.KindOf(err), name, err)
 		}
 		n.st = anchorstore.New(ps, anchorstore.Options{Name: rec.URL, Logger: r.log})
+		n.member = ps // a policy's member, where a miss is expected (policy.go)
 	}
 	n.base, _ = n.requests()
 	if r.named == nil {
@@ -268,7 +272,8 @@ func (r *Realm) GCStores(ctx context.Context) (out []fs.NamedStore, errs []error
 		opened = append(opened, st)
 		out = append(out, fs.NamedStore{Name: n.Name, Store: st})
 	}
-	return out, errs, closeAll, nil
+	out, err = r.policyGCStores(ctx, out) // ec members are swept through their wrappers (policy.go)
+	return out, errs, closeAll, err
 }
 
 // NamedStore returns registered store name, opened on first use, or
