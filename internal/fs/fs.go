@@ -54,6 +54,8 @@ type Volume struct {
 	genMu   sync.Mutex
 	lastGen int64
 	genOK   bool
+	// flushMu keeps CommitGroup's Flushes one at a time.
+	flushMu sync.Mutex
 }
 
 // Options for Open.
@@ -155,37 +157,12 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 	}
 	var total WriteStats
 	for attempt := 0; ; attempt++ {
-		gen, err := v.writeGen(ctx)
+		w, err := v.prepare(ctx, dir, name, open, a)
+		total = addStats(total, w.stats)
 		if err != nil {
 			return nil, total, err
 		}
-		cur, err := v.Meta.Get(ctx, dir.Ino, name)
-		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
-			return nil, total, err
-		}
-		refs, plain, st, err := v.write(ctx, currentOf(cur), open)
-		total = addStats(total, st)
-		if err != nil {
-			return nil, total, err
-		}
-		// The digest hashes the plain chunk IDs, whatever encoding (plain
-		// or delta) the manifest records, so equal content is recognised
-		// however it was stored.
-		digest := v.digest(plain, st.LogicalBytes)
-		var mid cairn.ID
-		if c := currentOf(cur); c != nil && c.Digest == digest && c.Size == st.LogicalBytes {
-			// Unchanged content: its manifest is already stored (and was live
-			// when we read the GC generation); commit refreshes mtime only.
-			mid = c.Manifest
-		} else {
-			var mst int64
-			if mid, mst, err = v.putManifest(ctx, refs, st.LogicalBytes); err != nil {
-				return nil, total, err
-			}
-			total.NewStoredBytes += mst
-		}
-		ver := meta.Version{Manifest: mid, Size: st.LogicalBytes, Mtime: a.Mtime.UnixNano(), Stores: []string{v.storeName}, Chunks: len(refs), Src: a.Src, Digest: digest}
-		e, _, err := v.Meta.CommitVersion(ctx, dir, name, meta.Commit{Version: ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: gen, Lock: lock, Cur: meta.KnownEntry(cur)})
+		e, _, err := v.Meta.CommitVersion(ctx, dir, name, w.commit(a, lock))
 		if errors.Is(err, meta.ErrFenced) && attempt < 20 {
 			v.staleGen()
 			v.log.Info("garbage collection ran during write; writing again", "path", path)
@@ -193,6 +170,59 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 		}
 		return e, total, err
 	}
+}
+
+// prepared is one attempt of a write, stored but not committed: the GC
+// generation read before anything was stored, the entry current then, the
+// version to commit and what storing it did.
+type prepared struct {
+	gen   int64
+	cur   *meta.Entry
+	ver   meta.Version
+	refs  []manifest.Ref // as the manifest records them
+	stats WriteStats
+}
+
+// prepare stores the content open yields and its manifest (deferred when
+// ctx says so: store.WithDeferred), under the GC generation it reads first.
+func (v *Volume) prepare(ctx context.Context, dir *meta.Entry, name string, open func() (io.ReadCloser, error), a Attrs) (prepared, error) {
+	var w prepared
+	var err error
+	if w.gen, err = v.writeGen(ctx); err != nil {
+		return w, err
+	}
+	w.cur, err = v.Meta.Get(ctx, dir.Ino, name)
+	if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+		return w, err
+	}
+	refs, plain, st, err := v.write(ctx, currentOf(w.cur), open)
+	w.stats, w.refs = st, refs
+	if err != nil {
+		return w, err
+	}
+	// The digest hashes the plain chunk IDs, whatever encoding (plain
+	// or delta) the manifest records, so equal content is recognised
+	// however it was stored.
+	digest := v.digest(plain, st.LogicalBytes)
+	var mid cairn.ID
+	if c := currentOf(w.cur); c != nil && c.Digest == digest && c.Size == st.LogicalBytes {
+		// Unchanged content: its manifest is already stored (and was live
+		// when we read the GC generation); commit refreshes mtime only.
+		mid = c.Manifest
+	} else {
+		var mst int64
+		if mid, mst, err = v.putManifest(ctx, refs, st.LogicalBytes); err != nil {
+			return w, err
+		}
+		w.stats.NewStoredBytes += mst
+	}
+	w.ver = meta.Version{Manifest: mid, Size: st.LogicalBytes, Mtime: a.Mtime.UnixNano(), Stores: []string{v.storeName}, Chunks: len(refs), Src: a.Src, Digest: digest}
+	return w, nil
+}
+
+// commit is the meta.Commit of w under lock.
+func (w *prepared) commit(a Attrs, lock *meta.Lock) meta.Commit {
+	return meta.Commit{Version: w.ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: w.gen, Lock: lock, Cur: meta.KnownEntry(w.cur)}
 }
 
 // precheckLimit is the size up to which a file whose current version

@@ -125,6 +125,24 @@ func (d *deviceStore) Refresh(ctx context.Context) error {
 	return nil
 }
 
+// Defers reports whether the target buffers Puts made with a
+// store.WithDeferred context (a cloud store's pack store does; this
+// device's store and nodes do not): Put passes the context on, and Flush
+// makes what was buffered durable.
+func (d *deviceStore) Defers() bool {
+	t, ok := d.target.(store.Deferrer)
+	return ok && t.Defers()
+}
+
+// Flush returns once every object the target buffered before it is
+// stored (nothing to do for a target that does not buffer).
+func (d *deviceStore) Flush(ctx context.Context) error {
+	if t, ok := d.target.(store.Deferrer); ok && t.Defers() {
+		return t.Flush(ctx)
+	}
+	return store.CtxErr(ctx, "flush", "")
+}
+
 // Close closes nothing: the realm owns the stores.
 func (d *deviceStore) Close() error { return nil }
 

@@ -85,3 +85,30 @@ func Sources(ctx context.Context) []string {
 	s, _ := ctx.Value(sourcesKey{}).([]string)
 	return s
 }
+
+type deferredKey struct{}
+
+// WithDeferred returns a context whose Puts a store that buffers writes
+// (a Deferrer whose Defers reports true) may answer once the object is
+// buffered rather than stored: the object is durable only once a later
+// Flush of that store has returned nil. Every other store ignores it and
+// stores as usual. A caller must Flush before it commits anything that
+// names the objects.
+func WithDeferred(ctx context.Context) context.Context {
+	return context.WithValue(ctx, deferredKey{}, true)
+}
+
+// Deferred reports whether ctx came from WithDeferred.
+func Deferred(ctx context.Context) bool {
+	d, _ := ctx.Value(deferredKey{}).(bool)
+	return d
+}
+
+// Deferrer is a store that can buffer Puts made with a WithDeferred
+// context. Defers reports whether it does (a wrapper may buffer only over
+// some stores); Flush returns once every object buffered before it is
+// stored, or an error if one could not be.
+type Deferrer interface {
+	Defers() bool
+	Flush(ctx context.Context) error
+}

@@ -200,6 +200,13 @@ func (s *Store) Refresh(ctx context.Context) error {
 	return store.CtxErr(ctx, "refresh", "")
 }
 
+// Defers reports whether the inner store defers Puts made with a
+// store.WithDeferred context (Put passes the context on).
+func (s *Store) Defers() bool {
+	d, ok := s.inner.(store.Deferrer)
+	return ok && d.Defers()
+}
+
 // Flush makes the inner store's buffered writes and deletes durable, if
 // it buffers any (a pack store's tombstones).
 func (s *Store) Flush(ctx context.Context) error {

@@ -369,10 +369,15 @@ func (s *Store) readRange(ctx context.Context, id cairn.ID, off, n int64) ([]byt
 
 // Put stores data under id and returns once it is stored in the backing
 // store: packed (when smaller than Options.Threshold) in a pack shared with
-// concurrent Puts, or as itself.
+// concurrent Puts, or as itself. With a context from store.WithDeferred it
+// is PutDeferred.
 func (s *Store) Put(ctx context.Context, id cairn.ID, data []byte) error {
-	return s.put(ctx, id, data, true)
+	return s.put(ctx, id, data, !store.Deferred(ctx))
 }
+
+// Defers reports that Puts with a store.WithDeferred context are
+// deferred (store.Deferrer).
+func (s *Store) Defers() bool { return true }
 
 // PutDeferred is Put without waiting for a small object's pack to be
 // stored: it returns once the object is buffered (large objects are stored
