@@ -28,6 +28,21 @@ func cleanCopies(t *testing.T, m *mount.Mount) []string {
 	return names
 }
 
+// waitClosed waits until the kernel has released every handle but those
+// on the open copies still meant to be open (its releases come after the
+// closes, asynchronously): only then are the copies in the cache's LRU
+// order.
+func (f *fixture) waitClosed(open int) {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for mount.OpenCopies(f.m) > open {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("%d copies still open", mount.OpenCopies(f.m))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 // TestCacheAcrossRemount: a file read or written once is served from the
 // cache by a later mount, without a byte from the store; a version
 // committed elsewhere while unmounted is fetched, never the stale copy.
@@ -97,12 +112,14 @@ func TestCacheEviction(t *testing.T) {
 	const size = 100 << 10
 	f := newFixture(t, mount.Options{CacheSize: 3*size + size/2})
 	data := map[string][]byte{}
+	open := 0 // copies the test keeps open
 	write := func(name string) {
 		t.Helper()
 		data[name] = randBytes(size)
 		if err := os.WriteFile(f.path(name), data[name], 0o644); err != nil {
 			t.Fatal(err)
 		}
+		f.waitClosed(open)
 	}
 	for _, name := range []string{"f0", "f1", "f2"} {
 		write(name)
@@ -115,6 +132,7 @@ func TestCacheEviction(t *testing.T) {
 	if !bytes.Equal(f.readMount("f0"), data["f0"]) {
 		t.Fatal("f0 differs")
 	}
+	f.waitClosed(open)
 	write("f3")
 	write("f4")
 	if used, ev := mount.CacheStats(f.m); used != 3*size || ev != 2 {
@@ -125,6 +143,7 @@ func TestCacheEviction(t *testing.T) {
 		if !bytes.Equal(f.readMount(name), data[name]) {
 			t.Fatalf("%s differs", name)
 		}
+		f.waitClosed(open)
 	}
 	if n := f.st.gets.Load() - gets; n != 0 {
 		t.Fatalf("reading the three cached files made %d store reads", n)
@@ -148,6 +167,7 @@ func TestCacheEviction(t *testing.T) {
 	if _, err := w.Write(data["f5"]); err != nil {
 		t.Fatal(err)
 	}
+	open = 2
 	for _, name := range []string{"f6", "f7", "f8", "f9"} {
 		write(name)
 	}
@@ -296,7 +316,9 @@ func TestWriterLock(t *testing.T) {
 	if err := w2.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// Released with the last close: the other device writes now.
+	// Released with the last close (once the kernel has released the
+	// handles): the other device writes now.
+	f.waitClosed(0)
 	g.waitWatched(f.entry("doc").Rev)
 	x, err := os.OpenFile(g.path("doc"), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
@@ -504,6 +526,7 @@ func TestNonBlocking(t *testing.T) {
 		t.Fatalf("version 2: %q, %v", prev.String(), err)
 	}
 	// The lock went with the last commit.
+	f.waitClosed(0)
 	g.waitWatched(e.Rev)
 	x, err := os.OpenFile(g.path("a"), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {

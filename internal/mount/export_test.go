@@ -49,3 +49,7 @@ func SetWatchTiming(m *Mount, trust, progress time.Duration) {
 	m.ents.trust, m.ents.progress = trust, progress
 	m.ents.mu.Unlock()
 }
+
+// OpenCopies returns how many copies have handles (the kernel sends a
+// release some time after the last close).
+func OpenCopies(m *Mount) int { return len(m.cache.openContents()) }

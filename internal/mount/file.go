@@ -168,7 +168,7 @@ func (m *Mount) truncateContent(c *content, size int64) error {
 		return cairn.E("truncate", cairn.IO, c.ino16(), err)
 	}
 	c.mu.Lock()
-	if size != c.size || !c.dirty {
+	if size != c.size {
 		c.size, c.dirty, c.mtime = size, true, time.Now()
 	}
 	c.mu.Unlock()
