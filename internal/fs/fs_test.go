@@ -427,3 +427,27 @@ func TestDeltaSmallFileEdit(t *testing.T) {
 		t.Fatalf("read with a damaged base: %v, want Corrupt", err)
 	}
 }
+
+// A volume created after gc listed the volumes (but before it took the
+// fence) would be missing from the mark: gc refuses and deletes nothing.
+// A Check that fails also stops it before anything is deleted.
+func TestGCRefusesUnlistedVolume(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, 1)
+	f.write(t, "churn", random(100<<10))
+	f.write(t, "churn", random(100<<10)) // garbage to collect
+	before, _ := f.st.Stats(ctx)
+	stop := errors.New("caller says no")
+	if _, err := fs.GC(ctx, f.svc, []*fs.Volume{f.vol}, f.st, fs.GCOptions{Check: func(context.Context) error { return stop }}); !errors.Is(err, stop) {
+		t.Fatalf("gc with a failing check = %v", err)
+	}
+	if err := f.svc.CreateVolume(ctx, meta.Volume{Name: "late", KeyCheck: fs.KeyCheck(keyring.NewMaster()), ChunkMin: 4096, ChunkAvg: 16384, ChunkMax: 131072, KeepVersions: 1}, 0o755, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.GC(ctx, f.svc, []*fs.Volume{f.vol}, f.st, fs.GCOptions{}); !errors.Is(err, cairn.ErrConflict) {
+		t.Fatalf("gc with an unlisted volume = %v, want Conflict", err)
+	}
+	if after, _ := f.st.Stats(ctx); after.Objects != before.Objects {
+		t.Fatalf("refused gc deleted %d objects", before.Objects-after.Objects)
+	}
+}

@@ -136,6 +136,28 @@ type GCOptions struct {
 	// Others are more stores to sweep with the same mark (the realm's
 	// registered stores: cloud buckets, directories), after st.
 	Others []NamedStore
+	// Check, if set, runs once the fence is held: the caller confirms
+	// that what it decided before (which stores to sweep) still holds,
+	// or returns an error and nothing is deleted.
+	Check func(context.Context) error
+}
+
+// sameVolumes fails if the realm has a volume vols lacks.
+func sameVolumes(ctx context.Context, svc *meta.Service, vols []*Volume) error {
+	all, err := svc.Volumes(ctx)
+	if err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	for _, v := range vols {
+		have[v.Meta.V.ID] = true
+	}
+	for _, mv := range all {
+		if !have[mv.ID] {
+			return cairn.E("gc", cairn.Conflict, mv.Name, errors.New("a volume was created as gc started; nothing was deleted: run gc again"))
+		}
+	}
+	return nil
 }
 
 // NamedStore is a store with the name versions know it by.
@@ -183,6 +205,17 @@ func GC(ctx context.Context, svc *meta.Service, vols []*Volume, st cairn.Store, 
 		}
 		fence = f
 		defer fence.End(ctx)
+		// The volumes were listed before the fence was taken: one made in
+		// between, with files committed to it, would be missing from the
+		// mark, and its objects deleted. Refuse then (run again).
+		if err := sameVolumes(ctx, svc, vols); err != nil {
+			return rep, err
+		}
+		if opts.Check != nil {
+			if err := opts.Check(ctx); err != nil {
+				return rep, err
+			}
+		}
 		for _, v := range vols {
 			if v.Meta.V.TrashTTL <= 0 {
 				continue
