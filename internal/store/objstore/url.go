@@ -39,12 +39,12 @@ func ParseURL(raw, scheme string, params ...string) (URL, error) {
 		}
 		return URL{}, cairn.E("parse store URL", cairn.Invalid, "", err)
 	}
-	safe := raw
-	if u.User != nil {
-		v := *u
-		v.User = nil
-		safe = v.String()
-	}
+	// What errors may show: no credentials, and no query (an unknown
+	// parameter may be a secret, e.g. a SAS signature); errors name the
+	// offending parameter's key only.
+	v := *u
+	v.User, v.RawQuery, v.ForceQuery = nil, "", false
+	safe := v.String()
 	bad := func(format string, a ...any) (URL, error) {
 		return URL{}, cairn.E("parse store URL", cairn.Invalid, safe, fmt.Errorf(format, a...))
 	}
@@ -68,7 +68,7 @@ func ParseURL(raw, scheme string, params ...string) (URL, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return bad("query: %v", err)
+		return bad("the query does not parse (its text is not shown: it may hold credentials)")
 	}
 	for k, v := range q {
 		if !slices.Contains(params, k) {
