@@ -10,6 +10,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 
+	"cairn.dev/cairn/internal/cli"
 	"cairn.dev/cairn/internal/store/cloudtest"
 )
 
@@ -68,6 +69,10 @@ func TestStoreS3(t *testing.T) {
 	}
 	if res := r.runEnv(creds, "store", "add", "s3a", url); res.code == 0 {
 		t.Fatalf("second add of one name: %+v", res)
+	}
+	// A node may not take a store's name (versions name both in one list).
+	if res := r.run("invite", "--role", "benefactor", "--name", "s3a"); res.code != cli.ExitExist || !strings.Contains(res.stderr, "store named s3a") {
+		t.Fatalf("invite under a store's name: %+v", res)
 	}
 
 	src := filepath.Join(t.TempDir(), "s")

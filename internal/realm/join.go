@@ -78,6 +78,10 @@ func (r *Realm) Invite(ctx context.Context, o InviteOptions) (string, error) {
 		if st, err := r.Meta.Node(ctx, o.Name); err == nil && st.Removed == 0 {
 			return "", cairn.E(op, cairn.Exist, o.Name, fmt.Errorf("the realm already has a %s named %s (remove it first: 'cairn node remove %s')", st.Role, o.Name, o.Name))
 		}
+		// Versions name stores and nodes in one list: one name, one thing.
+		if _, err := r.Meta.Store(ctx, o.Name); err == nil {
+			return "", cairn.E(op, cairn.Exist, o.Name, fmt.Errorf("the realm has a store named %s (see 'cairn store ls'): choose another name", o.Name))
+		}
 	}
 	if o.Addr == "" {
 		st, err := r.Meta.Node(ctx, creds.Identity.Name)
