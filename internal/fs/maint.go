@@ -537,7 +537,7 @@ func checkChunks(ctx context.Context, v *Volume, st cairn.Store, refs []manifest
 		}
 		nbytes += int64(len(stored))
 		if r.Base != nil {
-			return pipeline.DecodeDelta(r, stored, base)
+			return v.eng.DecodeDelta(r, stored, base)
 		}
 		return pipeline.DecodeChunk(r, stored)
 	}

@@ -606,3 +606,29 @@ func TestForgetDuringPut(t *testing.T) {
 		t.Fatal("the object is not back in the store")
 	}
 }
+
+// A delta decoded against the wrong base (a manifest naming another base
+// of the same size) gives other bytes without any decoding error; the
+// engine's DecodeDelta (fsck's) catches it by the chunk key.
+func TestDecodeDeltaWrongBase(t *testing.T) {
+	e := newEngine(t, newMapStore(), nil)
+	base := textBytes(8<<10, 4)
+	plain := append([]byte(nil), base...)
+	copy(plain[4000:], "an edit")
+	bref, _, _ := encodeChunk(e.hp, base, 0, nil)
+	ref, stored, ok := encodeDelta(e.hp, plain, bref, base)
+	if !ok {
+		t.Fatal("no delta")
+	}
+	if got, err := e.DecodeDelta(ref, stored, base); err != nil || !bytes.Equal(got, plain) {
+		t.Fatalf("right base: %v", err)
+	}
+	other := append([]byte(nil), base...)
+	other[100] ^= 0xff
+	if _, err := DecodeDelta(ref, stored, other); err != nil {
+		t.Fatalf("test setup: the package decoder already notices: %v", err)
+	}
+	if _, err := e.DecodeDelta(ref, stored, other); !errors.Is(err, cairn.ErrCorrupt) {
+		t.Fatalf("wrong base = %v, want Corrupt", err)
+	}
+}

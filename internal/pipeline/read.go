@@ -163,11 +163,8 @@ func (e *Engine) fetch(ctx context.Context, f *fetch) {
 		bufs.plain = *f.outer
 	}
 	f.plain, f.err = decodeChunk(f.ref, stored, &bufs)
-	if f.err == nil && f.ref.Base != nil && e.hp.chunkKey(f.plain) != f.ref.Key {
-		// The engine holds the convergence key, so a delta's output is
-		// checked against the chunk key too: the AEAD authenticates the
-		// delta, this also covers its decoding against the base.
-		f.err = cairn.E("read chunk", cairn.Corrupt, id, errors.New("delta decodes to content that does not match its key"))
+	if f.err == nil && f.ref.Base != nil {
+		f.err = e.checkDelta(f.ref, f.plain)
 	}
 	if f.err == nil && f.hi > len(f.plain) {
 		f.err = cairn.E("read chunk", cairn.Corrupt, id, errors.New("shorter than its ref"))
@@ -214,4 +211,27 @@ func (e *Engine) Plaintexts(ctx context.Context, refs []manifest.Ref) ([][]byte,
 		return nil, err
 	}
 	return out, nil
+}
+
+// checkDelta checks a delta's output against its chunk key: the engine
+// holds the convergence key, so beyond the AEAD (which authenticates the
+// delta) this covers its decoding against the base the manifest names.
+func (e *Engine) checkDelta(ref manifest.Ref, plain []byte) error {
+	if e.hp.chunkKey(plain) != ref.Key {
+		return cairn.E("read chunk", cairn.Corrupt, ref.ID.Short(), errors.New("delta decodes to content that does not match its key"))
+	}
+	return nil
+}
+
+// DecodeDelta is the package's DecodeDelta plus the check of the output
+// against the chunk key (for fsck, which reads chunks itself).
+func (e *Engine) DecodeDelta(ref manifest.Ref, stored, base []byte) ([]byte, error) {
+	plain, err := DecodeDelta(ref, stored, base)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.checkDelta(ref, plain); err != nil {
+		return nil, err
+	}
+	return plain, nil
 }
