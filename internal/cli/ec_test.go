@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -181,4 +182,76 @@ func TestPolicyFourClouds(t *testing.T) {
 	c.m1.Restart(t)
 	c.gcs.Restart(t)
 	r.ok("fsck", "--read-data")
+}
+
+// TestECFigures is a measuring harness, not a check (it runs only with
+// CAIRN_EC_FIGURES=1, e.g. from bench/ec.sh). It measures, through the CLI on the four
+// servers, the storage overhead of copies:2 and ec:2+2 (bytes the stores
+// list after a put, over the bytes put) and the read throughput of a
+// 32 MiB file under ec:2+2 with all four stores up and with one down
+// (cat --no-cache: from the stores, best of 3). Results in
+// bench/RESULTS.md, "Issue 5: erasure coding".
+func TestECFigures(t *testing.T) {
+	if os.Getenv("CAIRN_EC_FIGURES") != "1" {
+		t.Skip("a measuring harness: set CAIRN_EC_FIGURES=1 (bench/ec.sh)")
+	}
+	b := t
+	c := startFourClouds(t)
+	r := newRealm(t)
+	run := func(args ...string) string {
+		res := r.runEnv(c.env, args...)
+		if res.code != 0 {
+			b.Fatalf("cairn %s: exit %d\n%s", strings.Join(args, " "), res.code, res.stderr)
+		}
+		return res.stdout
+	}
+	for _, n := range []string{"m1", "m2", "gcs", "az"} {
+		run("store", "add", n, c.urls[n])
+	}
+	run("policy", "set", "home:/c", "copies:2@m1,m2")
+	run("policy", "set", "home:/e", "ec:2+2@m1,m2,gcs,az")
+	stored := func() int64 {
+		var sum int64
+		for _, s := range storeLs(r.t, r, c.env) {
+			sum += s.Bytes
+		}
+		return sum
+	}
+	src := b.TempDir()
+	for _, pol := range []string{"c", "e"} {
+		for _, size := range []int{4 << 10, 16 << 10, 1 << 20} {
+			dir := filepath.Join(src, fmt.Sprintf("%s%d", pol, size))
+			total := 0
+			for i := 0; total < 16<<20; i++ {
+				writeFile(r.t, filepath.Join(dir, fmt.Sprintf("f%d", i)), randBytes(size), 0o644)
+				total += size
+			}
+			before := stored()
+			run("put", dir, "home:/"+pol)
+			after := stored()
+			t.Logf("FIGURE %s %.3f", fmt.Sprintf("overhead-%s-%dKiB", map[string]string{"c": "copies2", "e": "ec22"}[pol], size>>10), float64(after-before)/float64(total))
+		}
+	}
+	big := randBytes(32 << 20)
+	writeFile(r.t, filepath.Join(src, "big", "big.bin"), big, 0o644)
+	run("put", filepath.Join(src, "big"), "home:/e")
+	read := func(name string) {
+		var best time.Duration
+		for range 3 {
+			t0 := time.Now()
+			res := r.runEnv(c.env, "cat", "--no-cache", "home:/e/big/big.bin")
+			d := time.Since(t0)
+			if res.code != 0 || res.stdout != string(big) {
+				b.Fatalf("%s: cat: exit %d %s", name, res.code, res.stderr)
+			}
+			if best == 0 || d < best {
+				best = d
+			}
+		}
+		t.Logf("FIGURE read-MB/s-%s %.1f (best of 3: %v)", name, float64(len(big))/best.Seconds()/1e6, best.Round(time.Millisecond))
+	}
+	read("all-up")
+	c.m1.Stop()
+	read("m1-down")
+	c.m1.Restart(b)
 }

@@ -57,6 +57,47 @@ type policyState struct {
 type PolicyStore struct {
 	Policy meta.Policy
 	Store  cairn.Store // *ecstore.Store or *replicastore.Store
+	// io is Store with at most policyInFlight Puts and Gets at once, for
+	// the file layer and the router: a put of many large files keeps
+	// thousands of chunk Puts in flight, and a wrapper refuses requests
+	// beyond a bound per member (storeset: too many waiting), counting
+	// the member as down.
+	io cairn.Store
+}
+
+// policyInFlight bounds the Puts and Gets under way through one policy's
+// wrapper (its members take 8 requests each at a time, and let 256 wait).
+const policyInFlight = 64
+
+// bounded is a store with a bound on the Puts and Gets in flight.
+type bounded struct {
+	cairn.Store
+	sem chan struct{}
+}
+
+func (b *bounded) acquire(ctx context.Context, op string, id cairn.ID) error {
+	select {
+	case b.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return store.CtxErr(ctx, op, id.String())
+	}
+}
+
+func (b *bounded) Put(ctx context.Context, id cairn.ID, data []byte) error {
+	if err := b.acquire(ctx, "put", id); err != nil {
+		return err
+	}
+	defer func() { <-b.sem }()
+	return b.Store.Put(ctx, id, data)
+}
+
+func (b *bounded) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	if err := b.acquire(ctx, "get", id); err != nil {
+		return nil, err
+	}
+	defer func() { <-b.sem }()
+	return b.Store.Get(ctx, id)
 }
 
 // Health returns the members' health, in the policy's order.
@@ -175,6 +216,7 @@ func (r *Realm) policyStore(ctx context.Context, s string) (*PolicyStore, error)
 	if err != nil {
 		return nil, err
 	}
+	ps.io = &bounded{Store: ps.Store, sem: make(chan struct{}, policyInFlight)}
 	if r.pol.stores == nil {
 		r.pol.stores = map[string]*PolicyStore{}
 	}
@@ -224,7 +266,7 @@ func (r *Realm) PolicyVolume(ctx context.Context, name, policy string) (*fs.Volu
 	if err != nil {
 		return nil, err
 	}
-	ds := &deviceStore{local: local, target: ps.Store, r: r}
+	ds := &deviceStore{local: local, target: ps.io, r: r}
 	v, err := fs.Open(r.Meta, def.Meta, master, ds, fs.Options{StoreName: ps.Policy.String(), Workers: r.opts.Workers, Readahead: readahead, Logger: r.log})
 	if err != nil {
 		return nil, err
@@ -248,7 +290,7 @@ func (rt *router) policyPeer(ctx context.Context, name string) (*peer, error) {
 	if p := rt.nodes["store:"+name]; p != nil {
 		return p, nil
 	}
-	p := &peer{name: name, addr: name, st: ps.Store, shared: true}
+	p := &peer{name: name, addr: name, st: ps.io, shared: true}
 	rt.nodes["store:"+name] = p
 	return p, nil
 }
