@@ -450,6 +450,19 @@ func (r *Realm) RemoveStore(ctx context.Context, name, dest string, progress fun
 	} else if dst, err = r.NamedStore(ctx, dest); err != nil {
 		return rep, err
 	}
+	if dest != "" {
+		if rec, err := r.Meta.Store(ctx, dest); err == nil && rec.Draining {
+			return rep, cairn.E(op, cairn.Invalid, dest, errors.New("the destination store is itself being removed"))
+		}
+	}
+	// A placement policy naming the store keeps shards or copies there
+	// under the policy's name: draining it would cost those versions
+	// their redundancy (ec: a shard per stripe). Change the policy first.
+	if pols, err := r.policiesNaming(ctx, name); err != nil {
+		return rep, err
+	} else if len(pols) > 0 {
+		return rep, cairn.E(op, cairn.Conflict, name, fmt.Errorf("placement policies name the store: %s; set other policies and rewrite those files first", strings.Join(pols, "; ")))
+	}
 	if err := r.Meta.SetStoreDraining(ctx, name, true); err != nil {
 		return rep, err
 	}
@@ -457,7 +470,46 @@ func (r *Realm) RemoveStore(ctx context.Context, name, dest string, progress fun
 	if err != nil {
 		return rep, err
 	}
-	trashed := 0
+	// Passes: drain what names the store, then walk again (trash too) to
+	// see that nothing does any more. A file renamed or trashed during a
+	// pass, or a writer that opened the store before it was marked
+	// draining and committed since, shows up in the next walk.
+	for pass := 0; ; pass++ {
+		live, trashed, err := r.drainPass(ctx, vols, name, destName, src, dst, &rep, progress)
+		if err != nil {
+			return rep, err
+		}
+		if live == 0 && trashed > 0 {
+			rep.StillHeldHere = trashed
+			return rep, cairn.E(op, cairn.Conflict, name, fmt.Errorf("%d version(s) of files in the trash keep their data only in this store: restore them ('cairn trash restore') or purge the trash ('cairn trash purge'), then remove the store again; it stays marked as draining", trashed))
+		}
+		if live == 0 {
+			break
+		}
+		if pass == 3 {
+			rep.StillHeldHere = live
+			return rep, cairn.E(op, cairn.Conflict, name, fmt.Errorf("versions keep being written to the store (%d after %d passes): stop the programs writing to it, then remove it again; it stays marked as draining", live, pass+1))
+		}
+	}
+	if err := r.Meta.DeleteStore(ctx, name); err != nil {
+		return rep, err
+	}
+	r.remoteMu.Lock()
+	if n := r.named[name]; n != nil {
+		delete(r.named, name)
+		if n.st != r.target {
+			n.st.Close()
+		}
+	}
+	r.remoteMu.Unlock()
+	return rep, nil
+}
+
+// drainPass walks every volume once, draining each live entry whose
+// versions name store name; it returns how many live entries named it at
+// the walk (each now drained) and how many trashed versions hold data only
+// there.
+func (r *Realm) drainPass(ctx context.Context, vols []*fs.Volume, name, destName string, src, dst cairn.Store, rep *RemoveReport, progress func(RemoveReport)) (live, trashed int, err error) {
 	for _, v := range vols {
 		var todo []*meta.Entry
 		err := v.Meta.Walk(ctx, func(e *meta.Entry, inTrash bool) error {
@@ -477,33 +529,53 @@ func (r *Realm) RemoveStore(ctx context.Context, name, dest string, progress fun
 			return nil
 		})
 		if err != nil {
-			return rep, err
+			return 0, 0, err
 		}
+		live += len(todo)
 		for _, e := range todo {
-			if err := r.drainEntry(ctx, v, e, name, destName, src, dst, &rep); err != nil {
-				return rep, err
+			if err := r.drainEntry(ctx, v, e, name, destName, src, dst, rep); err != nil {
+				return 0, 0, err
 			}
 			if progress != nil {
-				progress(rep)
+				progress(*rep)
 			}
 		}
 	}
-	if trashed > 0 {
-		rep.StillHeldHere = trashed
-		return rep, cairn.E(op, cairn.Conflict, name, fmt.Errorf("%d version(s) of files in the trash keep their data only in this store: restore them ('cairn trash restore') or purge the trash ('cairn trash purge'), then remove the store again; it stays marked as draining", trashed))
+	return live, trashed, nil
+}
+
+// policiesNaming lists the placement policies (set on a path, or named by
+// a version) that have store name among their members.
+func (r *Realm) policiesNaming(ctx context.Context, name string) ([]string, error) {
+	seen := map[string]bool{}
+	inUse, err := r.PoliciesInUse(ctx)
+	if err != nil {
+		return nil, err
 	}
-	if err := r.Meta.DeleteStore(ctx, name); err != nil {
-		return rep, err
+	cands := inUse
+	vols, err := r.Meta.Volumes(ctx)
+	if err != nil {
+		return nil, err
 	}
-	r.remoteMu.Lock()
-	if n := r.named[name]; n != nil {
-		delete(r.named, name)
-		if n.st != r.target {
-			n.st.Close()
+	for _, mv := range vols {
+		recs, err := r.Policies(ctx, mv.Name)
+		if err != nil {
+			return nil, err
+		}
+		for _, rec := range recs {
+			cands = append(cands, rec.Policy)
 		}
 	}
-	r.remoteMu.Unlock()
-	return rep, nil
+	var out []string
+	for _, c := range cands {
+		pol, err := meta.ParsePolicy(c)
+		if err != nil || seen[pol.String()] || !slices.Contains(pol.Stores, name) {
+			continue
+		}
+		seen[pol.String()] = true
+		out = append(out, pol.String())
+	}
+	return out, nil
 }
 
 // drainEntry rewrites the versions of e that name store name: their data

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,5 +68,30 @@ func TestGCSweepsOtherNodes(t *testing.T) {
 	}
 	if got, _, err := readFile(a, "keep"); err != nil || !bytes.Equal(got, keep) {
 		t.Fatalf("a kept file after gc: %v", err)
+	}
+}
+
+// A store a placement policy names is not drained away (its copies or
+// shards would be lost to the policy); a plain store is, and what only it
+// held then reads from this device.
+func TestRemoveStoreRefusesPolicyMember(t *testing.T) {
+	ctx := context.Background()
+	a, _, _ := twoDevices(t, Options{})
+	for _, n := range []string{"d1", "d2", "d3"} {
+		if _, err := a.AddStore(ctx, n, "file://"+t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.SetPolicy(ctx, DefaultVolume, "/", "copies:2@d1,d2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RemoveStore(ctx, "d1", "", nil); !errors.Is(err, cairn.ErrConflict) || !strings.Contains(err.Error(), "copies:2@d1,d2") {
+		t.Fatalf("remove a policy member = %v, want Conflict naming the policy", err)
+	}
+	if rec, err := a.Meta.Store(ctx, "d1"); err != nil || rec.Draining {
+		t.Fatalf("refused store: %+v, %v", rec, err)
+	}
+	if _, err := a.RemoveStore(ctx, "d3", "d1", nil); err != nil {
+		t.Fatalf("remove an unused store: %v", err)
 	}
 }
