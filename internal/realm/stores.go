@@ -273,7 +273,48 @@ func (r *Realm) GCStores(ctx context.Context) (out []fs.NamedStore, errs []error
 		out = append(out, fs.NamedStore{Name: n.Name, Store: st})
 	}
 	out, err = r.policyGCStores(ctx, out) // ec members are swept through their wrappers (policy.go)
-	return out, errs, closeAll, err
+	if err != nil {
+		return out, errs, closeAll, err
+	}
+	// A store registered as node://NODE that policyGCStores left out (it
+	// holds ec shards) must not be swept raw under the node's own name
+	// either, and this device's own store cannot be skipped: refuse.
+	left := map[string]bool{}
+	for _, o := range out {
+		left[o.Name] = true
+	}
+	drop := map[string]bool{}
+	for _, rec := range recs {
+		node, ok := strings.CutPrefix(rec.URL, "node://")
+		if !ok || left[rec.Name] {
+			continue
+		}
+		if _, isErr := findErr(errs, rec.Name); isErr {
+			continue
+		}
+		if node == self {
+			return nil, errs, closeAll, cairn.E("gc", cairn.Conflict, rec.Name, errors.New("this store is this device's own store (node://"+node+") and an erasure-coding policy keeps shards in it: gc would delete them; it does not run"))
+		}
+		drop[node] = true
+	}
+	kept := out[:0]
+	for _, o := range out {
+		if !drop[o.Name] {
+			kept = append(kept, o)
+		}
+	}
+	return kept, errs, closeAll, nil
+}
+
+// findErr returns the error among errs about store name, if any.
+func findErr(errs []error, name string) (error, bool) {
+	for _, e := range errs {
+		var ce *cairn.Error
+		if errors.As(e, &ce) && ce.Path == name {
+			return e, true
+		}
+	}
+	return nil, false
 }
 
 // NamedStore returns registered store name, opened on first use, or

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -93,5 +94,50 @@ func TestRemoveStoreRefusesPolicyMember(t *testing.T) {
 	}
 	if _, err := a.RemoveStore(ctx, "d3", "d1", nil); err != nil {
 		t.Fatalf("remove an unused store: %v", err)
+	}
+}
+
+// A node registered as a store (node://NODE) that an ec policy names
+// holds shards: gc sweeps it neither as that store nor as the node, and on
+// the node itself gc refuses to run rather than sweep its own store raw.
+func TestGCSkipsECNodeAlias(t *testing.T) {
+	ctx := context.Background()
+	a, b, _ := twoDevices(t, Options{})
+	if _, err := b.AddStore(ctx, "na", "node://a"); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"d1", "d2", "d3"} {
+		if _, err := b.AddStore(ctx, n, "file://"+t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.SetPolicy(ctx, DefaultVolume, "/", "ec:2+2@na,d1,d2,d3"); err != nil {
+		t.Fatal(err)
+	}
+	v, err := b.PolicyVolume(ctx, DefaultVolume, "ec:2+2@na,d1,d2,d3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, _ := v.Meta.Root(ctx)
+	data := make([]byte, 100<<10)
+	rand.Read(data)
+	if _, _, err := v.WriteFile(ctx, root, "f", func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, fs.Attrs{Mode: 0o644}); err != nil {
+		t.Fatal(err)
+	}
+	others, errs, closeAll, err := b.GCStores(ctx)
+	defer closeAll()
+	if err != nil || len(errs) != 0 {
+		t.Fatalf("GCStores on b: %v %v", errs, err)
+	}
+	for _, o := range others {
+		if o.Name == "a" || o.Name == "na" || o.Name == "d1" {
+			t.Fatalf("gc would sweep %s raw: %v", o.Name, others)
+		}
+	}
+	// Device a is the node behind na: its own store holds shards.
+	_, _, closeA, err := a.GCStores(ctx)
+	defer closeA()
+	if !errors.Is(err, cairn.ErrConflict) {
+		t.Fatalf("GCStores on the aliased node itself = %v, want Conflict", err)
 	}
 }
