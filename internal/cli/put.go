@@ -121,6 +121,121 @@ type putState struct {
 	// before this put, for the unchanged-file check (one range read each).
 	existing map[uint64]map[string]*meta.Entry
 	reads    singleflight.Group
+	// groups holds, per volume handle whose store buffers writes (a
+	// cloud store), the files prepared but not committed yet (see
+	// putGroup).
+	groupMu sync.Mutex
+	groups  map[*fs.Volume]*putGroup
+}
+
+// Files written to a store that buffers (a cloud store's packs) are
+// committed in groups: each is prepared (its data and manifest handed to
+// the store deferred, its writer lock held), and a group of up to
+// groupFiles files or groupBytes bytes is made durable by one Flush of the
+// store and only then committed (fs.CommitGroup), so that its small files
+// share packs: about one PUT per group instead of one per few files. A
+// group older than groupLinger is committed even if not full (a worker may
+// be waiting for the writer lock of a file in it).
+const (
+	groupFiles  = 256
+	groupBytes  = 16 << 20
+	groupLinger = 500 * time.Millisecond
+	// groupMaxFile: larger files are written alone (their chunks are not
+	// packed anyway).
+	groupMaxFile = 4 << 20
+)
+
+// putGroup is a group of prepared files of one volume handle.
+type putGroup struct {
+	items []groupItem
+	bytes int64
+	since time.Time
+}
+
+type groupItem struct {
+	p *fs.PendingWrite
+	j putJob
+}
+
+// addToGroup adds a prepared file to its volume's group and, when the
+// group is full, commits it.
+func (st *putState) addToGroup(ctx context.Context, v *fs.Volume, p *fs.PendingWrite, j putJob) error {
+	st.groupMu.Lock()
+	g := st.groups[v]
+	if g == nil {
+		g = &putGroup{since: time.Now()}
+		st.groups[v] = g
+	}
+	g.items = append(g.items, groupItem{p: p, j: j})
+	g.bytes += p.Size()
+	if len(g.items) < groupFiles && g.bytes < groupBytes {
+		st.groupMu.Unlock()
+		return nil
+	}
+	delete(st.groups, v)
+	st.groupMu.Unlock()
+	return st.commitGroup(ctx, v, g.items)
+}
+
+// commitOld commits the groups older than age (all of them for 0).
+func (st *putState) commitOld(ctx context.Context, age time.Duration) error {
+	st.groupMu.Lock()
+	var vs []*fs.Volume
+	var gs []*putGroup
+	for v, g := range st.groups {
+		if time.Since(g.since) >= age {
+			vs, gs = append(vs, v), append(gs, g)
+			delete(st.groups, v)
+		}
+	}
+	st.groupMu.Unlock()
+	var first error
+	for i, v := range vs {
+		if err := st.commitGroup(ctx, v, gs[i].items); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// commitGroup flushes and commits a group, and accounts for each file. A
+// file that failed is reported; an error that stops the put (the store or
+// the metadata service is unavailable, or the put was canceled) is
+// returned after every file of the group was reported.
+func (st *putState) commitGroup(ctx context.Context, v *fs.Volume, items []groupItem) error {
+	ps := make([]*fs.PendingWrite, len(items))
+	for i, it := range items {
+		ps[i] = it.p
+	}
+	var fatal error
+	for i, r := range v.CommitGroup(ctx, ps) {
+		if r.Err != nil {
+			st.fail(items[i].j.dst, r.Err)
+			switch cairn.KindOf(r.Err) {
+			case cairn.Unavailable, cairn.Canceled:
+				if fatal == nil {
+					fatal = r.Err
+				}
+			}
+			continue
+		}
+		st.account(r.Stats)
+	}
+	if fatal == nil && ctx.Err() != nil {
+		fatal = ctx.Err()
+	}
+	return fatal
+}
+
+// account counts a file stored.
+func (st *putState) account(ws fs.WriteStats) {
+	atomic.AddInt64(&st.sum.Files, 1)
+	atomic.AddInt64(&st.sum.Bytes, ws.LogicalBytes)
+	atomic.AddInt64(&st.sum.NewBytes, ws.NewStoredBytes)
+	atomic.AddInt64(&st.sum.NewChunks, int64(ws.NewChunks))
+	atomic.AddInt64(&st.sum.DupBytes, ws.DupBytes)
+	atomic.AddInt64(&st.sum.Chunks, int64(ws.Chunks))
+	st.prog.add(1, 0, ws.DupBytes)
 }
 
 func (st *putState) fail(path string, err error) {
@@ -159,7 +274,8 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force bool, wo
 	if err != nil {
 		return nil, err
 	}
-	st := &putState{e: e, v: v, volFor: volFor, volPre: p.Volume + ":", force: force, existing: map[uint64]map[string]*meta.Entry{}}
+	st := &putState{e: e, v: v, volFor: volFor, volPre: p.Volume + ":", force: force, existing: map[uint64]map[string]*meta.Entry{},
+		groups: map[*fs.Volume]*putGroup{}}
 	st.sum.WorkersUsed = workers
 	// Count what there is, so the bar can show a total (only for a bar).
 	showBar := human && !e.quiet && isTerminal(e.stderr)
@@ -211,7 +327,44 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force bool, wo
 		}
 		return nil
 	})
+	// Groups that linger are committed (see putGroup).
+	stopTick := make(chan struct{})
+	tickDone := make(chan error, 1)
+	go func() {
+		t := time.NewTicker(groupLinger / 4)
+		defer t.Stop()
+		var first error
+		for {
+			select {
+			case <-stopTick:
+				tickDone <- first
+				return
+			case <-t.C:
+				// ctx, not gctx: Wait cancels gctx as it returns,
+				// and a group may be committing then.
+				if err := st.commitOld(ctx, groupLinger); err != nil && first == nil {
+					first = err
+				}
+			}
+		}
+	}()
 	err = g.Wait()
+	close(stopTick)
+	if terr := <-tickDone; err == nil {
+		err = terr
+	}
+	// The last groups: committed if the put went well, and otherwise
+	// reported (ctx is canceled, so their Flush fails and nothing is
+	// committed) with their locks released.
+	cctx := ctx
+	if err != nil {
+		c, cancel := context.WithCancel(ctx)
+		cancel()
+		cctx = c
+	}
+	if cerr := st.commitOld(cctx, 0); err == nil {
+		err = cerr
+	}
 	st.prog.finish()
 	sum := &st.sum
 	sum.Seconds = time.Since(start).Seconds()
@@ -419,7 +572,23 @@ func (st *putState) putFile(ctx context.Context, j putJob) error {
 		}
 		return &countingReader{f: f, n: &readBytes, prog: st.prog}, nil
 	}
-	_, ws, err := st.volFor(strings.TrimPrefix(j.dst, st.volPre)).WriteFile(ctx, j.dir, j.name, open, a)
+	vol := st.volFor(strings.TrimPrefix(j.dst, st.volPre))
+	if vol.Defers() && j.info.Size() <= groupMaxFile {
+		p, err := vol.PrepareFile(ctx, j.dir, j.name, open, a)
+		if err == nil {
+			return st.addToGroup(ctx, vol, p, j)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		switch cairn.KindOf(err) {
+		case cairn.Unavailable, cairn.Canceled:
+			return err
+		}
+		st.fail(j.dst, err)
+		return nil
+	}
+	_, ws, err := vol.WriteFile(ctx, j.dir, j.name, open, a)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -431,13 +600,7 @@ func (st *putState) putFile(ctx context.Context, j putJob) error {
 		st.fail(j.dst, err)
 		return nil
 	}
-	atomic.AddInt64(&st.sum.Files, 1)
-	atomic.AddInt64(&st.sum.Bytes, ws.LogicalBytes)
-	atomic.AddInt64(&st.sum.NewBytes, ws.NewStoredBytes)
-	atomic.AddInt64(&st.sum.NewChunks, int64(ws.NewChunks))
-	atomic.AddInt64(&st.sum.DupBytes, ws.DupBytes)
-	atomic.AddInt64(&st.sum.Chunks, int64(ws.Chunks))
-	st.prog.add(1, 0, ws.DupBytes)
+	st.account(ws)
 	return nil
 }
 
