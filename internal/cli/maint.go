@@ -62,7 +62,7 @@ would free and changes nothing.`,
 				fmt.Fprintf(e.stderr, "cairn: gc: skipping a store: %v\n", err)
 			}
 			bar := newCountBar(e.stderr, !asJSON && !e.quiet && isTerminal(e.stderr), "marking versions")
-			rep, err := fs.GC(ctx, r.Meta, vols, st, fs.GCOptions{DryRun: dry, Progress: bar.set, Others: others})
+			rep, err := fs.GC(ctx, r.Meta, vols, st, fs.GCOptions{DryRun: dry, Progress: bar.set, Others: others, Keep: []cairn.ID{r.MarkerID()}})
 			bar.finish()
 			if err != nil {
 				return err

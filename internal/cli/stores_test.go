@@ -164,4 +164,18 @@ func TestStoreS3(t *testing.T) {
 		}
 	}
 	r.ok("fsck", "--read-data")
+
+	// The bucket still holds this realm's objects and its marker (gc kept
+	// it): adding it again works; another realm is refused the location,
+	// whose objects its gc would delete as garbage.
+	if res := r.runEnv(creds, "store", "add", "s3a", url); res.code != 0 {
+		t.Fatalf("re-adding the realm's own bucket: %+v", res)
+	}
+	other := newRealm(t)
+	if res := other.runEnv(creds, "store", "add", "s3x", url); res.code == 0 || !strings.Contains(res.stderr, "not this realm's") {
+		t.Fatalf("another realm adding a used bucket: %+v", res)
+	}
+	if res := other.runEnv(creds, "store", "add", "s3x", fmt.Sprintf("s3://%s/other?endpoint=%s&insecure=1", m.Bucket, m.Endpoint)); res.code != 0 {
+		t.Fatalf("another realm, an empty prefix: %+v", res)
+	}
 }

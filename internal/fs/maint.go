@@ -136,6 +136,9 @@ type GCOptions struct {
 	// Others are more stores to sweep with the same mark (the realm's
 	// registered stores: cloud buckets, directories), after st.
 	Others []NamedStore
+	// Keep are objects no version references that gc must not delete
+	// (the realm's marker in each store).
+	Keep []cairn.ID
 	// Check, if set, runs once the fence is held: the caller confirms
 	// that what it decided before (which stores to sweep) still holds,
 	// or returns an error and nothing is deleted.
@@ -237,6 +240,10 @@ func GC(ctx context.Context, svc *meta.Service, vols []*Volume, st cairn.Store, 
 		return rep, fmt.Errorf("gc stopped, nothing deleted: %w", err)
 	}
 	rep.LiveObjects = len(live)
+	if len(opts.Keep) > 0 {
+		live = append(live, opts.Keep...)
+		live.finish()
+	}
 	one, err := sweep(ctx, st, live, fence, opts.DryRun)
 	rep.DeletedObjects, rep.FreedBytes, rep.CompactedBytes = one.DeletedObjects, one.FreedBytes, one.CompactedBytes
 	if err != nil {

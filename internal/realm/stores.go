@@ -116,11 +116,57 @@ func (r *Realm) AddStore(ctx context.Context, name, raw string) (*meta.StoreReco
 	if err := probeStore(ctx, st); err != nil {
 		return nil, cairn.E("add store", cairn.KindOf(err), name, fmt.Errorf("the store does not work from this device: %w", err))
 	}
+	if !strings.HasPrefix(canon, "node://") { // a node's store is the realm's by its certificate
+		if err := r.claimStore(ctx, name, st); err != nil {
+			return nil, err
+		}
+	}
 	rec := meta.StoreRecord{Name: name, URL: canon, Added: time.Now().UnixNano(), AddedBy: r.nodeName(ctx)}
 	if err := r.Meta.AddStore(ctx, rec); err != nil {
 		return nil, err
 	}
 	return &rec, nil
+}
+
+// MarkerID is the ID of this realm's marker object, which `store add`
+// writes into every bucket or directory it adds: gc keeps it, and a
+// location that holds objects but not this marker is refused (another
+// realm's, or another program's, whose objects this realm's gc would
+// otherwise delete as garbage).
+func (r *Realm) MarkerID() cairn.ID {
+	id, _ := realmMarker(r.Config.RealmID)
+	return id
+}
+
+func realmMarker(realmID string) (cairn.ID, []byte) {
+	b := []byte("cairn realm marker v1\n" + realmID + "\n")
+	return cairn.ID(blake3.Sum256(b)), b
+}
+
+// claimStore refuses a location that holds objects without this realm's
+// marker, then writes the marker.
+func (r *Realm) claimStore(ctx context.Context, name string, st cairn.Store) error {
+	id, b := realmMarker(r.Config.RealmID)
+	have, err := st.Has(ctx, []cairn.ID{id})
+	if err != nil {
+		return err
+	}
+	if have[0] {
+		return nil // this realm's already (added before, then removed)
+	}
+	n := 0
+	errFull := errors.New("not empty")
+	err = st.List(ctx, func(cairn.ID, int64) error {
+		n++
+		return errFull
+	})
+	if err != nil && !errors.Is(err, errFull) {
+		return err
+	}
+	if n > 0 {
+		return cairn.E("add store", cairn.Conflict, name, errors.New("the location already holds objects that are not this realm's (another realm's or another program's, which this realm's gc would delete): give an empty bucket, prefix or directory"))
+	}
+	return st.Put(ctx, id, b)
 }
 
 // probeStore writes a random object, reads it back and deletes it.
