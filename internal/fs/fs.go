@@ -208,7 +208,10 @@ func (v *Volume) prepare(ctx context.Context, dir *meta.Entry, name string, open
 	if c := currentOf(w.cur); c != nil && c.Digest == digest && c.Size == st.LogicalBytes {
 		// Unchanged content: its manifest is already stored (and was live
 		// when we read the GC generation); commit refreshes mtime only.
+		// The version names that manifest's chunks, not refs (which are
+		// the plain encodings, never stored where a chunk is a delta).
 		mid = c.Manifest
+		w.refs = nil
 	} else {
 		var mst int64
 		if mid, mst, err = v.putManifest(ctx, refs, st.LogicalBytes); err != nil {

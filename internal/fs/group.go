@@ -56,7 +56,9 @@ func (p *PendingWrite) Abort(ctx context.Context) {
 }
 
 // objects returns every object the version would name: its manifest, its
-// chunks and the bases of its delta chunks.
+// chunks and the bases of its delta chunks (just the manifest when the
+// content is unchanged and the current version's manifest is reused: it
+// and its chunks were live at the generation read).
 func (p *PendingWrite) objects() []cairn.ID {
 	ids := make([]cairn.ID, 0, 1+len(p.w.refs))
 	ids = append(ids, p.w.ver.Manifest)

@@ -314,3 +314,41 @@ func TestCommitGroupDuringGC(t *testing.T) {
 		}
 	}
 }
+
+// Re-putting unchanged content whose current version holds delta chunks
+// reuses that version's manifest; the group must not look for the plain
+// encodings of its chunks (never stored) and write the file again.
+func TestCommitGroupUnchangedDeltaFile(t *testing.T) {
+	ctx := context.Background()
+	f, _ := newDeferFixture(t)
+	text := bytes.Repeat([]byte("a line of text that compresses and deltas well\n"), 1500)
+	edited := append([]byte(nil), text...)
+	copy(edited[30000:], "an edit in the middle")
+	for _, content := range [][]byte{text, edited, edited} {
+		p, err := f.vol.PrepareFile(ctx, f.root, "doc", source(content), fs.Attrs{Mode: 0o644, Mtime: time.Now()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := f.vol.CommitGroup(ctx, []*fs.PendingWrite{p})
+		if res[0].Err != nil {
+			t.Fatal(res[0].Err)
+		}
+		if res[0].Stats.LogicalBytes != int64(len(content)) {
+			t.Fatalf("wrote %d bytes for %d: the file was written again", res[0].Stats.LogicalBytes, len(content))
+		}
+	}
+	e, _ := f.vol.Meta.Get(ctx, f.root.Ino, "doc")
+	m, err := f.vol.Manifest(ctx, e.Current())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deltas := 0
+	for _, r := range m.Chunks {
+		if r.Base != nil {
+			deltas++
+		}
+	}
+	if deltas == 0 {
+		t.Fatal("test setup: the edited version has no delta chunk")
+	}
+}
