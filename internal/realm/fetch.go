@@ -264,7 +264,10 @@ func (rt *router) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tried []string
+	// tried: nodes that answered they do not have it; failed: the
+	// others, each with its error, so that a failure names its cause
+	// (a policy's wrapper says which of its stores failed and why).
+	var tried, failed []string
 	unavailable := false
 	for _, p := range cands {
 		t0 := time.Now()
@@ -279,25 +282,34 @@ func (rt *router) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 		if errors.Is(err, cairn.ErrPermission) {
 			return nil, err // this device was removed: no other node will answer either
 		}
-		if !errors.Is(err, cairn.ErrNotFound) {
+		notFound := errors.Is(err, cairn.ErrNotFound)
+		if !notFound {
 			unavailable = true
 			rt.observe(p, 0, err)
 			rt.r.log.Warn("fetch from node failed; trying the next", "node", p.name, "err", err)
 		}
-		tried = append(tried, p.name)
+		if notFound && !p.shared {
+			tried = append(tried, p.name)
+		} else {
+			failed = append(failed, p.name+": "+err.Error())
+		}
 	}
 	kind := cairn.NotFound
 	if unavailable || len(skipped) > 0 {
 		kind = cairn.Unavailable
 	}
-	why := "no other node is online"
+	var why []string
 	if len(tried) > 0 {
-		why = "not on " + strings.Join(tried, ", ")
+		why = append(why, "not on "+strings.Join(tried, ", "))
+	}
+	why = append(why, failed...)
+	if len(why) == 0 {
+		why = append(why, "no other node is online")
 	}
 	if len(skipped) > 0 {
-		why += "; held by " + strings.Join(skipped, ", ") + " (offline)"
+		why = append(why, "held by "+strings.Join(skipped, ", "))
 	}
-	return nil, cairn.E("fetch", kind, id.String(), errors.New(why))
+	return nil, cairn.E("fetch", kind, id.String(), errors.New(strings.Join(why, "; ")))
 }
 
 // observe records a request's outcome: a round-trip sample, or a failure.
@@ -318,7 +330,8 @@ func (rt *router) observe(p *peer, d time.Duration, err error) {
 // (hint) first, then every other online node other than this device; each
 // group nearest first (smallest measured round trip, nodes never measured
 // probed now), then by reported serving rate; nodes that failed recently
-// last. skipped names hinted nodes that are offline.
+// last. skipped names hinted nodes that are offline, "NAME (offline)", and
+// hinted stores that could not be opened, "NAME (why)".
 func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skipped []string, err error) {
 	nodes, err := rt.registry(ctx)
 	if err != nil {
@@ -341,7 +354,7 @@ func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skip
 		}
 		if n.State != meta.NodeOnline || n.Addr == "" {
 			if hinted[n.Name] {
-				skipped = append(skipped, n.Name)
+				skipped = append(skipped, n.Name+" (offline)")
 			}
 			continue
 		}
@@ -400,7 +413,7 @@ func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skip
 				return nil, nil, ctx.Err()
 			}
 			rt.r.log.Warn("opening a store the version names", "store", name, "err", err)
-			skipped = append(skipped, name)
+			skipped = append(skipped, name+" ("+err.Error()+")")
 			continue
 		}
 		if p != nil {
