@@ -133,6 +133,12 @@ type Options struct {
 	// Default 4 MiB; negative: every object is read alone.
 	ReadAhead int
 
+	// ReadAheadSpans is how many spans of a pack a sequential run keeps
+	// read or in flight: the one being consumed and those after it,
+	// started in the background once the run is a quarter of the way
+	// into a span (readahead.go). Default 4; 1: one span at a time.
+	ReadAheadSpans int
+
 	// ProbeBytes is how much of a pack's end one read fetches to learn
 	// its index (more is read when the index is larger). Default 64 KiB.
 	ProbeBytes int
@@ -144,13 +150,14 @@ type Options struct {
 
 // Defaults.
 const (
-	DefaultThreshold  = 1 << 20
-	DefaultPackSize   = 16 << 20
-	DefaultLinger     = 10 * time.Millisecond
-	DefaultMaxUploads = 4
-	DefaultHasRefresh = 30 * time.Second
-	DefaultProbeBytes = 64 << 10
-	DefaultReadAhead  = 4 << 20
+	DefaultThreshold      = 1 << 20
+	DefaultPackSize       = 16 << 20
+	DefaultLinger         = 10 * time.Millisecond
+	DefaultMaxUploads     = 4
+	DefaultHasRefresh     = 30 * time.Second
+	DefaultProbeBytes     = 64 << 10
+	DefaultReadAhead      = 4 << 20
+	DefaultReadAheadSpans = 4
 
 	// DefaultRepackThreshold is the useful fraction below which Compact
 	// rewrites a pack.
@@ -184,6 +191,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ReadAhead == 0 {
 		o.ReadAhead = DefaultReadAhead
+	}
+	if o.ReadAheadSpans <= 0 {
+		o.ReadAheadSpans = DefaultReadAheadSpans
 	}
 	switch {
 	case o.Threshold < 0 || o.PackSize <= 0 || o.MaxUploads < 0:
@@ -231,8 +241,9 @@ type Store struct {
 
 	active atomic.Int64 // Puts of small objects under way
 
-	raMu sync.Mutex // guards ra
-	ra   readAhead
+	raMu    sync.Mutex // guards ra
+	ra      readAhead
+	bgReads sync.WaitGroup // background span reads (readSpans); Close waits
 
 	delMu  sync.RWMutex  // Delete (shared) against Repack (exclusive)
 	refSem chan struct{} // one refresh at a time
@@ -865,6 +876,7 @@ func (s *Store) Close() error {
 	}
 	s.mu.Unlock()
 	s.cancel()
+	s.bgReads.Wait()
 	if e := s.backing.Close(); err == nil {
 		err = e
 	}

@@ -282,6 +282,93 @@ func TestReadAhead(t *testing.T) {
 	}
 }
 
+// slowRanges is a shared backing store whose ranged reads take a while,
+// counting the most in flight at once and the bytes read.
+type slowRanges struct {
+	*shared
+	delay            time.Duration
+	inFlight, most   atomic.Int64
+	reads, readBytes atomic.Int64
+}
+
+func (s *slowRanges) reset() {
+	s.most.Store(0)
+	s.reads.Store(0)
+	s.readBytes.Store(0)
+}
+
+func (s *slowRanges) GetRange(ctx context.Context, id cairn.ID, off, n int64) ([]byte, error) {
+	cur := s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+	for {
+		m := s.most.Load()
+		if cur <= m || s.most.CompareAndSwap(m, cur) {
+			break
+		}
+	}
+	s.reads.Add(1)
+	s.readBytes.Add(n)
+	time.Sleep(s.delay)
+	return s.shared.GetRange(ctx, id, off, n)
+}
+
+// TestReadAheadSpans: a lone sequential reader keeps the ReadAheadSpans-1
+// spans after the one it reads in flight (one at a time left a 1 GiB get from MinIO
+// latency-bound), without reading any byte twice; a short read (a few
+// objects at a pack's start) reads one span only.
+func TestReadAheadSpans(t *testing.T) {
+	backing := newShared()
+	w := open(t, backing, packstore.Options{})
+	// 1,000 chunks of 16 KiB in one pack, packed in order.
+	ids, data := blobs(30000, 1000, 16<<10)
+	for i := range ids {
+		if err := w.PutDeferred(bg, ids[i], data[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Flush(bg); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	for _, tc := range []struct {
+		name     string
+		spans    int
+		wantMost int64
+	}{
+		{"one span at a time", 1, 1},
+		// One reader enters a span only once it is read: the spans after
+		// it are in flight then.
+		{"default", 0, packstore.DefaultReadAheadSpans - 1},
+	} {
+		sr := &slowRanges{shared: backing, delay: 20 * time.Millisecond}
+		s := open(t, sr, packstore.Options{ReadAheadSpans: tc.spans})
+		sr.reset() // not the probe of the pack's index at New
+		for i := range ids {
+			mustGet(t, s, ids[i], data[i])
+		}
+		s.Close()
+		total := int64(len(ids)) * 16 << 10
+		t.Logf("%s: %d ranged reads of %d bytes, at most %d at once", tc.name, sr.reads.Load(), sr.readBytes.Load(), sr.most.Load())
+		if sr.most.Load() != tc.wantMost {
+			t.Errorf("%s: at most %d ranged reads at once, want %d", tc.name, sr.most.Load(), tc.wantMost)
+		}
+		if sr.reads.Load() > 10 || sr.readBytes.Load() > total {
+			t.Errorf("%s: %d ranged reads of %d bytes for %d bytes read in order", tc.name, sr.reads.Load(), sr.readBytes.Load(), total)
+		}
+	}
+	// A short read at the pack's start: one span, nothing ahead.
+	sr := &slowRanges{shared: backing}
+	s := open(t, sr, packstore.Options{})
+	defer s.Close()
+	sr.reset()
+	for i := range 16 {
+		mustGet(t, s, ids[i], data[i])
+	}
+	if n, b := sr.reads.Load(), sr.readBytes.Load(); n != 1 || b > packstore.DefaultReadAhead {
+		t.Errorf("16 Gets at a pack's start made %d ranged reads of %d bytes, want one of at most ReadAhead", n, b)
+	}
+}
+
 // TestLoneWriter: a Put that no other Put could join is stored at once,
 // not after the linger (here an hour).
 func TestLoneWriter(t *testing.T) {
