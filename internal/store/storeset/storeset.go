@@ -61,6 +61,17 @@ const (
 // without end behind a member that has stopped answering.
 const maxWaiting = 32
 
+// roomWaiting is how many requests may wait for a member's slots (per
+// slot) before a quorum write holds back its next write to that member
+// (Set.room); half of what Call accepts, so that a member that is slower
+// than the quorum but answers never has a write refused.
+const roomWaiting = maxWaiting / 2
+
+// stallAfter: a member whose oldest request in flight is older than this
+// has stalled; writers no longer wait for room there (Call's bound then
+// refuses the excess and counts the member down).
+const stallAfter = 5 * time.Second
+
 // Fault is a problem found in one member: an object that should be there
 // is missing, or its bytes do not hash to its name.
 type Fault struct {
@@ -117,6 +128,7 @@ type member struct {
 
 	mu        sync.Mutex
 	waiting   int
+	started   chan struct{} // closed when a request stops waiting (room); nil if nobody watches
 	seq       uint64
 	inflight  map[uint64]time.Time // start of each request in flight
 	ewma      time.Duration
@@ -277,6 +289,46 @@ func (s *Set) Skip(i int) error {
 		fmt.Errorf("down since %s (%w)", m.downSince.Format(time.TimeOnly), m.lastErr))
 }
 
+// room returns once member i has fewer than roomWaiting requests waiting
+// per slot, or at once when it is down or has stalled (stallAfter). A
+// write that returns at a quorum leaves its writes to the slower members
+// running; without this a long run of writes (a put of a large file) piles
+// them up behind a member that is merely slower until Call refuses them,
+// and those copies or shards are missing until a repair. With it, writers
+// go at the pace of the slowest member that answers. It fails only when ctx
+// ends (Kind Canceled).
+func (s *Set) room(ctx context.Context, i int) error {
+	m := s.m[i]
+	for {
+		m.mu.Lock()
+		if m.waiting < roomWaiting*cap(m.slot) || m.down {
+			m.mu.Unlock()
+			return nil
+		}
+		now := s.now()
+		for _, start := range m.inflight {
+			if now.Sub(start) > stallAfter {
+				m.mu.Unlock()
+				return nil
+			}
+		}
+		if m.started == nil {
+			m.started = make(chan struct{})
+		}
+		started := m.started
+		m.mu.Unlock()
+		t := time.NewTimer(stallAfter)
+		select {
+		case <-started:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return cairn.E("wait for room", cairn.Canceled, m.name, ctx.Err())
+		}
+		t.Stop()
+	}
+}
+
 // Call runs fn, a request to member i, within the member's concurrency
 // bound, and updates its health from the outcome (see the package comment
 // for what counts as an answer). It returns fn's error as it is, or an
@@ -301,12 +353,20 @@ func (s *Set) Call(ctx context.Context, i int, fn func(ctx context.Context, st c
 	case <-ctx.Done():
 		m.mu.Lock()
 		m.waiting--
+		if m.started != nil {
+			close(m.started)
+			m.started = nil
+		}
 		m.mu.Unlock()
 		return cairn.E("wait for a request slot", cairn.Canceled, "", ctx.Err())
 	}
 	start := s.now()
 	m.mu.Lock()
 	m.waiting--
+	if m.started != nil {
+		close(m.started)
+		m.started = nil
+	}
 	m.requests++
 	m.seq++
 	seq := m.seq

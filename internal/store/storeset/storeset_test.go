@@ -237,6 +237,90 @@ func TestWriteQuorum(t *testing.T) {
 	bgwg.Wait()
 }
 
+// A long run of quorum writes over a member slower than the quorum: the
+// writes left running behind it pile up until Call refuses them (the
+// member counted down, its copies missing until a repair) unless Write
+// waits for room there. A member that has stalled is not waited for.
+func TestWriteSlowMember(t *testing.T) {
+	s := newSet(t, 2, Options{Concurrency: 1, ProbeInterval: -1})
+	var bgwg sync.WaitGroup
+	var mu sync.Mutex
+	failed := map[int]int{}
+	w := Write{
+		Targets: []int{0, 1}, Want: 2, Quorum: 1,
+		Fn: func(ctx context.Context, _ cairn.Store, i int) error {
+			if i == 1 {
+				time.Sleep(200 * time.Microsecond)
+			}
+			return nil
+		},
+		After: func(_ []int, f map[int]error) {
+			mu.Lock()
+			defer mu.Unlock()
+			for i := range f {
+				failed[i]++
+			}
+		},
+	}
+	for range 4 * maxWaiting {
+		if _, err := s.Write(bg, bg, &bgwg, "put", "x", w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bgwg.Wait()
+	if len(failed) != 0 || !s.Up(1) {
+		t.Fatalf("writes failed per member: %v; s1 up: %v (last error %v)", failed, s.Up(1), s.LastError(1))
+	}
+
+	// s1 stops answering: writers wait for room until its oldest request
+	// is stallAfter old, then no longer.
+	var clock struct {
+		sync.Mutex
+		t time.Time
+	}
+	clock.t = time.Now()
+	s.now = func() time.Time { clock.Lock(); defer clock.Unlock(); return clock.t }
+	hang := make(chan struct{})
+	w.Fn = func(ctx context.Context, _ cairn.Store, i int) error {
+		if i == 1 {
+			<-hang
+		}
+		return nil
+	}
+	for range roomWaiting + 1 { // one in flight, roomWaiting waiting
+		if _, err := s.Write(bg, bg, &bgwg, "put", "x", w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		s.m[1].mu.Lock()
+		n := s.m[1].waiting
+		s.m[1].mu.Unlock()
+		if n == roomWaiting {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	clock.Lock()
+	clock.t = clock.t.Add(stallAfter + time.Second)
+	clock.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Write(bg, bg, &bgwg, "put", "x", w)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Write waits for room at a member that stalled")
+	}
+	close(hang)
+	bgwg.Wait()
+}
+
 func TestFlights(t *testing.T) {
 	var f Flights
 	id := cairn.ID{1}

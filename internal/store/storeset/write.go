@@ -43,7 +43,9 @@ type writeResult struct {
 // Kind Unavailable, naming each member that failed and why, as soon as the
 // quorum cannot be reached any more, and with Kind Canceled when ctx ends
 // first (the writes under way are then canceled). Members that are down
-// (Skip) count as failed without a request, unless a probe is due.
+// (Skip) count as failed without a request, unless a probe is due. Write
+// first waits for room at each target (Set.room): a member slower than the
+// quorum holds writers back instead of having writes refused.
 func (s *Set) Write(ctx, bg context.Context, wg *sync.WaitGroup, op, path string, w Write) (pending []int, err error) {
 	var opCtx context.Context
 	var cancel context.CancelFunc
@@ -102,6 +104,14 @@ func (s *Set) Write(ctx, bg context.Context, wg *sync.WaitGroup, op, path string
 		}()
 	}
 
+	// Room first (Set.room): a member the writes before this one left
+	// behind paces the writer rather than lose this write.
+	for _, i := range w.Targets {
+		if err := s.room(ctx, i); err != nil {
+			cancel()
+			return nil, cairn.E(op, cairn.Canceled, path, ctx.Err())
+		}
+	}
 	for _, i := range w.Targets {
 		launch(i)
 	}
