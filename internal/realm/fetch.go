@@ -490,9 +490,7 @@ func (rt *router) storePeer(ctx context.Context, name string) (*peer, error) {
 	if meta.IsPolicyName(name) {
 		return rt.policyPeer(ctx, name) // a copies or ec wrapper (policy.go)
 	}
-	rt.r.remoteMu.Lock()
-	n, err := rt.r.namedStoreLocked(ctx, name)
-	rt.r.remoteMu.Unlock()
+	n, err := rt.r.namedStore(ctx, name)
 	if err != nil || n == nil {
 		return nil, err
 	}

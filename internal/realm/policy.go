@@ -321,11 +321,12 @@ type member struct {
 	name string
 	r    *Realm
 
-	mu    sync.Mutex
-	st    cairn.Store
-	owned bool
-	err   error
-	tried time.Time
+	mu      sync.Mutex
+	st      cairn.Store
+	owned   bool
+	err     error
+	tried   time.Time
+	opening chan struct{} // closed when the open under way ends; nil if none
 }
 
 var (
@@ -333,21 +334,51 @@ var (
 	_ store.RangeReader = (*member)(nil)
 )
 
+// open opens the member on first need. The open runs without m.mu held:
+// while a member that failed is tried again (a cloud store's open retries
+// its listing for a second or more when the server is stopped), other
+// requests fail at once with the last error instead of queueing behind it;
+// only before the first outcome do they wait for it.
 func (m *member) open(ctx context.Context) (cairn.Store, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.st != nil {
-		return m.st, nil
+	for {
+		if m.st != nil {
+			st := m.st
+			m.mu.Unlock()
+			return st, nil
+		}
+		if m.err != nil && (m.opening != nil || time.Since(m.tried) < memberRetry) {
+			err := m.err
+			m.mu.Unlock()
+			return nil, err
+		}
+		if m.opening == nil {
+			break
+		}
+		ch := m.opening
+		m.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, store.CtxErr(ctx, "open store", m.name)
+		}
+		m.mu.Lock()
 	}
-	if m.err != nil && time.Since(m.tried) < memberRetry {
-		return nil, m.err
-	}
+	ch := make(chan struct{})
+	m.opening = ch
+	m.mu.Unlock()
+
 	st, owned, err := m.r.openMember(ctx, m.name)
-	m.tried = time.Now()
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.opening = nil
+	close(ch)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, store.CtxErr(ctx, "open store", m.name)
 		}
+		m.tried = time.Now()
 		kind := cairn.Unavailable
 		if errors.Is(err, cairn.ErrPermission) {
 			kind = cairn.Permission
@@ -355,6 +386,7 @@ func (m *member) open(ctx context.Context) (cairn.Store, error) {
 		m.err = cairn.E("open store", kind, m.name, err)
 		return nil, m.err
 	}
+	m.tried = time.Now()
 	m.st, m.owned, m.err = st, owned, nil
 	return st, nil
 }
@@ -365,9 +397,7 @@ func (r *Realm) openMember(ctx context.Context, name string) (cairn.Store, bool,
 		st, err := r.Store(ctx)
 		return st, false, err
 	}
-	r.remoteMu.Lock()
-	n, err := r.namedStoreLocked(ctx, name)
-	r.remoteMu.Unlock()
+	n, err := r.namedStore(ctx, name)
 	if err != nil {
 		return nil, false, err
 	}

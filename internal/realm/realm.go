@@ -128,6 +128,7 @@ type Realm struct {
 	remoteClosed bool
 	target       cairn.Store
 	named        map[string]*namedStore // registered stores opened (stores.go)
+	namedOpening map[string]*namedOpen  // registered stores being opened by namedStore
 	cacheStore   cairn.Store
 	cache        *cachestore.Store
 	router       *router

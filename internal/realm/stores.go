@@ -227,6 +227,81 @@ func (r *Realm) namedStoreLocked(ctx context.Context, name string) (*namedStore,
 	if n := r.named[name]; n != nil {
 		return n, nil
 	}
+	n, err := r.openNamed(ctx, name)
+	if err != nil || n == nil {
+		return nil, err
+	}
+	if r.named == nil {
+		r.named = map[string]*namedStore{}
+	}
+	r.named[name] = n
+	return n, nil
+}
+
+// namedOpen is an open of a registered store under way in namedStore.
+type namedOpen struct {
+	done chan struct{}
+	n    *namedStore
+	err  error
+}
+
+// namedStore is namedStoreLocked without holding remoteMu while the store
+// opens: a cloud store's open lists its bucket, and retries with backoff
+// when the server does not answer (a second or more for a stopped server),
+// and every read through the router takes remoteMu. Concurrent calls for
+// one name share one open and its outcome.
+func (r *Realm) namedStore(ctx context.Context, name string) (*namedStore, error) {
+	r.remoteMu.Lock()
+	if r.remoteClosed {
+		r.remoteMu.Unlock()
+		return nil, errRealmClosed
+	}
+	if n := r.named[name]; n != nil {
+		r.remoteMu.Unlock()
+		return n, nil
+	}
+	if o := r.namedOpening[name]; o != nil {
+		r.remoteMu.Unlock()
+		select {
+		case <-o.done:
+			return o.n, o.err
+		case <-ctx.Done():
+			return nil, store.CtxErr(ctx, "open store", name)
+		}
+	}
+	o := &namedOpen{done: make(chan struct{})}
+	if r.namedOpening == nil {
+		r.namedOpening = map[string]*namedOpen{}
+	}
+	r.namedOpening[name] = o
+	r.remoteMu.Unlock()
+
+	n, err := r.openNamed(ctx, name)
+
+	r.remoteMu.Lock()
+	delete(r.namedOpening, name)
+	switch {
+	case err != nil || n == nil:
+	case r.remoteClosed:
+		n.st.Close()
+		n, err = nil, errRealmClosed
+	case r.named[name] != nil: // opened meanwhile by namedStoreLocked
+		n.st.Close()
+		n = r.named[name]
+	default:
+		if r.named == nil {
+			r.named = map[string]*namedStore{}
+		}
+		r.named[name] = n
+	}
+	r.remoteMu.Unlock()
+	o.n, o.err = n, err
+	close(o.done)
+	return n, err
+}
+
+// openNamed opens registered store name (nil, nil if there is none).
+func (r *Realm) openNamed(ctx context.Context, name string) (*namedStore, error) {
 	rec, err := r.Meta.Store(ctx, name)
 	if err != nil {
 		if errors.Is(err, cairn.ErrNotFound) {
@@ -254,10 +329,6 @@ func (r *Realm) namedStoreLocked(ctx context.Context, name string) (*namedStore,
 		n.member = ps // a policy's member, where a miss is expected (policy.go)
 	}
 	n.base, _ = n.requests()
-	if r.named == nil {
-		r.named = map[string]*namedStore{}
-	}
-	r.named[name] = n
 	return n, nil
 }
 
