@@ -57,6 +57,7 @@ type content struct {
 	frozen   bool // its file is the data of a queued commit
 	pending  int  // queued commits of it not yet done
 	keep     bool // a commit failed: kept in unsaved/ when closed
+	gone     bool // its file was removed while open: the copy is all there is
 	size     int64
 	mtime    time.Time
 	version  bool     // it is (or, if dirty, was fetched from) a version
@@ -82,11 +83,11 @@ var (
 
 // local returns the size and mtime of the copy when they, not the
 // metadata's, are the file's: it has writes not yet committed, a handle
-// that may write, or a queued commit.
+// that may write, a queued commit, or its file was removed.
 func (c *content) local() (int64, time.Time, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.size, c.mtime, c.dirty || c.writers > 0 || c.pending > 0
+	return c.size, c.mtime, c.dirty || c.writers > 0 || c.pending > 0 || c.gone
 }
 
 // usable reports whether a new open of a file whose entry is e may share
@@ -504,7 +505,8 @@ func (n *node) commit(ctx context.Context, c *content) error {
 	if !ok {
 		n.m.log.Info("a file removed while open was closed: its unsaved writes are dropped", "ino", n.ino)
 		c.mu.Lock()
-		c.dirty = false
+		// Descriptors still open on it keep reading what was written.
+		c.dirty, c.gone = false, true
 		c.mu.Unlock()
 		return nil
 	}

@@ -169,3 +169,25 @@ func (n *node) commitFailed() {
 	}
 	wl.mu.Unlock()
 }
+
+// dropLock releases n's writer lock, if this mount holds it, once n was
+// renamed, renamed over or removed. Locks are keyed by name (meta.Vol.Lock
+// takes parent and name): left at the old name, the lock would refuse a
+// new file made there (EBUSY after LockWait: a log renamed while open for
+// writing, then made again). A file no longer named never commits (its
+// writes are dropped, as on a local disk); a renamed one takes its new
+// name's lock at its next commit (commitLock). Not taken here: the rename
+// would wait up to LockWait while a commit of the file that had the name
+// holds it.
+func (n *node) dropLock(ctx context.Context) {
+	wl := &n.wl
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	if wl.lock == nil {
+		return
+	}
+	if err := wl.lock.Unlock(ctx); err != nil {
+		n.m.log.Warn("could not release the writer lock of a renamed or removed file (it lapses with the lease)", "path", n.path(""), "err", err)
+	}
+	wl.lock = nil
+}

@@ -400,6 +400,20 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	return nil, syscall.EPERM
 }
 
+// retryConflict runs a namespace change again while it fails because an
+// entry changed between its read and its compare-and-swap (a commit
+// here, queued or not, or on another device): the change asked for is
+// still to be made, and a local disk would not have refused it.
+func retryConflict(op func() error) error {
+	var err error
+	for attempt := 0; attempt < 20; attempt++ {
+		if err = op(); !errors.Is(err, cairn.ErrConflict) {
+			return err
+		}
+	}
+	return err
+}
+
 // remove moves name to the trash after checking its type.
 func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno {
 	ctx = bg(ctx)
@@ -417,10 +431,16 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	case !dir && e.IsDir():
 		return syscall.EISDIR
 	}
-	_, err = n.m.vol.Meta.Remove(ctx, parent, name, n.path(name), false)
+	err = retryConflict(func() error {
+		_, err := n.m.vol.Meta.Remove(ctx, parent, name, n.path(name), false)
+		return err
+	})
 	n.m.ents.forget(n.ino, name)
 	if err != nil {
 		return n.m.errno("remove", n.path(name), err)
+	}
+	if ch := n.GetChild(name); ch != nil {
+		ch.Operations().(*node).dropLock(ctx)
 	}
 	return 0
 }
@@ -461,11 +481,20 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			return n.m.errno("rename", np.path(newName), err)
 		}
 	}
-	err := n.m.vol.Meta.Rename(ctx, src, name, dst, newName, np.path(newName))
+	err := retryConflict(func() error {
+		return n.m.vol.Meta.Rename(ctx, src, name, dst, newName, np.path(newName))
+	})
 	n.m.ents.forget(n.ino, name)
 	n.m.ents.forget(np.ino, newName)
 	if err != nil {
 		return n.m.errno("rename", n.path(name), err)
+	}
+	// Writer locks are by name (dropLock): the moved file's and the
+	// replaced file's go. go-fuse moves the nodes after this returns.
+	for _, ch := range []*gofs.Inode{n.GetChild(name), np.GetChild(newName)} {
+		if ch != nil {
+			ch.Operations().(*node).dropLock(ctx)
+		}
 	}
 	return 0
 }

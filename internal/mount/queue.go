@@ -384,6 +384,9 @@ func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
 		m.cache.mu.Unlock()
 		c.mu.Lock()
 		c.pending--
+		if errors.Is(err, errDropped) {
+			c.gone = true // descriptors still open keep reading what was written
+		}
 		// Still the copy's file: nothing was written since the close (a
 		// write would have copied it first).
 		still = still && c.frozen
@@ -465,7 +468,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	if !ok {
 		m.log.Info("a file removed while open was closed: its unsaved writes are dropped", "ino", n.ino)
 		c.mu.Lock()
-		c.dirty = false
+		c.dirty, c.gone = false, true // descriptors still open keep reading it
 		c.mu.Unlock()
 		return nil
 	}
