@@ -557,19 +557,7 @@ func (s *Store) Queued() []storeset.Task { return s.q.Tasks() }
 
 // Flush waits until the copies still being written by earlier Puts, and
 // the repairs Get started, are over (or ctx ends).
-func (s *Store) Flush(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() {
-		s.bg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return cairn.E("flush", cairn.Canceled, "", ctx.Err())
-	}
-}
+func (s *Store) Flush(ctx context.Context) error { return storeset.Flush(ctx, &s.bg) }
 
 // Close waits for the background writes (each bounded by
 // BackgroundTimeout), saves the repair queue and closes the members.
