@@ -2,8 +2,8 @@ package ecstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"slices"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/store"
@@ -38,91 +38,60 @@ type RepairOptions struct {
 // returns what it did; its error is for what stopped it (ctx, no member
 // listed), not for the repairs that failed, which are counted and queued.
 func (s *Store) Repair(ctx context.Context, o RepairOptions) (storeset.RepairReport, error) {
-	const op = "repair"
-	var r storeset.RepairReport
-	if err := store.CtxErr(ctx, op, ""); err != nil {
-		return r, err
-	}
-	target := -1
-	if o.Store != "" {
-		if target = s.set.Index(o.Store); target < 0 {
-			return r, cairn.E(op, cairn.Invalid, o.Store, errors.New("no such store in this ec policy"))
-		}
-	}
-	if o.Replacement != nil && (target < 0 || o.Replacement.Store == nil) {
-		return r, cairn.E(op, cairn.Invalid, "", errors.New("a replacement needs the store it replaces (Store)"))
-	}
-	if o.Replacement == nil {
-		if err := s.repairQueue(ctx, target, &r); err != nil {
-			return r, err
-		}
-	}
-	if o.QueueOnly {
-		return r, nil
-	}
-	return r, s.walk(ctx, o, target, &r)
+	scanned := false // by repairPut: at most one scan for the queue
+	return s.set.Repair(ctx, storeset.Repair{
+		Policy: "ec", Store: o.Store, Replacement: o.Replacement, QueueOnly: o.QueueOnly,
+		Queue: s.q,
+		Put: func(ctx context.Context, t storeset.Task, i int, r *storeset.RepairReport) error {
+			return s.repairPut(ctx, t, i, &scanned, r)
+		},
+		Walk: func(ctx context.Context, target int, r *storeset.RepairReport) error {
+			return s.walk(ctx, o, target, r)
+		},
+	})
 }
 
-// repairQueue carries out the queued tasks (those of member target only,
-// when target ≥ 0).
-func (s *Store) repairQueue(ctx context.Context, target int, r *storeset.RepairReport) error {
-	scanned := false
-	for _, t := range s.q.Tasks() {
-		if err := store.CtxErr(ctx, "repair", ""); err != nil {
+// repairPut carries out the queued OpPut task t of member i. A task for an
+// object the index does not know starts a scan, unless *scanned says one
+// was made already.
+func (s *Store) repairPut(ctx context.Context, t storeset.Task, i int, scanned *bool, r *storeset.RepairReport) error {
+	om := s.idx.get(t.ID)
+	if om == nil && !*scanned {
+		*scanned = true
+		if _, err := s.scan(ctx); err != nil && cairn.KindOf(err) == cairn.Canceled {
 			return err
 		}
-		i := s.set.Index(t.Store)
-		if i < 0 || (target >= 0 && i != target) {
-			continue
-		}
-		if t.Op == storeset.OpDelete {
-			err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error { return st.Delete(ctx, t.ID) })
-			if err != nil {
-				r.Failed++
-				continue
-			}
-			r.Deleted++
-			s.q.Done(t)
-			continue
-		}
-		om := s.idx.get(t.ID)
-		if om == nil && !scanned {
-			scanned = true
-			if _, err := s.scan(ctx); err != nil && cairn.KindOf(err) == cairn.Canceled {
-				return err
-			}
-			om = s.idx.get(t.ID)
-		}
-		if om == nil {
-			s.q.Done(t) // deleted meanwhile: nothing to repair
-			continue
-		}
-		// The shard may have landed after all, be missing, or be damaged:
-		// look before rebuilding.
-		_, err := s.fetchShard(ctx, om, i, nil)
-		switch cairn.KindOf(err) {
-		case cairn.Other:
-			if err != nil {
-				r.Failed++
-				continue
-			}
-			// Present and good: make sure the map is there too.
-			if err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
-				return st.Put(ctx, om.mapID, om.encode())
-			}); err != nil {
-				r.Failed++
-				continue
-			}
-			s.q.Done(t)
-		case cairn.NotFound:
-			r.Missing++
-			s.rebuild(ctx, om, []badShard{{i, cairn.NotFound, err}}, -1, nil, r)
-		case cairn.Corrupt:
-			r.Corrupt++
-			s.rebuild(ctx, om, []badShard{{i, cairn.Corrupt, err}}, -1, nil, r)
-		default:
+		om = s.idx.get(t.ID)
+	}
+	if om == nil {
+		s.q.Done(t) // deleted meanwhile: nothing to repair
+		return nil
+	}
+	// The shard may have landed after all, be missing, or be damaged:
+	// look before rebuilding.
+	_, err := s.fetchShard(ctx, om, i, nil)
+	switch cairn.KindOf(err) {
+	case cairn.Other:
+		if err != nil {
 			r.Failed++
+			return nil
 		}
+		// Present and good: make sure the map is there too.
+		if err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
+			return st.Put(ctx, om.mapID, om.encode())
+		}); err != nil {
+			r.Failed++
+			return nil
+		}
+		s.q.Done(t)
+	case cairn.NotFound:
+		r.Missing++
+		s.rebuild(ctx, om, []badShard{{i, cairn.NotFound, err}}, -1, nil, r)
+	case cairn.Corrupt:
+		r.Corrupt++
+		s.rebuild(ctx, om, []badShard{{i, cairn.Corrupt, err}}, -1, nil, r)
+	default:
+		r.Failed++
 	}
 	return nil
 }
@@ -220,7 +189,7 @@ func (s *Store) walk(ctx context.Context, o RepairOptions, target int, r *stores
 		for _, om := range all {
 			ids = append(ids, om.shards[target], om.mapID)
 		}
-		if onRepl, err = hasAll(ctx, o.Replacement.Store, ids); err != nil {
+		if onRepl, err = storeset.HasAll(ctx, o.Replacement.Store, slices.Values(ids)); err != nil {
 			return cairn.E("repair", cairn.KindOf(err), "", fmt.Errorf("replacement %s: %w", o.Replacement.Name, err))
 		}
 	}
@@ -303,24 +272,4 @@ func (s *Store) putMap(ctx context.Context, om *objMap, i int, st cairn.Store) e
 	return s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
 		return st.Put(ctx, om.mapID, b)
 	})
-}
-
-// hasAll asks st which of ids it holds, in batches.
-func hasAll(ctx context.Context, st cairn.Store, ids []cairn.ID) (map[cairn.ID]bool, error) {
-	const batch = 1000
-	out := map[cairn.ID]bool{}
-	for len(ids) > 0 {
-		n := min(batch, len(ids))
-		found, err := st.Has(ctx, ids[:n])
-		if err != nil {
-			return nil, err
-		}
-		for j, f := range found {
-			if f {
-				out[ids[j]] = true
-			}
-		}
-		ids = ids[n:]
-	}
-	return out, nil
 }

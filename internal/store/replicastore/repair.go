@@ -2,8 +2,8 @@ package replicastore
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/zeebo/blake3"
@@ -39,77 +39,41 @@ type RepairOptions struct {
 // what it did; its error is for what stopped it (ctx, the listing failing),
 // not for the repairs that failed, which are counted and left queued.
 func (s *Store) Repair(ctx context.Context, o RepairOptions) (storeset.RepairReport, error) {
-	const op = "repair"
-	var r storeset.RepairReport
-	if err := store.CtxErr(ctx, op, ""); err != nil {
-		return r, err
-	}
-	target := -1
-	if o.Store != "" {
-		if target = s.set.Index(o.Store); target < 0 {
-			return r, cairn.E(op, cairn.Invalid, o.Store, errors.New("no such store in this copies policy"))
-		}
-	}
-	if o.Replacement != nil && (target < 0 || o.Replacement.Store == nil) {
-		return r, cairn.E(op, cairn.Invalid, "", errors.New("a replacement needs the store it replaces (Store)"))
-	}
-	if o.Replacement == nil {
-		if err := s.repairQueue(ctx, target, &r); err != nil {
-			return r, err
-		}
-	}
-	if o.QueueOnly {
-		return r, nil
-	}
-	return r, s.walk(ctx, o, target, &r)
+	return s.set.Repair(ctx, storeset.Repair{
+		Policy: "copies", Store: o.Store, Replacement: o.Replacement, QueueOnly: o.QueueOnly,
+		Queue: s.q,
+		Put:   s.repairPut,
+		Walk: func(ctx context.Context, target int, r *storeset.RepairReport) error {
+			return s.walk(ctx, o, target, r)
+		},
+	})
 }
 
-// repairQueue carries out the queued tasks (those of member target only,
-// when target ≥ 0).
-func (s *Store) repairQueue(ctx context.Context, target int, r *storeset.RepairReport) error {
-	for _, t := range s.q.Tasks() {
-		if err := store.CtxErr(ctx, "repair", ""); err != nil {
-			return err
-		}
-		i := s.set.Index(t.Store)
-		if i < 0 || (target >= 0 && i != target) {
-			continue
-		}
-		switch t.Op {
-		case storeset.OpDelete:
-			err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error { return st.Delete(ctx, t.ID) })
-			if err != nil {
-				r.Failed++
-				continue
-			}
-			r.Deleted++
-			s.q.Done(t)
-		case storeset.OpPut:
-			// The member may hold a good copy (the write landed after all),
-			// none, or a damaged one: look before writing.
-			var data []byte
-			err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
-				var err error
-				data, err = st.Get(ctx, t.ID)
-				return err
-			})
-			damaged := false
-			switch {
-			case err == nil && cairn.ID(blake3.Sum256(data)) == t.ID:
-				s.q.Done(t)
-				continue
-			case err == nil || cairn.KindOf(err) == cairn.Corrupt:
-				damaged = true
-				r.Corrupt++
-			case cairn.KindOf(err) == cairn.NotFound:
-				r.Missing++
-			default:
-				r.Failed++
-				continue
-			}
-			s.fix(ctx, i, nil, t.ID, damaged, r)
-		}
+// repairPut carries out the queued OpPut task t of member i.
+func (s *Store) repairPut(ctx context.Context, t storeset.Task, i int, r *storeset.RepairReport) error {
+	// The member may hold a good copy (the write landed after all),
+	// none, or a damaged one: look before writing.
+	var data []byte
+	err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
+		var err error
+		data, err = st.Get(ctx, t.ID)
+		return err
+	})
+	damaged := false
+	switch {
+	case err == nil && cairn.ID(blake3.Sum256(data)) == t.ID:
+		s.q.Done(t)
+		return nil
+	case err == nil || cairn.KindOf(err) == cairn.Corrupt:
+		damaged = true
+		r.Corrupt++
+	case cairn.KindOf(err) == cairn.NotFound:
+		r.Missing++
+	default:
+		r.Failed++
+		return nil
 	}
+	s.fix(ctx, i, nil, t.ID, damaged, r)
 	return nil
 }
 
@@ -162,7 +126,7 @@ func (s *Store) walk(ctx context.Context, o RepairOptions, target int, r *stores
 	}
 	var onReplacement map[cairn.ID]bool
 	if o.Replacement != nil {
-		if onReplacement, err = hasAll(ctx, o.Replacement.Store, all); err != nil {
+		if onReplacement, err = storeset.HasAll(ctx, o.Replacement.Store, maps.Keys(all)); err != nil {
 			return cairn.E("repair", cairn.KindOf(err), "", fmt.Errorf("replacement %s: %w", o.Replacement.Name, err))
 		}
 	}
@@ -273,36 +237,4 @@ func (s *Store) listing(ctx context.Context, skip int) (map[cairn.ID]*held, []bo
 		return nil, nil, errs.Err("repair", cairn.Unavailable, "", "no store could be listed")
 	}
 	return all, ok, nil
-}
-
-// hasAll asks st which of the listed objects it holds, in batches.
-func hasAll(ctx context.Context, st cairn.Store, all map[cairn.ID]*held) (map[cairn.ID]bool, error) {
-	const batch = 1000
-	out := map[cairn.ID]bool{}
-	ids := make([]cairn.ID, 0, batch)
-	flush := func() error {
-		if len(ids) == 0 {
-			return nil
-		}
-		found, err := st.Has(ctx, ids)
-		if err != nil {
-			return err
-		}
-		for j, f := range found {
-			if f {
-				out[ids[j]] = true
-			}
-		}
-		ids = ids[:0]
-		return nil
-	}
-	for id := range all {
-		ids = append(ids, id)
-		if len(ids) == batch {
-			if err := flush(); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return out, flush()
 }
