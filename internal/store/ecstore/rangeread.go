@@ -27,11 +27,8 @@ var _ store.RangeReader = (*Store)(nil)
 // with Kind Invalid; NotFound and Unavailable as for Get.
 func (s *Store) GetRange(ctx context.Context, id cairn.ID, off, n int64) ([]byte, error) {
 	const op = "get range"
-	if err := store.CtxErr(ctx, op, id.String()); err != nil {
+	if err := storeset.CheckRange(ctx, id, off, n); err != nil {
 		return nil, err
-	}
-	if off < 0 || n < 0 {
-		return nil, cairn.E(op, cairn.Invalid, id.String(), fmt.Errorf("range [%d, +%d)", off, n))
 	}
 	om, err := s.lookup(ctx, op, id)
 	if err != nil {
@@ -75,12 +72,9 @@ func (s *Store) GetRange(ctx context.Context, id cairn.ID, off, n int64) ([]byte
 func (s *Store) readPart(ctx context.Context, om *objMap, i int, x, y int64) ([]byte, error) {
 	var b []byte
 	err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
-		if rr, ok := st.(store.RangeReader); ok {
-			var err error
-			b, err = rr.GetRange(ctx, om.shards[i], headerSize+x, y-x)
-			if err == nil && int64(len(b)) != y-x {
-				err = cairn.E("get range", cairn.IO, om.shards[i].String(), fmt.Errorf("asked for %d bytes, got %d", y-x, len(b)))
-			}
+		var ranged bool
+		var err error
+		if b, ranged, err = storeset.GetRange(ctx, st, om.shards[i], headerSize+x, y-x); ranged {
 			if cairn.KindOf(err) == cairn.Invalid {
 				// The shard is shorter than the map says: damaged.
 				err = cairn.E("get range", cairn.Corrupt, om.shards[i].String(), err)

@@ -24,23 +24,17 @@ var _ store.RangeReader = (*Store)(nil)
 // which is verified copy by copy.
 func (s *Store) GetRange(ctx context.Context, id cairn.ID, off, n int64) ([]byte, error) {
 	const op = "get range"
-	if err := store.CtxErr(ctx, op, id.String()); err != nil {
+	if err := storeset.CheckRange(ctx, id, off, n); err != nil {
 		return nil, err
-	}
-	if off < 0 || n < 0 {
-		return nil, cairn.E(op, cairn.Invalid, id.String(), fmt.Errorf("range [%d, +%d)", off, n))
 	}
 	var errs storeset.StoreErrors
 	unreachable, corrupt := 0, 0
 	for _, i := range s.readOrder(id) {
 		var b []byte
 		err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
-			if rr, ok := st.(store.RangeReader); ok {
-				var err error
-				b, err = rr.GetRange(ctx, id, off, n)
-				if err == nil && int64(len(b)) != n {
-					err = cairn.E(op, cairn.IO, id.String(), fmt.Errorf("asked for %d bytes, got %d", n, len(b)))
-				}
+			var ranged bool
+			var err error
+			if b, ranged, err = storeset.GetRange(ctx, st, id, off, n); ranged {
 				return err
 			}
 			data, err := st.Get(ctx, id)
