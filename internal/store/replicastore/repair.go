@@ -208,27 +208,13 @@ func (s *Store) listing(ctx context.Context, skip int) (map[cairn.ID]*held, []bo
 			continue
 		}
 		tried++
-		var mine []listed
-		err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
-			mine = mine[:0]
-			return st.List(ctx, func(id cairn.ID, size int64) error {
-				mine = append(mine, listed{id, size})
-				return nil
-			})
-		})
+		mine, err := s.listMember(ctx, i)
 		if err != nil {
 			errs.Add(s.set.Name(i), err)
 			continue
 		}
 		ok[i] = true
-		for _, l := range mine {
-			h := all[l.id]
-			if h == nil {
-				h = &held{size: l.size}
-				all[l.id] = h
-			}
-			h.on = append(h.on, i)
-		}
+		addHeld(all, mine, i)
 	}
 	if err := store.CtxErr(ctx, "repair", ""); err != nil {
 		return nil, nil, err

@@ -464,27 +464,13 @@ func (s *Store) union(ctx context.Context, op string) (map[cairn.ID]*held, error
 	var wg sync.WaitGroup
 	for i := range s.set.Len() {
 		wg.Go(func() {
-			var mine []listed
-			err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
-				mine = mine[:0]
-				return st.List(ctx, func(id cairn.ID, size int64) error {
-					mine = append(mine, listed{id, size})
-					return nil
-				})
-			})
+			mine, err := s.listMember(ctx, i)
 			if err != nil {
 				errs.Add(s.set.Name(i), err)
 				return
 			}
 			mu.Lock()
-			for _, l := range mine {
-				h := all[l.id]
-				if h == nil {
-					h = &held{size: l.size}
-					all[l.id] = h
-				}
-				h.on = append(h.on, i)
-			}
+			addHeld(all, mine, i)
 			mu.Unlock()
 		})
 	}
@@ -506,6 +492,31 @@ type listed struct {
 type held struct {
 	size int64
 	on   []int // members holding a copy
+}
+
+// listMember lists member i.
+func (s *Store) listMember(ctx context.Context, i int) ([]listed, error) {
+	var mine []listed
+	err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
+		mine = mine[:0]
+		return st.List(ctx, func(id cairn.ID, size int64) error {
+			mine = append(mine, listed{id, size})
+			return nil
+		})
+	})
+	return mine, err
+}
+
+// addHeld records in all that member i holds the objects in mine.
+func addHeld(all map[cairn.ID]*held, mine []listed, i int) {
+	for _, l := range mine {
+		h := all[l.id]
+		if h == nil {
+			h = &held{size: l.size}
+			all[l.id] = h
+		}
+		h.on = append(h.on, i)
+	}
 }
 
 // List calls fn once per object held by any member.
