@@ -315,13 +315,7 @@ func (s *Store) fetchShard(ctx context.Context, om *objMap, i int, st cairn.Stor
 		obj, err = st.Get(ctx, om.shards[i])
 		return err
 	}
-	var err error
-	if st != nil {
-		err = get(ctx, st)
-	} else {
-		err = s.set.Call(ctx, i, get)
-	}
-	if err != nil {
+	if err := s.set.CallOn(ctx, i, st, get); err != nil {
 		return nil, err
 	}
 	if cairn.ID(blake3.Sum256(obj)) != om.shards[i] {
@@ -546,14 +540,7 @@ func (s *Store) writeShard(ctx context.Context, om *objMap, i int, st cairn.Stor
 		}
 		return putMember(ctx, st, om.shards[i], obj, om.mapID, mapBytes)
 	}
-	if st != nil {
-		return do(ctx, st)
-	}
-	if err := s.set.Call(ctx, i, do); err != nil {
-		return err
-	}
-	s.set.Repaired(i, 1)
-	return nil
+	return s.set.RepairOn(ctx, i, st, do)
 }
 
 // Has reports which objects are stored with at least K shards present on
@@ -582,37 +569,17 @@ func (s *Store) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 	if known == 0 {
 		return found, nil
 	}
-	answers := make([][]bool, s.n)
-	var errs storeset.StoreErrors
-	var wg sync.WaitGroup
-	for i := range s.n {
-		wg.Go(func() {
-			var ask []cairn.ID
-			for _, om := range maps {
-				if om != nil {
-					ask = append(ask, om.shards[i])
-				}
+	answers, err := s.set.HasEach(ctx, op, func(i int) []cairn.ID {
+		var ask []cairn.ID
+		for _, om := range maps {
+			if om != nil {
+				ask = append(ask, om.shards[i])
 			}
-			err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
-				f, err := st.Has(ctx, ask)
-				if err == nil && len(f) != len(ask) {
-					err = cairn.E(op, cairn.IO, "", fmt.Errorf("%d answers for %d objects", len(f), len(ask)))
-				}
-				answers[i] = f
-				return err
-			})
-			if err != nil {
-				answers[i] = nil
-				errs.Add(s.set.Name(i), err)
-			}
-		})
-	}
-	wg.Wait()
-	if err := store.CtxErr(ctx, op, ""); err != nil {
+		}
+		return ask
+	})
+	if err != nil {
 		return nil, err
-	}
-	if errs.Len() == s.n {
-		return nil, errs.Err(op, cairn.Unavailable, "", "no store answered")
 	}
 	a := 0
 	for j, om := range maps {
@@ -655,34 +622,12 @@ func (s *Store) Delete(ctx context.Context, id cairn.ID) error {
 	if om == nil {
 		return nil
 	}
-	var errs storeset.StoreErrors
-	var wg sync.WaitGroup
-	for i := range s.n {
-		wg.Go(func() {
-			name := s.set.Name(i)
-			s.q.Done(storeset.Task{Op: storeset.OpPut, ID: id, Store: name})
-			for _, obj := range []cairn.ID{om.shards[i], om.mapID} {
-				err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
-					return st.Delete(ctx, obj)
-				})
-				t := storeset.Task{Op: storeset.OpDelete, ID: obj, Store: name}
-				if err != nil {
-					errs.Add(name, err)
-					if ctx.Err() == nil {
-						s.q.Add(t)
-					}
-					continue
-				}
-				s.q.Done(t)
-			}
-		})
-	}
-	wg.Wait()
+	failed := s.set.DeleteEach(ctx, op, s.q, id, func(i int) []cairn.ID { return []cairn.ID{om.shards[i], om.mapID} })
 	if err := store.CtxErr(ctx, op, id.String()); err != nil {
 		return err
 	}
 	s.idx.remove(id)
-	return errs.Err(op, cairn.Unavailable, id.String(), "")
+	return failed
 }
 
 // List scans the members and calls fn once per object with a shard map on

@@ -266,10 +266,7 @@ func (s *Store) walk(ctx context.Context, o RepairOptions, target int, r *stores
 // putMap writes om's map to member i (or to st).
 func (s *Store) putMap(ctx context.Context, om *objMap, i int, st cairn.Store) error {
 	b := om.encode()
-	if st != nil {
-		return st.Put(ctx, om.mapID, b)
-	}
-	return s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
+	return s.set.CallOn(ctx, i, st, func(ctx context.Context, st cairn.Store) error {
 		return st.Put(ctx, om.mapID, b)
 	})
 }

@@ -155,12 +155,7 @@ func (s *Store) walk(ctx context.Context, o RepairOptions, target int, r *stores
 					data, err = st.Get(ctx, id)
 					return err
 				}
-				var err error
-				if st != nil {
-					err = read(ctx, st)
-				} else {
-					err = s.set.Call(ctx, i, read)
-				}
+				err := s.set.CallOn(ctx, i, st, read)
 				switch {
 				case err == nil && cairn.ID(blake3.Sum256(data)) == id:
 				case err == nil || cairn.KindOf(err) == cairn.Corrupt:

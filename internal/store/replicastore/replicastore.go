@@ -358,14 +358,7 @@ func (s *Store) writeCopy(ctx context.Context, i int, st cairn.Store, id cairn.I
 		}
 		return st.Put(ctx, id, data)
 	}
-	if st != nil {
-		return do(ctx, st)
-	}
-	if err := s.set.Call(ctx, i, do); err != nil {
-		return err
-	}
-	s.set.Repaired(i, 1)
-	return nil
+	return s.set.RepairOn(ctx, i, st, do)
 }
 
 // Has reports which objects some member holds. Members that cannot be
@@ -381,31 +374,9 @@ func (s *Store) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 	if len(ids) == 0 {
 		return found, nil
 	}
-	answers := make([][]bool, s.set.Len())
-	var errs storeset.StoreErrors
-	var wg sync.WaitGroup
-	for i := range s.set.Len() {
-		wg.Go(func() {
-			err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
-				f, err := st.Has(ctx, ids)
-				if err == nil && len(f) != len(ids) {
-					err = cairn.E(op, cairn.IO, "", fmt.Errorf("%d answers for %d objects", len(f), len(ids)))
-				}
-				answers[i] = f
-				return err
-			})
-			if err != nil {
-				answers[i] = nil
-				errs.Add(s.set.Name(i), err)
-			}
-		})
-	}
-	wg.Wait()
-	if err := store.CtxErr(ctx, op, ""); err != nil {
+	answers, err := s.set.HasEach(ctx, op, func(int) []cairn.ID { return ids })
+	if err != nil {
 		return nil, err
-	}
-	if errs.Len() == s.set.Len() {
-		return nil, errs.Err(op, cairn.Unavailable, "", "no store answered")
 	}
 	for _, a := range answers {
 		for j, f := range a {
@@ -427,31 +398,11 @@ func (s *Store) Delete(ctx context.Context, id cairn.ID) error {
 	if err := s.flights.Wait(ctx, id); err != nil {
 		return err
 	}
-	var errs storeset.StoreErrors
-	var wg sync.WaitGroup
-	for i := range s.set.Len() {
-		wg.Go(func() {
-			name := s.set.Name(i)
-			s.q.Done(storeset.Task{Op: storeset.OpPut, ID: id, Store: name})
-			err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
-				return st.Delete(ctx, id)
-			})
-			t := storeset.Task{Op: storeset.OpDelete, ID: id, Store: name}
-			if err != nil {
-				errs.Add(name, err)
-				if ctx.Err() == nil {
-					s.q.Add(t)
-				}
-				return
-			}
-			s.q.Done(t)
-		})
-	}
-	wg.Wait()
+	failed := s.set.DeleteEach(ctx, op, s.q, id, func(int) []cairn.ID { return []cairn.ID{id} })
 	if err := store.CtxErr(ctx, op, id.String()); err != nil {
 		return err
 	}
-	return errs.Err(op, cairn.Unavailable, id.String(), "")
+	return failed
 }
 
 // union lists every member and returns, per object, the members holding it
