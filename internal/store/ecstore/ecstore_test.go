@@ -13,7 +13,6 @@ import (
 	"cairn.dev/cairn/internal/store/ecstore"
 	"cairn.dev/cairn/internal/store/faultstore"
 	"cairn.dev/cairn/internal/store/memstore"
-	"cairn.dev/cairn/internal/store/storeset"
 	"cairn.dev/cairn/internal/store/storetest"
 )
 
@@ -349,26 +348,6 @@ func TestFastestFirst(t *testing.T) {
 	}
 }
 
-// faults collects what a Store reports.
-type faults struct {
-	mu sync.Mutex
-	f  []storeset.Fault
-}
-
-func (f *faults) add(x storeset.Fault) {
-	f.mu.Lock()
-	f.f = append(f.f, x)
-	f.mu.Unlock()
-}
-
-func (f *faults) take() []storeset.Fault {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := f.f
-	f.f = nil
-	return out
-}
-
 // Damaged objects in one store: reads return the right data and name the
 // store, the shards read are rebuilt, and a scrub finds and fixes the
 // rest.
@@ -376,8 +355,8 @@ func TestCorruptShards(t *testing.T) {
 	for _, asErr := range []bool{false, true} {
 		t.Run(fmt.Sprintf("asError=%v", asErr), func(t *testing.T) {
 			c := newCluster(4)
-			var got faults
-			s := openEC(t, 2, 2, c.named(), ecstore.Options{OnFault: got.add})
+			var got faultstore.Faults
+			s := openEC(t, 2, 2, c.named(), ecstore.Options{OnFault: got.Add})
 			defer s.Close()
 			blobs := putSome(t, s, 0, 12)
 			flush(t, s)
@@ -387,7 +366,7 @@ func TestCorruptShards(t *testing.T) {
 			for i := range 4 {
 				s.Repair(bg, ecstore.RepairOptions{Store: fmt.Sprintf("s%d", i), Scrub: true})
 			}
-			got.take()
+			got.Take()
 
 			// Damage every object s1 holds (shards and maps).
 			var held []cairn.ID
@@ -403,7 +382,7 @@ func TestCorruptShards(t *testing.T) {
 			flush(t, s)
 			c.fs[2].SetDelay(0)
 			c.fs[3].SetDelay(0)
-			fl := got.take()
+			fl := got.Take()
 			if len(fl) != len(blobs) {
 				t.Fatalf("%d faults reported for %d damaged shards read: %v", len(fl), len(blobs), fl)
 			}
@@ -451,7 +430,7 @@ func TestCorruptShards(t *testing.T) {
 					t.Fatal("a damaged shard on s3 survived the scrub")
 				}
 			}
-			for _, f := range got.take() {
+			for _, f := range got.Take() {
 				if f.Store != "s3" || f.Kind != cairn.Corrupt {
 					t.Fatalf("scrub fault %v, want s3 corrupt", f)
 				}
@@ -745,8 +724,8 @@ func TestGetRange(t *testing.T) {
 			check("s0 and s1 down: from parity")
 			c.down(false, 0, 1)
 			// A shard lost on s1: reported, queued, read around.
-			var gotFault faults
-			s2 := openEC(t, 2, 2, c.named(), ecstore.Options{OnFault: gotFault.add})
+			var gotFault faultstore.Faults
+			s2 := openEC(t, 2, 2, c.named(), ecstore.Options{OnFault: gotFault.Add})
 			defer s2.Close()
 			if err := s2.Rescan(bg); err != nil {
 				t.Fatal(err)
@@ -765,7 +744,7 @@ func TestGetRange(t *testing.T) {
 			if err != nil || string(got) != string(data[60000:60100]) {
 				t.Fatalf("GetRange with shard 1 lost: %v", err)
 			}
-			if f := gotFault.take(); len(f) != 1 || f[0].Store != "s1" || f[0].Kind != cairn.NotFound {
+			if f := gotFault.Take(); len(f) != 1 || f[0].Store != "s1" || f[0].Kind != cairn.NotFound {
 				t.Fatalf("faults %v, want s1 missing", f)
 			}
 			if q := s2.Queued(); len(q) != 1 || q[0].Store != "s1" {

@@ -21,6 +21,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/store"
+	"cairn.dev/cairn/internal/store/storeset"
 )
 
 // Store is the fault-injecting wrapper. Its methods for injecting faults
@@ -277,4 +278,27 @@ func (s *Store) Stats(ctx context.Context) (cairn.StoreUsage, error) {
 func (s *Store) Close() error {
 	s.Release()
 	return s.inner.Close()
+}
+
+// Faults collects the faults a wrapper reports (its Options.OnFault is
+// Add). Safe for concurrent use; the zero value is ready.
+type Faults struct {
+	mu sync.Mutex
+	f  []storeset.Fault
+}
+
+// Add records x.
+func (f *Faults) Add(x storeset.Fault) {
+	f.mu.Lock()
+	f.f = append(f.f, x)
+	f.mu.Unlock()
+}
+
+// Take returns the faults recorded since the last Take, and forgets them.
+func (f *Faults) Take() []storeset.Fault {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.f
+	f.f = nil
+	return out
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -60,24 +59,6 @@ func TestConformance(t *testing.T) {
 			})
 		})
 	}
-}
-
-// faults collects the faults a Store reports.
-type faults struct {
-	mu sync.Mutex
-	f  []storeset.Fault
-}
-
-func (f *faults) add(x storeset.Fault) {
-	f.mu.Lock()
-	f.f = append(f.f, x)
-	f.mu.Unlock()
-}
-
-func (f *faults) list() []storeset.Fault {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]storeset.Fault(nil), f.f...)
 }
 
 func mustGet(t *testing.T, s cairn.Store, id cairn.ID, want []byte) {
@@ -267,8 +248,8 @@ func TestCorruptCopy(t *testing.T) {
 	for _, asErr := range []bool{false, true} {
 		t.Run(fmt.Sprintf("asError=%v", asErr), func(t *testing.T) {
 			named, fs := members(2)
-			var got faults
-			s := open(t, 2, named, replicastore.Options{OnFault: got.add})
+			var got faultstore.Faults
+			s := open(t, 2, named, replicastore.Options{OnFault: got.Add})
 			defer s.Close()
 			fs[1].SetDelay(10 * time.Millisecond) // s0 is read first
 			id, data := storetest.Blob(8, 3000)
@@ -285,7 +266,7 @@ func TestCorruptCopy(t *testing.T) {
 			}
 			mustGet(t, s, id, data)
 			flush(t, s)
-			fl := got.list()
+			fl := got.Take()
 			if len(fl) != 1 || fl[0].Store != "s0" || fl[0].Kind != cairn.Corrupt || fl[0].ID != id {
 				t.Fatalf("faults = %v, want s0 corrupt", fl)
 			}
