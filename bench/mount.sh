@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# Issue 4 acceptance: the FUSE mount ('cairn mount', what users run) beside local disk, in
+# one run, interleaved (odd runs cairn first, even runs local disk first), medians of RUNS:
+#
+#   - sequential write of a 1 GiB incompressible file (dd bs=1M; on the mount the time
+#     includes the close, which commits: chunks to the store, then etcd); local disk both
+#     without fsync (page cache) and with conv=fsync (durable, as the mount's close is);
+#     acceptance: the mount >= 50% of local disk's MB/s
+#   - reading it back at once (read 1: in the mount's whole-file cache, never fetched from
+#     the store) and again (read 2); acceptance: cached read >= 70% of local disk
+#   - creating 10,000 empty files in one directory, then lstat of each (bench/mount/fsops,
+#     separate processes): ops/s beside local disk (no target)
+#   - git clone --no-hardlinks of a local repository of >= 2,000 files (golang.org/x/tools
+#     v0.27.0 then v0.28.0 in two commits, plus Go's src/go and src/net; packed)
+#   - tar -xf of golang.org/x/tools v0.28.0 (1,468 files, from the bench cache's module
+#     download, as dedup-xtools.sh); acceptance for both: within 3x of local disk's time
+#
+# Environment (besides lib.sh's RUNS, CAIRN, BENCH_WORKTREE, BENCH_CACHE, BENCH_TMP,
+# BENCH_RESULTS, KEEP, SETTLE): MOUNT_OPTS (extra 'cairn mount' flags, e.g.
+# "--mode non-blocking"), SIZE_MIB (the large file, default 1024), NFILES (default 10000).
+TOOLS=${TOOLS:-cairn local}
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+
+SIZE_MIB=${SIZE_MIB:-1024}
+NFILES=${NFILES:-10000}
+MOUNT_OPTS=${MOUNT_OPTS:-}
+for c in git tar dd fusermount3; do
+	command -v "$c" >/dev/null || die "missing $c: run scripts/test-deps.sh"
+done
+[[ -e /dev/fuse ]] || die "no /dev/fuse"
+
+build_cairn
+echo "building bench/mount/fsops" >&2
+(cd "$REPO_ROOT" && go build -o "$WORK/bin/fsops" ./bench/mount/fsops) || die "go build ./bench/mount/fsops failed"
+FSOPS=$WORK/bin/fsops
+
+# ---- inputs (not timed) ----
+BIG=$CACHE/random-${SIZE_MIB}MiB.bin
+if [[ ! -s $BIG ]]; then
+	if [[ -s $CACHE/random-2048MiB.bin ]] && ((SIZE_MIB <= 2048)); then
+		head -c $((SIZE_MIB << 20)) "$CACHE/random-2048MiB.bin" >"$BIG.tmp"
+	else
+		echo "generating $BIG from /dev/urandom (once)" >&2
+		head -c $((SIZE_MIB << 20)) /dev/urandom >"$BIG.tmp"
+	fi
+	mv "$BIG.tmp" "$BIG"
+fi
+BYTES=$(stat -c %s "$BIG")
+
+declare -A DIRS
+xtools_dirs v0.27.0 v0.28.0
+TARBALL=$WORK/xtools-v0.28.0.tar
+tar -cf "$TARBALL" --owner=0 --group=0 --mode=u+w -C "${DIRS[v0.28.0]}" .
+TAR_FILES=$(tar -tf "$TARBALL" | grep -vc '/$') # files and symlinks
+
+GOROOT_SRC=$(go env GOROOT)/src
+GITSRC=$WORK/gitsrc
+export GIT_CONFIG_NOSYSTEM=1 GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@cairn.invalid \
+	GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@cairn.invalid HOME=$WORK/home
+mkdir -p "$HOME" "$GITSRC/xtools" "$GITSRC/goroot"
+git init -q -b main "$GITSRC"
+rsync -a --chmod=u+w "${DIRS[v0.27.0]}/" "$GITSRC/xtools/"
+rsync -a --chmod=u+w "$GOROOT_SRC/go" "$GOROOT_SRC/net" "$GITSRC/goroot/"
+(cd "$GITSRC" && git add -A && git commit -q -m "x/tools v0.27.0, Go's src/go and src/net")
+rsync -a --delete --chmod=u+w "${DIRS[v0.28.0]}/" "$GITSRC/xtools/"
+(cd "$GITSRC" && git add -A && git commit -q -m "x/tools v0.28.0" && git gc -q)
+GIT_FILES=$(git -C "$GITSRC" ls-files | wc -l)
+((GIT_FILES >= 2000)) || die "the git repository has $GIT_FILES files, want >= 2000"
+
+# ---- the realm and the mount ----
+REALM=$WORK/realm
+MNT=$WORK/mnt
+LOCAL=$WORK/local
+mkdir -p "$MNT" "$LOCAL"
+new_realm "$REALM"
+# shellcheck disable=SC2086
+CAIRN_HOME=$REALM "$CAIRN" mount $MOUNT_OPTS home "$MNT" >"$WORK/mount.out" 2>&1 </dev/null ||
+	{ cat "$WORK/mount.out" >&2; die "cairn mount failed"; }
+MOUNT_PID=$(sed -n 's/.*(pid \([0-9]*\),.*/\1/p' "$WORK/mount.out")
+unmount_all() {
+	if grep -q " $MNT fuse" /proc/self/mounts 2>/dev/null; then
+		CAIRN_HOME=$REALM "$CAIRN" umount "$MNT" 2>/dev/null || CAIRN_HOME=$REALM "$CAIRN" umount --lazy "$MNT" 2>/dev/null || true
+	fi
+	local i
+	for i in $(seq 100); do # the mount process exits once its commits are done
+		[[ -n $MOUNT_PID && -d /proc/$MOUNT_PID ]] || break
+		sleep 0.2
+	done
+}
+trap 'unmount_all; cleanup' EXIT
+mount_rss_mb() { awk '/VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$MOUNT_PID/status" 2>/dev/null || echo -; }
+
+cat "$BIG" >/dev/null # page-cached before any timing
+
+mbps() { calc "$BYTES / 1e6 / $1"; }
+
+declare -A R # R[metric,tool,run]
+for run in $(seq "$RUNS"); do
+	if ((run % 2)); then order="cairn local"; else order="local cairn"; fi
+	for tool in $order; do
+		if [[ $tool == cairn ]]; then base=$MNT/run$run; else base=$LOCAL/run$run; fi
+		mkdir -p "$base"
+		p=$WORK/$tool-$run
+		echo "run $run: $tool" >&2
+
+		settle
+		timed "$p.write" dd if="$BIG" of="$base/big" bs=1M
+		R[write,$tool,$run]=$T_WALL
+		timed "$p.read1" dd if="$base/big" of=/dev/null bs=1M
+		R[read1,$tool,$run]=$T_WALL
+		timed "$p.read2" dd if="$base/big" of=/dev/null bs=1M
+		R[read2,$tool,$run]=$T_WALL
+		if [[ $tool == local ]]; then
+			settle
+			timed "$p.writefsync" dd if="$BIG" of="$base/big-fsync" bs=1M conv=fsync
+			R[writefsync,$tool,$run]=$T_WALL
+			rm -f "$base/big-fsync"
+		fi
+
+		mkdir "$base/many"
+		timed "$p.create" "$FSOPS" create "$base/many" "$NFILES"
+		R[create,$tool,$run]=$(awk '{ print $2 }' "$p.create.out")
+		timed "$p.stat" "$FSOPS" stat "$base/many" "$NFILES"
+		R[stat,$tool,$run]=$(awk '{ print $2 }' "$p.stat.out")
+
+		timed "$p.clone" git clone -q --no-hardlinks "$GITSRC" "$base/clone"
+		R[clone,$tool,$run]=$T_WALL
+		[[ -z $(git -C "$base/clone" status --porcelain) ]] || die "git status not clean after the clone ($tool, run $run)"
+
+		mkdir "$base/tar"
+		timed "$p.tar" tar -xf "$TARBALL" -C "$base/tar"
+		R[tar,$tool,$run]=$T_WALL
+		n=$(find "$base/tar" ! -type d | wc -l)
+		((n == TAR_FILES)) || die "tar x made $n files, the tarball has $TAR_FILES ($tool, run $run)"
+		[[ $(find "$base/clone" -path "$base/clone/.git" -prune -o ! -type d -print | wc -l) == "$GIT_FILES" ]] ||
+			die "the clone's work tree does not have $GIT_FILES files ($tool, run $run)"
+
+		# Not timed: the next run starts from an empty directory.
+		rm -rf "$base"
+	done
+done
+MOUNT_RSS=$(mount_rss_mb)
+
+# ---- figures ----
+col() { # col METRIC TOOL: every run's value
+	local r out=()
+	for r in $(seq "$RUNS"); do out+=("${R[$1,$2,$r]:--}"); done
+	echo "${out[@]}"
+}
+med() { median $(col "$1" "$2"); }
+ratio_runs() { # ratio_runs METRIC KIND: per-run cairn/local (KIND=rate: local s / cairn s)
+	local r out=()
+	for r in $(seq "$RUNS"); do
+		if [[ $2 == time ]]; then
+			out+=("$(calc "${R[$1,cairn,$r]} / ${R[$1,local,$r]}")")
+		else
+			out+=("$(calc "${R[$1,local,$r]} / ${R[$1,cairn,$r]}")")
+		fi
+	done
+	median "${out[@]}"
+}
+ratio_vs() { # ratio_vs CAIRNMETRIC LOCALMETRIC: median over runs of local s / cairn s
+	local r out=()
+	for r in $(seq "$RUNS"); do out+=("$(calc "${R[$2,local,$r]} / ${R[$1,cairn,$r]}")"); done
+	median "${out[@]}"
+}
+
+W_RATIO=$(ratio_vs write write)
+WF_RATIO=$(ratio_vs write writefsync)
+R1_RATIO=$(ratio_runs read1 rate)
+R2_RATIO=$(ratio_runs read2 rate)
+CL_RATIO=$(ratio_runs clone time)
+TAR_RATIO=$(ratio_runs tar time)
+CR_RATIO=$(calc "$(med create cairn) / $(med create local)")
+ST_RATIO=$(calc "$(med stat cairn) / $(med stat local)")
+
+verdict() { if "$@"; then echo PASS; else echo FAIL; fi; }
+V_W=$(verdict ge "$W_RATIO" 0.5)
+V_WF=$(verdict ge "$WF_RATIO" 0.5)
+V_R1=$(verdict ge "$R1_RATIO" 0.7)
+V_R2=$(verdict ge "$R2_RATIO" 0.7)
+V_CL=$(verdict lt "$CL_RATIO" 3.0000001)
+V_TAR=$(verdict lt "$TAR_RATIO" 3.0000001)
+
+table() {
+	local r
+	echo "| run | order | metric | cairn mount | local disk |"
+	echo "|---|---|---|---|---|"
+	for r in $(seq "$RUNS"); do
+		local o="cairn first"
+		((r % 2)) || o="local first"
+		printf '| %s | %s | write 1 GiB, s (MB/s) | %s (%s) | %s (%s); conv=fsync %s (%s) |\n' "$r" "$o" \
+			"${R[write,cairn,$r]}" "$(mbps "${R[write,cairn,$r]}")" "${R[write,local,$r]}" "$(mbps "${R[write,local,$r]}")" \
+			"${R[writefsync,local,$r]}" "$(mbps "${R[writefsync,local,$r]}")"
+		printf '| %s | | read 1 / read 2, s | %s / %s | %s / %s |\n' "$r" \
+			"${R[read1,cairn,$r]}" "${R[read2,cairn,$r]}" "${R[read1,local,$r]}" "${R[read2,local,$r]}"
+		printf '| %s | | create / stat, ops/s | %s / %s | %s / %s |\n' "$r" \
+			"${R[create,cairn,$r]}" "${R[stat,cairn,$r]}" "${R[create,local,$r]}" "${R[stat,local,$r]}"
+		printf '| %s | | git clone / tar x, s | %s / %s | %s / %s |\n' "$r" \
+			"${R[clone,cairn,$r]}" "${R[tar,cairn,$r]}" "${R[clone,local,$r]}" "${R[tar,local,$r]}"
+	done
+}
+
+record "issue 4: the mount beside local disk" <<EOF
+cairn runs as users run it: \`cairn init --no-passphrase\` in a fresh CAIRN_HOME, \`cairn mount${MOUNT_OPTS:+ $MOUNT_OPTS} home MNT\`
+(its own process, blocking mode unless MOUNT_OPTS says otherwise; the realm's local store and
+the whole-file cache on the same disk as the local-disk side, $(df --output=source "$WORK" | tail -1)).
+Per run, on the mount and in a local directory beside it: \`dd if=BIG of=DIR/big bs=1M\` of a
+$SIZE_MIB MiB incompressible page-cached file (the mount's time includes the close, which commits;
+local disk also with conv=fsync), \`dd\` reading it back twice, \`fsops create DIR $NFILES\` then
+\`fsops stat\` (bench/mount/fsops: O_CREAT|O_EXCL + close, then lstat, one process each),
+\`git clone -q --no-hardlinks\` of a local repository of $GIT_FILES files (x/tools v0.27.0 then
+v0.28.0, plus Go's src/go and src/net; packed), \`tar -xf\` of x/tools v0.28.0 ($TAR_FILES files). Wall
+clock of each process; \`sync; sleep \${SETTLE:-3}\` before each write. MB = 10^6 bytes. The mount
+process's peak RSS over the whole run: $MOUNT_RSS MB.
+
+$(table)
+
+Medians: write cairn **$(mbps "$(med write cairn)") MB/s**, local $(mbps "$(med write local)") MB/s (conv=fsync
+$(mbps "$(med writefsync local)") MB/s); read 1 cairn $(mbps "$(med read1 cairn)") MB/s, local $(mbps "$(med read1 local)") MB/s;
+read 2 cairn $(mbps "$(med read2 cairn)") MB/s, local $(mbps "$(med read2 local)") MB/s; create cairn **$(med create cairn) ops/s**,
+local $(med create local) ops/s (${CR_RATIO}x); stat cairn **$(med stat cairn) ops/s**, local $(med stat local) ops/s
+(${ST_RATIO}x); git clone cairn $(med clone cairn) s, local $(med clone local) s; tar x cairn $(med tar cairn) s,
+local $(med tar local) s.
+
+| acceptance | median of per-run ratios | verdict |
+|---|---|---|
+| write >= 50% of local disk (local with conv=fsync, durable like the mount's close) | $WF_RATIO | **$V_WF** |
+| write >= 50% of local disk (local without fsync: page cache) | $W_RATIO | **$V_W** |
+| cached read >= 70% (read 1: right after the write) | $R1_RATIO | **$V_R1** |
+| cached read >= 70% (read 2: again) | $R2_RATIO | **$V_R2** |
+| git clone within 3x of local disk (cairn s / local s) | $CL_RATIO | **$V_CL** |
+| tar x within 3x of local disk (cairn s / local s) | $TAR_RATIO | **$V_TAR** |
+EOF
+
+for v in "$V_WF" "$V_W" "$V_R1" "$V_R2" "$V_CL" "$V_TAR"; do
+	[[ $v == PASS ]] || exit 1
+done
