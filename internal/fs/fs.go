@@ -48,8 +48,9 @@ type Volume struct {
 	// pooled because building a keyed hasher allocates 10 KiB.
 	digesters sync.Pool
 	// StoreName is recorded in each version as where its chunks live.
-	storeName string
-	log       *slog.Logger
+	storeName    string
+	readaheadFor func(stores []string) int // Options.ReadaheadFor
+	log          *slog.Logger
 
 	genMu   sync.Mutex
 	lastGen int64
@@ -69,7 +70,12 @@ type Options struct {
 	// pipeline's default (2 per worker), enough for a local store but not
 	// to hide the round trips of fetching from another node.
 	Readahead int
-	Logger    *slog.Logger
+	// ReadaheadFor, if set, gives how many chunks a whole-file read
+	// (ReadFile) of a version whose data is in stores (Version.Stores)
+	// fetches ahead; 0: Readahead. A cloud bucket's packs need more in
+	// flight than a node.
+	ReadaheadFor func(stores []string) int
+	Logger       *slog.Logger
 }
 
 // Open joins a volume's namespace handle with its master key and a store.
@@ -102,7 +108,7 @@ func Open(svc *meta.Service, mv *meta.Vol, master volkey.Master, st cairn.Store,
 	if err != nil {
 		return nil, err
 	}
-	v := &Volume{Meta: mv, svc: svc, store: st, eng: eng, wrap: master.ManifestWrap(), storeName: opts.StoreName, log: opts.Logger}
+	v := &Volume{Meta: mv, svc: svc, store: st, eng: eng, wrap: master.ManifestWrap(), storeName: opts.StoreName, readaheadFor: opts.ReadaheadFor, log: opts.Logger}
 	var dk [32]byte
 	blake3.DeriveKey("cairn v1 content digest", master[:], dk[:])
 	v.digesters.New = func() any {
@@ -497,5 +503,9 @@ func (v *Volume) ReadFile(ctx context.Context, e *meta.Entry, ver *meta.Version,
 	if err != nil {
 		return err
 	}
-	return v.eng.Read(store.WithSources(ctx, ver.Stores), m.Chunks, w)
+	ahead := 0 // the engine's Readahead
+	if v.readaheadFor != nil {
+		ahead = v.readaheadFor(ver.Stores)
+	}
+	return v.eng.ReadAhead(store.WithSources(ctx, ver.Stores), m.Chunks, ahead, w)
 }

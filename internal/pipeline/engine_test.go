@@ -632,3 +632,48 @@ func TestDecodeDeltaWrongBase(t *testing.T) {
 		t.Fatalf("wrong base = %v, want Corrupt", err)
 	}
 }
+
+// slowGets delays every Get and counts the most in flight at once.
+type slowGets struct {
+	*mapStore
+	inFlight, most atomic.Int64
+}
+
+func (s *slowGets) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	cur := s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+	for m := s.most.Load(); cur > m && !s.most.CompareAndSwap(m, cur); m = s.most.Load() {
+	}
+	time.Sleep(2 * time.Millisecond)
+	return s.mapStore.Get(ctx, id)
+}
+
+// TestReadAheadChunks: ReadAhead keeps its own number of chunks in
+// flight, not Config.Readahead (a cloud store's packs need more).
+func TestReadAheadChunks(t *testing.T) {
+	st := &slowGets{mapStore: newMapStore()}
+	e := newEngine(t, st, func(c *Config) { c.Readahead = 4 })
+	data := randomBytes(4<<20, 9)
+	refs, _, err := e.WriteBytes(context.Background(), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(refs) < 100 {
+		t.Fatalf("%d chunks, want at least 100", len(refs))
+	}
+	for _, tc := range []struct{ ahead, want int }{{0, 4}, {64, 64}} {
+		st.most.Store(0)
+		var buf bytes.Buffer
+		if err := e.ReadAhead(context.Background(), refs, tc.ahead, &buf); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf.Bytes(), data) {
+			t.Fatalf("ahead %d: read back differs", tc.ahead)
+		}
+		// Fetches start as slots free, so the most at once may fall a
+		// little short of the limit on a busy machine, never above it.
+		if m := st.most.Load(); m > int64(tc.want) || m < int64(tc.want)/2 {
+			t.Errorf("ahead %d: at most %d Gets at once, want %d", tc.ahead, m, tc.want)
+		}
+	}
+}

@@ -19,11 +19,19 @@ import (
 // with cairn.ErrCorrupt; both name the chunk. On error, w may have received
 // a prefix of the data.
 func (e *Engine) Read(ctx context.Context, refs []manifest.Ref, w io.Writer) error {
+	return e.ReadAhead(ctx, refs, 0, w)
+}
+
+// ReadAhead is Read fetching up to ahead chunks ahead instead of
+// Config.Readahead (ahead < 1: Config.Readahead, at most 65536), for a
+// caller that knows where the chunks come from: a cloud bucket's packs
+// need more in flight than this device's store.
+func (e *Engine) ReadAhead(ctx context.Context, refs []manifest.Ref, ahead int, w io.Writer) error {
 	spans := make([]span, len(refs))
 	for i, r := range refs {
 		spans[i] = span{ref: r, lo: 0, hi: int(r.Size)}
 	}
-	return e.read(ctx, spans, w)
+	return e.read(ctx, spans, ahead, w)
 }
 
 // ReadRange writes to w the bytes [off, off+n) of the file made of refs,
@@ -50,7 +58,7 @@ func (e *Engine) ReadRange(ctx context.Context, refs []manifest.Ref, off, n int6
 		}
 		pos = next
 	}
-	return e.read(ctx, spans, w)
+	return e.read(ctx, spans, 0, w)
 }
 
 // span is the part [lo, hi) of one chunk's plaintext to write.
@@ -74,13 +82,16 @@ func (f *fetch) release() {
 	f.inner, f.outer, f.plain = nil, nil, nil
 }
 
-func (e *Engine) read(parent context.Context, spans []span, w io.Writer) error {
+func (e *Engine) read(parent context.Context, spans []span, ahead int, w io.Writer) error {
 	if len(spans) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	ahead := min(e.cfg.Readahead, len(spans))
+	if ahead < 1 {
+		ahead = e.cfg.Readahead
+	}
+	ahead = min(ahead, len(spans), 1<<16)
 	queue := make(chan *fetch, ahead)
 	slots := make(chan struct{}, ahead)
 	go func() {

@@ -418,6 +418,13 @@ func (r *Realm) CreateVolume(ctx context.Context, name string, chunkAvg, keep in
 // local store reads as fast with it).
 const readahead = 128
 
+// cloudReadahead is how many chunks a whole-file read of data in a cloud
+// store keeps in flight (8 MiB at the default size): the pack store reads
+// spans of 4 MiB, several at once (packstore.Options.ReadAheadSpans), but
+// only within one pack; with 2 MiB ahead a 1 GiB get waited at each pack's
+// start for its first span.
+const cloudReadahead = 512
+
 // Volume opens a volume by name (its key from the keyring).
 func (r *Realm) Volume(ctx context.Context, name string) (*fs.Volume, error) {
 	if v, ok := r.vols[name]; ok {
@@ -446,7 +453,7 @@ func (r *Realm) Volume(ctx context.Context, name string) (*fs.Volume, error) {
 		return nil, err
 	}
 	ds := &deviceStore{local: local, target: target, r: r}
-	v, err := fs.Open(r.Meta, mv, master, ds, fs.Options{StoreName: storeName, Workers: r.opts.Workers, Readahead: readahead, Logger: r.log})
+	v, err := fs.Open(r.Meta, mv, master, ds, fs.Options{StoreName: storeName, Workers: r.opts.Workers, Readahead: readahead, ReadaheadFor: r.readaheadFor, Logger: r.log})
 	if err != nil {
 		return nil, err
 	}

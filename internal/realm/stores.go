@@ -332,6 +332,20 @@ func (r *Realm) openNamed(ctx context.Context, name string) (*namedStore, error)
 	return n, nil
 }
 
+// readaheadFor is fs.Options.ReadaheadFor: cloudReadahead when stores
+// names a cloud store this realm has opened (a whole-file read opens it
+// for the manifest, before the chunks), else 0 (the volume's readahead).
+func (r *Realm) readaheadFor(stores []string) int {
+	r.remoteMu.Lock()
+	defer r.remoteMu.Unlock()
+	for _, name := range stores {
+		if n := r.named[name]; n != nil && n.counter != nil {
+			return cloudReadahead
+		}
+	}
+	return 0
+}
+
 // packed wraps a cloud store in a pack store whose index log lives in
 // home/packs/NAME; if another process of this device holds that log, this
 // one keeps its index in memory (it learns the packs from the bucket).
