@@ -13,6 +13,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/chunker"
 	"cairn.dev/cairn/internal/manifest"
+	"cairn.dev/cairn/internal/store"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/semaphore"
 )
@@ -439,7 +440,9 @@ func (w *writeRun) collect() {
 				putBuf(j.stored)
 				j.stored = nil
 				if err == nil {
-					e.known.add(id, epoch)
+					if !store.Deferred(w.ctx) { // buffered, not yet durable: not known stored
+						e.known.add(id, epoch)
+					}
 					newChunks.Add(1)
 					newStored.Add(int64(len(data)))
 				} else {
@@ -668,7 +671,9 @@ func (e *Engine) WriteDelta(ctx context.Context, b []byte, plain []manifest.Ref,
 			if err := e.st.Put(gctx, id, stored[i]); err != nil {
 				return cairn.E("put chunk", cairn.KindOf(err), id.Short(), err)
 			}
-			e.known.add(id, epoch)
+			if !store.Deferred(gctx) { // buffered, not yet durable: not known stored
+				e.known.add(id, epoch)
+			}
 			newChunks.Add(1)
 			newStored.Add(int64(len(stored[i])))
 			return nil

@@ -17,6 +17,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/chunker"
 	"cairn.dev/cairn/internal/manifest"
+	"cairn.dev/cairn/internal/store"
 )
 
 var testGear = [32]byte{0x6e, 0xa2}
@@ -675,5 +676,25 @@ func TestReadAheadChunks(t *testing.T) {
 		if m := st.most.Load(); m > int64(tc.want) || m < int64(tc.want)/2 {
 			t.Errorf("ahead %d: at most %d Gets at once, want %d", tc.ahead, m, tc.want)
 		}
+	}
+}
+
+// An object Put deferred (buffered by the store until a Flush) is not
+// remembered as stored: a later write of the same data asks the store,
+// which may have lost the buffer.
+func TestDeferredPutNotKnown(t *testing.T) {
+	ctx := context.Background()
+	st := newMapStore()
+	e := newEngine(t, st, nil)
+	data := randomBytes(4<<10, 11)
+	if _, _, err := e.WriteBytes(store.WithDeferred(ctx), data); err != nil {
+		t.Fatal(err)
+	}
+	before := st.hasCall.Load()
+	if _, _, err := e.WriteBytes(ctx, data); err != nil {
+		t.Fatal(err)
+	}
+	if st.hasCall.Load() == before {
+		t.Fatal("the second write trusted a deferred Put: it did not ask the store")
 	}
 }
