@@ -202,7 +202,7 @@ table() {
 	done
 }
 
-record "issue 4: the mount beside local disk" <<EOF
+record "issue 4: the mount beside local disk${MOUNT_OPTS:+ (MOUNT_OPTS=\"$MOUNT_OPTS\")}" <<EOF
 cairn runs as users run it: \`cairn init --no-passphrase\` in a fresh CAIRN_HOME, \`cairn mount${MOUNT_OPTS:+ $MOUNT_OPTS} home MNT\`
 (its own process, blocking mode unless MOUNT_OPTS says otherwise; the realm's local store and
 the whole-file cache on the same disk as the local-disk side, $(df --output=source "$WORK" | tail -1)).
