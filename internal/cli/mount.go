@@ -61,7 +61,10 @@ Durability: fsync makes writes durable on local disk; close makes them durable i
 the store. With --mode non-blocking, close returns once the writes are durable on
 local disk and a queue on disk commits them in the background (in order; a mount
 killed or unmounted with commits queued leaves them for the next mount of the
-volume); other devices see the new version once it is committed.
+volume); other devices see the new version once it is committed. Non-blocking
+mode is experimental: a rename or unlink of a file whose commit is still queued
+can commit it under the old name (bringing that name back, or adding a version
+to the file that took it; earlier versions stay in 'cairn versions').
 
 An open for writing takes the file's writer lock, held until the last writer on
 this device has closed and its commit is done; another device's open for writing
@@ -120,7 +123,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 	m.Flags().BoolVar(&foreground, "foreground", false, "stay in the foreground; Ctrl-C or SIGTERM unmounts")
 	m.Flags().DurationVar(&attrTimeout, "attr-timeout", mount.DefaultAttrTimeout, "how long the kernel caches attributes and names (0: not at all)")
 	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")
-	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking: close returns once the writes are durable locally, a queue commits them")
+	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them")
 	m.Flags().StringVar(&cacheSize, "cache-size", "", "bound of the whole-file cache, such as 2GiB (default: a tenth of the free disk, at most 4GiB)")
 
 	var lazy bool
