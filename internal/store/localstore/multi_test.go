@@ -1,7 +1,9 @@
 package localstore
 
 import (
+	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -156,4 +158,164 @@ func TestCompactWhileAnotherReads(t *testing.T) {
 	if ua != ub || ua.Objects != 75 {
 		t.Fatalf("A sees %+v, B sees %+v", ua, ub)
 	}
+}
+
+// TestDeleteSeenAfterRefresh: a Delete another process completed before a
+// Refresh started is seen once the Refresh returns, even while that process
+// (and the next ones) compact, close and reopen the store, and while the
+// writer keeps refreshing from other goroutines. A writer that still finds
+// a deleted object would skip its upload and commit a version naming it.
+func TestDeleteSeenAfterRefresh(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{PackSize: 64 << 10, NoSync: true, CompactBelow: 0.9}
+	a := open(t, dir, opts)
+	defer a.Close()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := a.Refresh(bg); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Go(func() { // more writes meanwhile, filling and rotating packs
+		for i := uint64(0); i < 6000; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			id, data := storetest.Blob(1<<40+i, 3000)
+			if err := a.Put(bg, id, data); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+	seed := uint64(1)
+	for round := range 60 {
+		objs := putN(t, a, seed, 40, 1500+round)
+		seed += 1000
+		b := open(t, dir, opts)
+		var gone []cairn.ID
+		for i, o := range objs {
+			if i%3 != 0 {
+				if err := b.Delete(bg, o.id); err != nil {
+					t.Fatal(err)
+				}
+				gone = append(gone, o.id)
+			}
+		}
+		if _, err := b.Compact(bg); err != nil {
+			t.Fatal(err)
+		}
+		if round%2 == 0 {
+			b.crash()
+		} else if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Refresh(bg); err != nil {
+			t.Fatal(err)
+		}
+		found, err := a.Has(bg, gone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, f := range found {
+			if f {
+				t.Fatalf("round %d: the writer still has %s after another process deleted it and a refresh", round, gone[i].Short())
+			}
+		}
+		for i, o := range objs {
+			if i%3 == 0 {
+				mustGet(t, a, o)
+			}
+		}
+	}
+}
+
+// TestDeleteBeforePublish: another process can read a record from the
+// file, delete it and have that tombstone applied here, all between the
+// write of the record and its Put returning. The object must then be gone
+// here too: a writer that still found it would skip storing it again and
+// commit a version naming a deleted object.
+func TestDeleteBeforePublish(t *testing.T) {
+	dir := t.TempDir()
+	if !directWorks(t, dir) {
+		t.Skip("no O_DIRECT here: the test pauses the writer in its direct write")
+	}
+	b := open(t, dir, Options{})
+	defer b.Close()
+	var victim cairn.ID
+	var data []byte
+	var a *Store
+	var armed atomic.Bool
+	a = open(t, dir, Options{testDirectWrite: func(f *os.File, buf []byte, off int64) (int, error) {
+		n, err := f.WriteAt(buf, off)
+		if err == nil && armed.CompareAndSwap(true, false) {
+			// The record is in the file, not yet published in A.
+			if found, _ := b.Has(bg, []cairn.ID{victim}); !found[0] {
+				t.Error("B does not see A's record")
+			}
+			if derr := b.Delete(bg, victim); derr != nil {
+				t.Error(derr)
+			}
+			if rerr := a.Refresh(bg); rerr != nil {
+				t.Error(rerr)
+			}
+		}
+		return n, err
+	}})
+	defer a.Close()
+	putN(t, a, 1, 3, 2000) // the pack exists and B knows it
+	// The hook sees only the whole blocks of a batch: size the victim so
+	// that its record ends on a block boundary.
+	a.mu.RLock()
+	var end int64
+	for _, p := range a.packs {
+		if p != nil && p.state == stateOwn {
+			end = p.end
+		}
+	}
+	a.mu.RUnlock()
+	if end == 0 || a.direct != directOn {
+		t.Fatalf("no pack being appended with O_DIRECT (end %d, direct %d)", end, a.direct)
+	}
+	align := int64(a.align)
+	victim, data = storetest.Blob(4242, int(2*align-end%align-recHeaderSize))
+	if found, _ := b.Has(bg, []cairn.ID{victim}); found[0] {
+		t.Fatal("victim present before its Put")
+	}
+	armed.Store(true)
+	if err := a.Put(bg, victim, data); err != nil {
+		t.Fatal(err)
+	}
+	if armed.Load() {
+		t.Fatal("the hook did not run")
+	}
+	found, err := a.Has(bg, []cairn.ID{victim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found[0] {
+		t.Fatal("A still has an object B deleted (its tombstone arrived before A published the record)")
+	}
+	mustMissing(t, a, victim)
+	// Put again: stored anew, and both see it.
+	if err := a.Put(bg, victim, data); err != nil {
+		t.Fatal(err)
+	}
+	mustGet(t, a, obj{victim, data})
+	mustGet(t, b, obj{victim, data})
+	verifyClean(t, a)
 }

@@ -57,8 +57,19 @@ func (s *Store) rescan(ctx context.Context) error {
 	mt := fi.ModTime()
 	if !s.listed || !mt.Equal(s.dirMtime) || s.listedAt.Sub(mt) < mtimeSlack {
 		now := time.Now()
-		if err := s.scanDir(ctx); err != nil {
-			return err
+		// A listing that saw packs go saw a compaction, whose new packs
+		// (holding the moved records and tombstones) were linked before
+		// the old ones were removed, but maybe after the listing passed
+		// their names: list once more, so that what the compaction moved
+		// is seen by this refresh, not only the next one.
+		for range 3 {
+			gone, err := s.scanDir(ctx)
+			if err != nil {
+				return err
+			}
+			if !gone {
+				break
+			}
 		}
 		s.listed, s.dirMtime, s.listedAt = true, mt, now
 	}
@@ -67,10 +78,22 @@ func (s *Store) rescan(ctx context.Context) error {
 
 type onDisk struct{ pack, idx, packTmp, idxTmp bool }
 
-func (s *Store) scanDir(ctx context.Context) error {
+// scanDir lists the pack directory once and installs what it finds. It
+// reports whether packs were seen to go (removed since the last listing, or
+// between this listing and opening them).
+func (s *Store) scanDir(ctx context.Context) (gone bool, err error) {
+	// Only packs known before the listing starts can be judged removed by
+	// their absence: one created meanwhile (by this process too) may have
+	// been linked after the listing passed its name.
+	s.mu.RLock()
+	known := make(map[*pack]bool, len(s.byID))
+	for _, p := range s.byID {
+		known[p] = true
+	}
+	s.mu.RUnlock()
 	ents, err := os.ReadDir(s.packDir)
 	if err != nil {
-		return cairn.E("refresh", cairn.IO, s.dir, err)
+		return false, cairn.E("refresh", cairn.IO, s.dir, err)
 	}
 	disk := map[packID]*onDisk{}
 	var ids []packID
@@ -103,7 +126,7 @@ func (s *Store) scanDir(ctx context.Context) error {
 	var added []*pack
 	for _, id := range ids {
 		if err := store.CtxErr(ctx, "refresh", s.dir); err != nil {
-			return err
+			return false, err
 		}
 		d := disk[id]
 		if !d.pack {
@@ -123,10 +146,11 @@ func (s *Store) scanDir(ctx context.Context) error {
 		np, err := s.loadPack(ctx, id, d.idx)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
-				continue // removed by a compaction since we listed
+				gone = true // removed by a compaction since we listed
+				continue
 			}
 			if ctx.Err() != nil {
-				return store.CtxErr(ctx, "refresh", s.dir)
+				return false, store.CtxErr(ctx, "refresh", s.dir)
 			}
 			s.log.Error("skipping unreadable pack", "pack", id.String(), "err", err)
 			continue
@@ -137,12 +161,13 @@ func (s *Store) scanDir(ctx context.Context) error {
 	s.mu.Lock()
 	var removed []*pack
 	for _, p := range s.packs {
-		if p != nil && p.state != stateOwn {
+		if p != nil && p.state != stateOwn && known[p] {
 			if d := disk[p.id]; d == nil || !d.pack {
 				removed = append(removed, p)
 			}
 		}
 	}
+	gone = gone || len(removed) > 0
 	for _, p := range added {
 		s.register(p)
 	}
@@ -158,19 +183,31 @@ func (s *Store) scanDir(ctx context.Context) error {
 		s.closePack(p)
 	}
 	s.mu.Unlock()
-	return nil
+	return gone, nil
 }
 
 // removeLeftovers removes files of a pack whose pack file is gone: an index
-// left by an interrupted compaction, stale temporary files.
+// left by an interrupted compaction, stale temporary files. The listing
+// may have passed the pack's name before it was created, and its index
+// be written since: it checks that the pack is gone now.
 func (s *Store) removeLeftovers(id packID, d *onDisk) {
 	base := s.packPath(id)
+	if d.idx || d.idxTmp {
+		if _, err := os.Stat(base); !errors.Is(err, os.ErrNotExist) {
+			return
+		}
+	}
 	if d.idx {
 		s.log.Info("removing the index of a removed pack", "pack", id.String())
 		_ = os.Remove(s.idxPath(id))
 	}
 	if d.idxTmp {
-		_ = os.Remove(s.idxPath(id) + ".tmp")
+		// Written by a process sealing or recovering the pack just
+		// before a compaction removed it, or left by a crash: old ones
+		// only.
+		if fi, err := os.Stat(s.idxPath(id) + ".tmp"); err == nil && time.Since(fi.ModTime()) >= time.Minute {
+			_ = os.Remove(s.idxPath(id) + ".tmp")
+		}
 	}
 	if d.packTmp {
 		// A pack being created is locked by its creator until it is linked

@@ -232,7 +232,14 @@ func (s *Store) publish(p *pack, reqs []*writeReq, off int64) {
 			var e [idxEntrySize]byte
 			putEntry(e[:], r.id, off, uint32(len(r.data)))
 			p.entries = append(p.entries, e[:]...)
-			s.addLoc(&r.id, loc(p.slot, ord))
+			// Another process may have read the record from the file
+			// before we got here, deleted it, and this process applied
+			// that tombstone already (kill found no entry yet): the
+			// record is born dead. Its Put still succeeds, ordered
+			// before the Delete.
+			if _, dead := s.killed[p.id][off]; !dead {
+				s.addLoc(&r.id, loc(p.slot, ord))
+			}
 		case kindTomb:
 			p.tombs = append(p.tombs, tomb{id: r.id, off: off, target: r.target, tOff: r.tOff})
 			s.kill(r.target, r.tOff)
