@@ -97,6 +97,8 @@ type env struct {
 	noCache        bool   // cat/get --no-cache: read from the stores, past every local cache
 	log            *slog.Logger
 	realm          *realm.Realm
+	pass           []byte // the passphrase once read (for a background drainer)
+	cmdPath        string // the command run ("cairn put", ...)
 }
 
 // Main runs the command line and returns the process exit code.
@@ -109,6 +111,11 @@ func Main(args []string) int {
 	err := root.ExecuteContext(ctx)
 	if e.realm != nil {
 		e.realm.Close()
+	}
+	if e.cmdPath != "" && e.cmdPath != "cairn queue run" && e.cmdPath != "cairn init" && ctx.Err() == nil {
+		// Files wait in the upload queue and no drainer runs (one was
+		// killed, or gave up while a store was unreachable): start one.
+		e.startDrainer()
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -146,6 +153,7 @@ CAIRN_CHUNK_CACHE (bound of the cache of chunks read from other nodes, e.g.
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			e.cmdPath = cmd.CommandPath()
 			level := slog.LevelWarn
 			if e.verbose {
 				level = slog.LevelDebug
@@ -197,6 +205,7 @@ CAIRN_CHUNK_CACHE (bound of the cache of chunks read from other nodes, e.g.
 	root.AddCommand(e.davCmd())
 	root.AddCommand(e.storeCmd())
 	root.AddCommand(e.policyCmd(), e.repairCmd())
+	root.AddCommand(e.queueCmd())
 	return root
 }
 
@@ -279,6 +288,9 @@ func (e *env) passphrase(confirm bool) func() ([]byte, error) {
 		if p, ok := os.LookupEnv("CAIRN_PASSPHRASE"); ok {
 			return []byte(p), nil
 		}
+		if e.pass != nil {
+			return e.pass, nil
+		}
 		fd := int(os.Stdin.Fd())
 		if !term.IsTerminal(fd) {
 			return nil, cairn.E("passphrase", cairn.Permission, "", errors.New("a passphrase is needed: set CAIRN_PASSPHRASE or run on a terminal"))
@@ -300,6 +312,7 @@ func (e *env) passphrase(confirm bool) func() ([]byte, error) {
 				return nil, cairn.E("passphrase", cairn.Invalid, "", errors.New("the two passphrases differ"))
 			}
 		}
+		e.pass = p
 		return p, nil
 	}
 }

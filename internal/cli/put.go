@@ -28,7 +28,8 @@ import (
 
 // PutSummary is what `put --json` prints.
 type PutSummary struct {
-	Files         int64    `json:"files"`         // regular files stored (new versions)
+	Files         int64    `json:"files"`         // regular files stored (new versions), or queued with --background
+	Queued        int64    `json:"queued"`        // of those, files queued for upload (--background), not committed yet
 	Skipped       int64    `json:"skipped"`       // unchanged files not read
 	Dirs          int64    `json:"dirs"`          // directories created
 	Symlinks      int64    `json:"symlinks"`      // symlinks created or updated
@@ -47,7 +48,7 @@ type PutSummary struct {
 }
 
 func (e *env) putCmd() *cobra.Command {
-	var force, asJSON bool
+	var force, asJSON, background bool
 	var workers int
 	c := &cobra.Command{
 		Use:   "put [flags] SRC... VOLUME:/DIR",
@@ -57,9 +58,16 @@ Each SRC lands in DIR under its own name (like 'cp -r SRC... DIR'). Only chunks 
 store does not already hold are written. A file whose size, mtime and inode match
 the version already stored is skipped unless --force. Each file is committed
 atomically: readers see its previous version until the new one is complete.
-Files that cannot be read are reported and skipped; the exit code is then 1.`,
+Files that cannot be read are reported and skipped; the exit code is then 1.
+
+With --background, put returns once the files are stored on this device: their
+upload to the stores the placement policy names, and their commit, are queued
+and happen in the background (see 'cairn queue'). Until its commit a file is
+not visible in cairn; directories and symlinks are created at once. A crash or
+kill loses nothing queued: the next drainer finishes the work.`,
 		Example: `  cairn put ~/Documents home:/
-  cairn put --json photo.jpg notes.txt home:/inbox`,
+  cairn put --json photo.jpg notes.txt home:/inbox
+  cairn put --background ~/Videos home:/videos && cairn queue ls`,
 		Args: usageArgs(2, "one or more sources and a destination VOLUME:/DIR"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			srcs, dst := args[:len(args)-1], args[len(args)-1]
@@ -71,7 +79,10 @@ Files that cannot be read are reported and skipped; the exit code is then 1.`,
 					return withCode(ExitUsage, fmt.Errorf("put: source %q is a cairn path; use 'cairn get' to copy out of cairn (or write ./%s for a local name with a colon)", s, s))
 				}
 			}
-			sum, err := e.put(cmd.Context(), srcs, dst, force, workers, !asJSON)
+			if background && e.target != "" {
+				return withCode(ExitUsage, errors.New("put: --background and --store cannot be combined"))
+			}
+			sum, err := e.put(cmd.Context(), srcs, dst, force, background, workers, !asJSON)
 			if sum != nil && asJSON {
 				if jerr := e.printJSON(sum); err == nil {
 					err = jerr
@@ -86,6 +97,7 @@ Files that cannot be read are reported and skipped; the exit code is then 1.`,
 	c.Flags().StringVar(&e.target, "store", "", "store the data on this node (see 'cairn devices') or store (see 'cairn store ls') instead of this device; only chunks it lacks are sent")
 	c.Flags().BoolVar(&force, "force", false, "store files even when unchanged")
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON summary on stdout")
+	c.Flags().BoolVar(&background, "background", false, "return once the data is stored on this device; upload and commit in the background (see 'cairn queue')")
 	c.Flags().IntVar(&workers, "workers", 0, "files written in parallel (default 32 per core; memory is bounded separately)")
 	return c
 }
@@ -126,6 +138,9 @@ type putState struct {
 	// putGroup).
 	groupMu sync.Mutex
 	groups  map[*fs.Volume]*putGroup
+	// spool, with --background, is where files are staged and queued
+	// instead of written and committed (queue.go).
+	spool *spool
 }
 
 // Files written to a store that buffers (a cloud store's packs) are
@@ -249,7 +264,7 @@ func (st *putState) fail(path string, err error) {
 	st.prog.println(fmt.Sprintf("cairn: %s: %v", path, err))
 }
 
-func (e *env) put(ctx context.Context, srcs []string, dst string, force bool, workers int, human bool) (*PutSummary, error) {
+func (e *env) put(ctx context.Context, srcs []string, dst string, force, background bool, workers int, human bool) (_ *PutSummary, err error) {
 	start := time.Now()
 	v, p, err := e.vol(ctx, dst)
 	if err != nil {
@@ -271,12 +286,24 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force bool, wo
 		// at once; memory is bounded by the byte budget below instead.
 		workers = 32 * runtime.GOMAXPROCS(0)
 	}
-	volFor, err := e.policyVolumes(ctx, v, p)
-	if err != nil {
+	var volFor func(string) *fs.Volume
+	var sp *spool
+	if background {
+		// The policy's stores are not needed (nor need they be reachable)
+		// until the queue is drained.
+		if sp, err = e.newSpool(ctx, p.Volume); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if _, cerr := sp.close(context.WithoutCancel(ctx)); err == nil {
+				err = cerr
+			}
+		}()
+	} else if volFor, err = e.policyVolumes(ctx, v, p); err != nil {
 		return nil, err
 	}
 	st := &putState{e: e, v: v, volFor: volFor, volPre: p.Volume + ":", force: force, existing: map[uint64]map[string]*meta.Entry{},
-		groups: map[*fs.Volume]*putGroup{}}
+		groups: map[*fs.Volume]*putGroup{}, spool: sp}
 	st.sum.WorkersUsed = workers
 	// Count what there is, so the bar can show a total (only for a bar).
 	showBar := human && !e.quiet && isTerminal(e.stderr)
@@ -373,7 +400,16 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force bool, wo
 		sum.MBPerSec = float64(sum.Bytes) / sum.Seconds / 1e6
 		sum.FilesPerSec = float64(sum.Files+sum.Skipped) / sum.Seconds
 	}
-	if human {
+	if sp != nil {
+		sum.Queued = sum.Files
+	}
+	if human && sp != nil {
+		fmt.Fprintf(e.stderr, "stored %d files (%s) on this device, skipped %d unchanged, %d dirs, %d symlinks in %.2fs\n",
+			sum.Files, human1024(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, sum.Seconds)
+		if sum.Files > 0 {
+			e.logQueued(int(sum.Files))
+		}
+	} else if human {
 		fmt.Fprintf(e.stderr, "stored %d files (%s), skipped %d unchanged, %d dirs, %d symlinks in %.2fs (%.1f MB/s, %.0f files/s)\n",
 			sum.Files, human1024(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, sum.Seconds, sum.MBPerSec, sum.FilesPerSec)
 		fmt.Fprintf(e.stderr, "added %s to the store in %d new chunks; dedup saved %s\n", human1024(sum.NewBytes), sum.NewChunks, human1024(sum.DupBytes))
@@ -572,6 +608,9 @@ func (st *putState) putFile(ctx context.Context, j putJob) error {
 			return nil, err
 		}
 		return &countingReader{f: f, n: &readBytes, prog: st.prog}, nil
+	}
+	if st.spool != nil {
+		return st.stageFile(ctx, j, open, a)
 	}
 	vol := st.volFor(strings.TrimPrefix(j.dst, st.volPre))
 	if vol.Defers() {

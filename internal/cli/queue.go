@@ -1,0 +1,773 @@
+package cli
+
+// The upload queue: `put --background` stages files in a spool on this
+// device and returns; a drainer uploads and commits them. The format and
+// the rules that keep it safe (crashes, gc) are in doc/format.md, "Upload
+// queue".
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/store/localstore"
+	"cairn.dev/cairn/internal/vpath"
+)
+
+// queueFormat is the version of the queue's records (doc/format.md).
+const queueFormat = 1
+
+// EnvNoAutoDrain, when "1", stops cairn from starting a background
+// drainer after put --background or any other command: the queue is then
+// drained only by 'cairn queue run'.
+const EnvNoAutoDrain = "CAIRN_NO_AUTODRAIN"
+
+// queueRecord is one staged file: one JSON line of a put's files.jsonl.
+type queueRecord struct {
+	Format  int          `json:"format"`
+	Seq     int          `json:"seq"`     // unique within the put, from 0
+	Volume  string       `json:"volume"`  // volume name
+	Path    string       `json:"path"`    // "/dir/name" in the volume
+	Mode    uint32       `json:"mode"`    // permission bits
+	UID     uint32       `json:"uid"`     // owner
+	GID     uint32       `json:"gid"`     // group
+	Version meta.Version `json:"version"` // manifest, size, mtime, chunks, source, digest
+	Base    uint64       `json:"base"`    // the file's current version number when queued (0: none)
+	Queued  int64        `json:"queued"`  // unix ns
+}
+
+// doneRecord marks a record committed: one JSON line of done.jsonl.
+type doneRecord struct {
+	Seq int `json:"seq"`
+}
+
+func queueDir(home string) string { return filepath.Join(home, "queue") }
+
+// flockFile opens path (creating it) and takes an exclusive flock on it,
+// waiting if wait, else failing with ok false when another holds it.
+func flockFile(path string, wait bool) (f *os.File, ok bool, err error) {
+	f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, false, cairn.E("lock", cairn.IO, path, err)
+	}
+	how := syscall.LOCK_EX
+	if !wait {
+		how |= syscall.LOCK_NB
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), how)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err == syscall.EWOULDBLOCK {
+		f.Close()
+		return nil, false, nil
+	}
+	if err != nil {
+		f.Close()
+		return nil, false, cairn.E("lock", cairn.IO, path, err)
+	}
+	return f, true, nil
+}
+
+// lockedByOther reports whether another process holds path's flock.
+func lockedByOther(path string) bool {
+	f, ok, err := flockFile(path, false)
+	if err != nil {
+		return false
+	}
+	if ok {
+		f.Close()
+	}
+	return !ok
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// spool is one put --background's queue directory while it stages.
+type spool struct {
+	dir   string
+	lock  *os.File
+	store *localstore.Store
+	vol   *fs.Volume
+	mu    sync.Mutex
+	recs  *os.File
+	seq   int
+}
+
+// newSpool creates the queue directory of a put to volume and takes its
+// lock (held until close: a drainer leaves the put alone until then).
+func (e *env) newSpool(ctx context.Context, volume string) (*spool, error) {
+	r, err := e.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q := queueDir(e.home)
+	if err := os.MkdirAll(q, 0o700); err != nil {
+		return nil, cairn.E("put", cairn.IO, q, err)
+	}
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	name := fmt.Sprintf("%s-%d-%s", time.Now().UTC().Format("20060102T150405.000000000"), os.Getpid(), hex.EncodeToString(rnd[:]))
+	sp := &spool{dir: filepath.Join(q, name)}
+	if err := os.Mkdir(sp.dir, 0o700); err != nil {
+		return nil, cairn.E("put", cairn.IO, sp.dir, err)
+	}
+	fail := func(err error) (*spool, error) {
+		sp.close(context.WithoutCancel(ctx))
+		os.RemoveAll(sp.dir)
+		return nil, err
+	}
+	lock, ok, err := flockFile(filepath.Join(sp.dir, "lock"), false)
+	if err != nil || !ok {
+		return fail(cmp(err, errors.New("queue directory locked")))
+	}
+	sp.lock = lock
+	if sp.store, err = localstore.Open(ctx, filepath.Join(sp.dir, "store"), localstore.Options{Logger: e.log, TrustIDs: true}); err != nil {
+		return fail(err)
+	}
+	if sp.vol, err = r.SpoolVolume(ctx, volume, sp.store); err != nil {
+		return fail(err)
+	}
+	if sp.recs, err = os.OpenFile(filepath.Join(sp.dir, "files.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); err != nil {
+		return fail(cairn.E("put", cairn.IO, sp.dir, err))
+	}
+	// The directory entries must survive a crash too.
+	if err := syncDir(q); err != nil {
+		return fail(cairn.E("put", cairn.IO, q, err))
+	}
+	return sp, nil
+}
+
+func cmp(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// add appends a staged file's record. Its objects are durable already
+// (the local store's Put returns after fsync); the record is made durable
+// by close, before the put returns.
+func (sp *spool) add(rec queueRecord) error {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	rec.Format, rec.Seq = queueFormat, sp.seq
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := sp.recs.Write(append(b, '\n')); err != nil {
+		return cairn.E("put", cairn.IO, sp.dir, err)
+	}
+	sp.seq++
+	return nil
+}
+
+// close makes the records durable and releases the lock; a spool with no
+// record is removed. It returns how many files it queued.
+func (sp *spool) close(ctx context.Context) (int, error) {
+	var first error
+	if sp.recs != nil {
+		if err := sp.recs.Sync(); err != nil {
+			first = cairn.E("put", cairn.IO, sp.dir, err)
+		}
+		sp.recs.Close()
+	}
+	if sp.vol != nil {
+		sp.vol.Close()
+	}
+	if sp.store != nil {
+		if err := sp.store.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	if sp.seq == 0 {
+		os.RemoveAll(sp.dir)
+	}
+	if sp.lock != nil {
+		sp.lock.Close()
+	}
+	return sp.seq, first
+}
+
+// stageFile is putFile for put --background: the file is stored in the
+// spool and queued, not committed.
+func (st *putState) stageFile(ctx context.Context, j putJob, open func() (io.ReadCloser, error), a fs.Attrs) error {
+	var base uint64
+	if kids, err := st.children(ctx, j.dir); err == nil {
+		if old, ok := kids[j.name]; ok && old.Type == meta.TypeFile {
+			if cur := old.Current(); cur != nil {
+				base = cur.N
+			}
+		}
+	}
+	ver, ws, err := st.spool.vol.Stage(ctx, open, a)
+	if err == nil {
+		err = st.spool.add(queueRecord{Volume: st.v.Name(), Path: strings.TrimPrefix(j.dst, st.volPre),
+			Mode: a.Mode, UID: a.UID, GID: a.GID, Version: ver, Base: base, Queued: time.Now().UnixNano()})
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		switch cairn.KindOf(err) {
+		case cairn.Unavailable, cairn.Canceled:
+			return err
+		}
+		st.fail(j.dst, err)
+		return nil
+	}
+	st.account(ws)
+	return nil
+}
+
+// queuedPut is one put's queue directory as a drainer or ls reads it.
+type queuedPut struct {
+	name    string
+	dir     string
+	recs    []queueRecord
+	done    map[int]bool
+	pending []queueRecord
+}
+
+// readQueuedPut reads a put's records. A torn last line (a put killed
+// while appending) is ignored: that file's put never returned.
+func readQueuedPut(dir string) (*queuedPut, error) {
+	qp := &queuedPut{name: filepath.Base(dir), dir: dir, done: map[int]bool{}}
+	b, err := os.ReadFile(filepath.Join(dir, "files.jsonl"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, cairn.E("queue", cairn.IO, dir, err)
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		var rec queueRecord
+		if len(line) == 0 || json.Unmarshal(line, &rec) != nil {
+			continue
+		}
+		if rec.Format != queueFormat {
+			return nil, cairn.E("queue", cairn.Invalid, dir, fmt.Errorf("queue record format %d; this cairn reads %d", rec.Format, queueFormat))
+		}
+		qp.recs = append(qp.recs, rec)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "done.jsonl")); err == nil {
+		for _, line := range bytes.Split(b, []byte("\n")) {
+			var d doneRecord
+			if len(line) > 0 && json.Unmarshal(line, &d) == nil {
+				qp.done[d.Seq] = true
+			}
+		}
+	}
+	for _, rec := range qp.recs {
+		if !qp.done[rec.Seq] {
+			qp.pending = append(qp.pending, rec)
+		}
+	}
+	return qp, nil
+}
+
+// queuedPuts lists the put directories of the queue, oldest first.
+func queuedPuts(home string) ([]string, error) {
+	q := queueDir(home)
+	ents, err := os.ReadDir(q)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, cairn.E("queue", cairn.IO, q, err)
+	}
+	var out []string
+	for _, de := range ents {
+		if de.IsDir() && !strings.HasPrefix(de.Name(), ".") {
+			out = append(out, filepath.Join(q, de.Name()))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// removeQueuedPut removes a drained put's directory: renamed first, so a
+// crash never leaves a half-removed directory that reads as a queue.
+func removeQueuedPut(dir string) error {
+	gone := filepath.Join(filepath.Dir(dir), ".gone-"+filepath.Base(dir))
+	if err := os.Rename(dir, gone); err != nil {
+		return cairn.E("queue", cairn.IO, dir, err)
+	}
+	_ = syncDir(filepath.Dir(dir))
+	return os.RemoveAll(gone)
+}
+
+// QueueItem is one file waiting in the upload queue (queue ls --json).
+type QueueItem struct {
+	Put    string    `json:"put"`  // the put's queue directory
+	Seq    int       `json:"seq"`  // the file's number in it
+	Path   string    `json:"path"` // VOLUME:/path
+	Size   int64     `json:"size"`
+	Queued time.Time `json:"queued"`
+	// Busy: a put is still queueing into this directory or a drainer is
+	// uploading it.
+	Busy bool `json:"busy"`
+}
+
+// QueueList is what `queue ls --json` prints.
+type QueueList struct {
+	Files    int         `json:"files"`
+	Bytes    int64       `json:"bytes"`
+	Draining bool        `json:"draining"` // a drainer runs now
+	Pending  []QueueItem `json:"pending"`
+}
+
+func (e *env) queueList() (*QueueList, error) {
+	dirs, err := queuedPuts(e.home)
+	if err != nil {
+		return nil, err
+	}
+	ql := &QueueList{Pending: []QueueItem{}, Draining: lockedByOther(filepath.Join(queueDir(e.home), "drain.lock"))}
+	for _, d := range dirs {
+		qp, err := readQueuedPut(d)
+		if err != nil {
+			return nil, err
+		}
+		busy := lockedByOther(filepath.Join(d, "lock"))
+		for _, rec := range qp.pending {
+			ql.Pending = append(ql.Pending, QueueItem{Put: qp.name, Seq: rec.Seq, Path: rec.Volume + ":" + rec.Path,
+				Size: rec.Version.Size, Queued: time.Unix(0, rec.Queued), Busy: busy})
+			ql.Files++
+			ql.Bytes += rec.Version.Size
+		}
+	}
+	return ql, nil
+}
+
+// DrainSummary is what `queue run --json` prints.
+type DrainSummary struct {
+	Committed     int64    `json:"committed"`      // files committed now
+	Already       int64    `json:"already"`        // files found committed (by a drainer that died after committing)
+	Failed        int64    `json:"failed"`         // files left in the queue with an error
+	Uploaded      int64    `json:"uploaded"`       // objects sent to the stores
+	UploadedBytes int64    `json:"uploaded_bytes"` // their bytes
+	Present       int64    `json:"present"`        // objects the stores held already
+	Busy          int      `json:"busy"`           // put directories left alone (a put still queueing into them)
+	Seconds       float64  `json:"seconds"`
+	Errors        []string `json:"errors,omitempty"`
+}
+
+// drainBatch bounds the files (and their bytes) one CommitStaged gets.
+const (
+	drainBatchFiles = 256
+	drainBatchBytes = 64 << 20
+)
+
+// drain uploads and commits every queued file it can. With wait it waits
+// for another drainer to finish first; without, it returns at once
+// (ran false) if one runs.
+func (e *env) drain(ctx context.Context, wait bool, prog *progress) (sum *DrainSummary, ran bool, err error) {
+	start := time.Now()
+	sum = &DrainSummary{}
+	q := queueDir(e.home)
+	if err := os.MkdirAll(q, 0o700); err != nil {
+		return sum, false, cairn.E("queue", cairn.IO, q, err)
+	}
+	lock, ok, err := flockFile(filepath.Join(q, "drain.lock"), wait)
+	if err != nil || !ok {
+		return sum, false, err
+	}
+	defer lock.Close()
+	defer func() { sum.Seconds = time.Since(start).Seconds() }()
+	// Passes until one finds nothing more to do: a put may queue more
+	// while this one drains.
+	tried := map[string]bool{}
+	for {
+		dirs, err := queuedPuts(e.home)
+		if err != nil {
+			return sum, true, err
+		}
+		progressed := false
+		sum.Busy = 0
+		for _, d := range dirs {
+			if tried[d] {
+				continue
+			}
+			dl, ok, err := flockFile(filepath.Join(d, "lock"), false)
+			if err != nil {
+				return sum, true, err
+			}
+			if !ok {
+				sum.Busy++
+				continue
+			}
+			tried[d] = true
+			progressed = true
+			err = e.drainPut(ctx, d, sum, prog)
+			dl.Close()
+			if err != nil {
+				return sum, true, err
+			}
+		}
+		if !progressed {
+			return sum, true, nil
+		}
+	}
+}
+
+// drainPut drains one put's directory, which the caller has locked.
+func (e *env) drainPut(ctx context.Context, dir string, sum *DrainSummary, prog *progress) error {
+	qp, err := readQueuedPut(dir)
+	if err != nil {
+		return err
+	}
+	if len(qp.pending) == 0 {
+		return removeQueuedPut(dir)
+	}
+	r, err := e.open(ctx)
+	if err != nil {
+		return err
+	}
+	src, err := localstore.Open(ctx, filepath.Join(dir, "store"), localstore.Options{Logger: e.log})
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	doneF, err := os.OpenFile(filepath.Join(dir, "done.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return cairn.E("queue", cairn.IO, dir, err)
+	}
+	defer doneF.Close()
+	left := 0
+	// Per volume, per policy handle, in batches.
+	byVol := map[string][]queueRecord{}
+	var vols []string
+	for _, rec := range qp.pending {
+		if _, ok := byVol[rec.Volume]; !ok {
+			vols = append(vols, rec.Volume)
+		}
+		byVol[rec.Volume] = append(byVol[rec.Volume], rec)
+	}
+	for _, name := range vols {
+		v, err := r.Volume(ctx, name)
+		if err != nil {
+			return err
+		}
+		volFor, err := e.policyVolumes(ctx, v, vpath.Path{Volume: name})
+		if err != nil {
+			return err
+		}
+		dirs := map[string]*meta.Entry{}
+		byHandle := map[*fs.Volume][]queueRecord{}
+		var handles []*fs.Volume
+		for _, rec := range byVol[name] {
+			h := volFor(rec.Path)
+			if _, ok := byHandle[h]; !ok {
+				handles = append(handles, h)
+			}
+			byHandle[h] = append(byHandle[h], rec)
+		}
+		for _, h := range handles {
+			recs := byHandle[h]
+			for len(recs) > 0 {
+				n, bytes := 0, int64(0)
+				for n < len(recs) && n < drainBatchFiles && (n == 0 || bytes+recs[n].Version.Size <= drainBatchBytes) {
+					bytes += recs[n].Version.Size
+					n++
+				}
+				batch := recs[:n]
+				recs = recs[n:]
+				failed, err := e.drainBatch(ctx, v, h, src, batch, dirs, doneF, sum, prog)
+				left += failed
+				if err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if left > 0 {
+		return nil
+	}
+	return removeQueuedPut(dir)
+}
+
+// drainBatch commits a batch of records with one CommitStaged and marks
+// those committed in done; it returns how many failed (left queued).
+func (e *env) drainBatch(ctx context.Context, v, h *fs.Volume, src *localstore.Store, batch []queueRecord,
+	dirs map[string]*meta.Entry, done *os.File, sum *DrainSummary, prog *progress) (int, error) {
+	failed := 0
+	fail := func(rec queueRecord, err error) {
+		failed++
+		sum.Failed++
+		msg := fmt.Sprintf("%s:%s: %v", rec.Volume, rec.Path, err)
+		if len(sum.Errors) < 1000 {
+			sum.Errors = append(sum.Errors, msg)
+		}
+		prog.println("cairn: " + msg + " (left in the queue)")
+	}
+	var files []fs.StagedFile
+	var recs []queueRecord
+	for _, rec := range batch {
+		parts, err := vpath.SplitClean(rec.Path)
+		if err != nil || len(parts) == 0 {
+			fail(rec, cmp(err, errors.New("bad path in the queue record")))
+			continue
+		}
+		dp := strings.Join(parts[:len(parts)-1], "/")
+		d, ok := dirs[dp]
+		if !ok {
+			// The directory put made may have gone since: make it again.
+			d, err = v.Meta.MkdirAll(ctx, parts[:len(parts)-1], 0o755, uint32(os.Getuid()), uint32(os.Getgid()))
+			if err != nil {
+				if cairn.KindOf(err) == cairn.Unavailable {
+					return failed, err
+				}
+				fail(rec, err)
+				continue
+			}
+			dirs[dp] = d
+		}
+		files = append(files, fs.StagedFile{Dir: d, Name: parts[len(parts)-1], Version: rec.Version,
+			Attrs: fs.Attrs{Mode: rec.Mode, UID: rec.UID, GID: rec.GID}})
+		recs = append(recs, rec)
+	}
+	if len(files) == 0 {
+		return failed, nil
+	}
+	res, cs, err := h.CommitStaged(ctx, src, files, func(n int64) { prog.add(0, n, 0) })
+	sum.Uploaded += cs.Objects
+	sum.UploadedBytes += cs.Bytes
+	sum.Present += cs.Present
+	var lines []byte
+	for i, r := range res {
+		rec := recs[i]
+		if r.Err != nil || r.Entry == nil {
+			if err == nil {
+				fail(rec, cmp(r.Err, errors.New("not committed")))
+			}
+			continue
+		}
+		if r.Already {
+			sum.Already++
+		} else {
+			sum.Committed++
+			if cur := r.Entry.Current(); cur != nil && rec.Base != 0 && cur.N > rec.Base+1 {
+				prog.println(fmt.Sprintf("cairn: %s:%s: another version was committed after it was queued; the queued one is current now (see 'cairn versions')", rec.Volume, rec.Path))
+			}
+		}
+		prog.add(1, 0, 0)
+		b, _ := json.Marshal(doneRecord{Seq: rec.Seq})
+		lines = append(append(lines, b...), '\n')
+	}
+	if len(lines) > 0 {
+		if _, werr := done.Write(lines); werr != nil {
+			return failed, cairn.E("queue", cairn.IO, done.Name(), werr)
+		}
+		if werr := done.Sync(); werr != nil {
+			return failed, cairn.E("queue", cairn.IO, done.Name(), werr)
+		}
+	}
+	if err != nil {
+		for _, r := range res {
+			if r.Err != nil || r.Entry == nil {
+				failed++
+				sum.Failed++
+			}
+		}
+	}
+	return failed, err
+}
+
+func (e *env) queueCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "queue",
+		Short: "Show or drain the uploads that 'put --background' queued",
+		Long: `'cairn put --background' stores files on this device and queues them: their
+upload to the stores the placement policy names, and their commit, happen in
+the background. A queued file is not visible in cairn until it is committed.
+
+A drainer runs in the background after each put --background and, while files
+wait, after any other cairn command (set CAIRN_NO_AUTODRAIN=1 to drain only with
+'cairn queue run'). A killed drainer loses nothing: the next one finishes its
+work.`,
+	}
+	var asJSON bool
+	ls := &cobra.Command{
+		Use:   "ls [--json]",
+		Short: "List the files waiting for upload",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ql, err := e.queueList()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return e.printJSON(ql)
+			}
+			for _, it := range ql.Pending {
+				busy := ""
+				if it.Busy {
+					busy = "  (busy)"
+				}
+				fmt.Fprintf(e.stdout, "%s  %10s  %s%s\n", it.Queued.Format("2006-01-02 15:04:05"), human1024(it.Size), it.Path, busy)
+			}
+			state := ""
+			if ql.Draining {
+				state = "; a drainer is running"
+			}
+			fmt.Fprintf(e.stderr, "%d file(s), %s waiting%s\n", ql.Files, human1024(ql.Bytes), state)
+			return nil
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	var runJSON, detached bool
+	run := &cobra.Command{
+		Use:   "run [--json]",
+		Short: "Upload and commit every queued file now, with progress",
+		Long: `Upload the queued files to the stores their placement policy names and commit
+them, then exit. If a background drainer is running, wait for it first. Files
+that fail (a store or the metadata service unreachable) stay queued; the exit
+code is then 1, or 6 when a store or the metadata service is unreachable.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if detached {
+				return e.drainDetached(cmd.Context())
+			}
+			human := !runJSON
+			var totalFiles, totalBytes int64
+			if ql, err := e.queueList(); err == nil {
+				totalFiles, totalBytes = int64(ql.Files), ql.Bytes
+			}
+			showBar := human && !e.quiet && isTerminal(e.stderr)
+			prog := newProgress(e.stderr, showBar, totalFiles, totalBytes)
+			sum, _, err := e.drain(cmd.Context(), true, prog)
+			prog.finish()
+			if runJSON {
+				if jerr := e.printJSON(sum); err == nil {
+					err = jerr
+				}
+			} else {
+				fmt.Fprintf(e.stderr, "committed %d file(s) (%d found committed already), uploaded %d object(s), %s, in %.2fs\n",
+					sum.Committed, sum.Already, sum.Uploaded, human1024(sum.UploadedBytes), sum.Seconds)
+				if sum.Busy > 0 {
+					fmt.Fprintf(e.stderr, "%d put(s) still queueing were left for later\n", sum.Busy)
+				}
+			}
+			if err == nil && sum.Failed > 0 {
+				err = withCode(ExitError, fmt.Errorf("queue run: %d file(s) left in the queue", sum.Failed))
+			}
+			return err
+		},
+	}
+	run.Flags().BoolVar(&runJSON, "json", false, "print a JSON summary on stdout")
+	run.Flags().BoolVar(&detached, "detached", false, "run as the background drainer (retries while stores are unreachable)")
+	_ = run.Flags().MarkHidden("detached")
+	c.AddCommand(ls, run)
+	return c
+}
+
+// drainRetryFor is how long a background drainer keeps retrying while a
+// store or the metadata service is unreachable; then it exits and a later
+// command starts another.
+const drainRetryFor = 10 * time.Minute
+
+// drainDetached is the background drainer: drain, and while stores are
+// unreachable, retry with backoff. It exits at once if another drainer
+// runs.
+func (e *env) drainDetached(ctx context.Context) error {
+	prog := newProgress(e.stderr, false, 0, 0)
+	deadline := time.Now().Add(drainRetryFor)
+	wait := time.Second
+	for {
+		sum, ran, err := e.drain(ctx, false, prog)
+		if !ran && err == nil {
+			return nil // another drainer runs
+		}
+		if err == nil && sum.Failed == 0 {
+			e.log.Info("queue drained", "committed", sum.Committed, "uploaded_bytes", sum.UploadedBytes)
+			return nil
+		}
+		if time.Now().After(deadline) || (err != nil && cairn.KindOf(err) != cairn.Unavailable && cairn.KindOf(err) != cairn.IO) {
+			return cmp(err, fmt.Errorf("queue: %d file(s) left in the queue", sum.Failed))
+		}
+		fmt.Fprintf(e.stderr, "%s cairn drainer[%d]: %v; retrying in %v\n", time.Now().Format(time.RFC3339), os.Getpid(), cmp(err, errors.New("some files failed")), wait)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
+	}
+}
+
+// startDrainer starts a background drainer if files are queued, none
+// runs and CAIRN_NO_AUTODRAIN is not set. It does not wait for it.
+func (e *env) startDrainer() {
+	if e.home == "" || os.Getenv(EnvNoAutoDrain) == "1" {
+		return
+	}
+	dirs, err := queuedPuts(e.home)
+	if err != nil || len(dirs) == 0 {
+		return
+	}
+	q := queueDir(e.home)
+	if lockedByOther(filepath.Join(q, "drain.lock")) {
+		return
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return
+	}
+	logf, err := os.OpenFile(filepath.Join(q, "drain.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return
+	}
+	defer logf.Close()
+	args := []string{"--home", e.home, "-q", "queue", "run", "--detached"}
+	if e.etcd != "" {
+		args = append(args, "--etcd", e.etcd)
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = os.Environ()
+	if _, ok := os.LookupEnv("CAIRN_PASSPHRASE"); !ok && e.pass != nil {
+		// The drainer has no terminal to ask on: it gets the passphrase
+		// this command was given (see doc/threat-model.md).
+		cmd.Env = append(cmd.Env, "CAIRN_PASSPHRASE="+string(e.pass))
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		e.log.Warn("could not start the upload drainer", "err", err)
+		return
+	}
+	_ = cmd.Process.Release()
+}
+
+// logQueued tells a put --background's user what happens next.
+func (e *env) logQueued(n int) {
+	msg := "run 'cairn queue run' to upload them"
+	if os.Getenv(EnvNoAutoDrain) != "1" {
+		msg = "they upload in the background ('cairn queue ls' shows what waits)"
+	}
+	fmt.Fprintf(e.stderr, "queued %d file(s); %s\n", n, msg)
+}
