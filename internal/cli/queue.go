@@ -425,6 +425,14 @@ func (e *env) drain(ctx context.Context, wait bool, prog *progress) (sum *DrainS
 			progressed = true
 			err = e.drainPut(ctx, d, sum, prog)
 			dl.Close()
+			if cairn.KindOf(err) == cairn.Invalid {
+				// A record this cairn cannot read: leave the put alone.
+				msg := fmt.Sprintf("%s: %v", d, err)
+				sum.Failed++
+				sum.Errors = append(sum.Errors, msg)
+				prog.println("cairn: " + msg)
+				continue
+			}
 			if err != nil {
 				return sum, true, err
 			}
