@@ -137,6 +137,7 @@ It prints "serving NAME on ADDRESS" once ready.`,
 			if err != nil {
 				return err
 			}
+			go e.drainWhileServing(cmd.Context())
 			err = r.Serve(cmd.Context(), realm.ServeOptions{Listen: listen, Advertise: advertise, Lease: lease, GatewayListen: gatewayListen, NoGateway: noGateway, Ready: func(addr string, join bool) {
 				extra := ""
 				if join {

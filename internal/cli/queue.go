@@ -135,20 +135,27 @@ func (e *env) newSpool(ctx context.Context, volume string) (*spool, error) {
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	name := fmt.Sprintf("%s-%d-%s", time.Now().UTC().Format("20060102T150405.000000000"), os.Getpid(), hex.EncodeToString(rnd[:]))
-	sp := &spool{dir: filepath.Join(q, name)}
-	if err := os.Mkdir(sp.dir, 0o700); err != nil {
-		return nil, cairn.E("put", cairn.IO, sp.dir, err)
+	// Made under a name drainers skip, locked, then renamed: a drainer
+	// never finds it before its lock is held.
+	tmp := filepath.Join(q, ".new-"+name)
+	sp := &spool{dir: tmp}
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return nil, cairn.E("put", cairn.IO, tmp, err)
 	}
 	fail := func(err error) (*spool, error) {
 		sp.close(context.WithoutCancel(ctx))
 		os.RemoveAll(sp.dir)
 		return nil, err
 	}
-	lock, ok, err := flockFile(filepath.Join(sp.dir, "lock"), false)
+	lock, ok, err := flockFile(filepath.Join(tmp, "lock"), false)
 	if err != nil || !ok {
 		return fail(cmp(err, errors.New("queue directory locked")))
 	}
 	sp.lock = lock
+	if err := os.Rename(tmp, filepath.Join(q, name)); err != nil {
+		return fail(cairn.E("put", cairn.IO, tmp, err))
+	}
+	sp.dir = filepath.Join(q, name)
 	if sp.store, err = localstore.Open(ctx, filepath.Join(sp.dir, "store"), localstore.Options{Logger: e.log, TrustIDs: true}); err != nil {
 		return fail(err)
 	}
@@ -338,7 +345,8 @@ type QueueItem struct {
 type QueueList struct {
 	Files    int         `json:"files"`
 	Bytes    int64       `json:"bytes"`
-	Draining bool        `json:"draining"` // a drainer runs now
+	Draining bool        `json:"draining"`              // a drainer runs now
+	PID      int         `json:"drainer_pid,omitempty"` // its process ID
 	Pending  []QueueItem `json:"pending"`
 }
 
@@ -347,7 +355,11 @@ func (e *env) queueList() (*QueueList, error) {
 	if err != nil {
 		return nil, err
 	}
-	ql := &QueueList{Pending: []QueueItem{}, Draining: lockedByOther(filepath.Join(queueDir(e.home), "drain.lock"))}
+	dl := filepath.Join(queueDir(e.home), "drain.lock")
+	ql := &QueueList{Pending: []QueueItem{}, Draining: lockedByOther(dl)}
+	if b, err := os.ReadFile(dl); err == nil && ql.Draining {
+		fmt.Sscanf(string(b), "pid %d", &ql.PID)
+	}
 	for _, d := range dirs {
 		qp, err := readQueuedPut(d)
 		if err != nil {
@@ -398,7 +410,26 @@ func (e *env) drain(ctx context.Context, wait bool, prog *progress) (sum *DrainS
 		return sum, false, err
 	}
 	defer lock.Close()
+	if lock.Truncate(0) == nil {
+		fmt.Fprintf(lock, "pid %d\n", os.Getpid())
+	}
 	defer func() { sum.Seconds = time.Since(start).Seconds() }()
+	// Leftovers of a drainer killed while removing a drained put, or of a
+	// put killed before its directory got its name.
+	if ents, err := os.ReadDir(q); err == nil {
+		for _, de := range ents {
+			n := de.Name()
+			stale := false
+			if strings.HasPrefix(n, ".new-") {
+				// Not while its put may be about to lock it.
+				info, err := de.Info()
+				stale = err == nil && time.Since(info.ModTime()) > time.Hour && !lockedByOther(filepath.Join(q, n, "lock"))
+			}
+			if strings.HasPrefix(n, ".gone-") || stale {
+				_ = os.RemoveAll(filepath.Join(q, n))
+			}
+		}
+	}
 	// Passes until one finds nothing more to do: a put may queue more
 	// while this one drains.
 	tried := map[string]bool{}
@@ -570,7 +601,12 @@ func (e *env) drainBatch(ctx context.Context, v, h *fs.Volume, src *localstore.S
 	for i, r := range res {
 		rec := recs[i]
 		if r.Err != nil || r.Entry == nil {
-			if err == nil {
+			switch k := cairn.KindOf(r.Err); {
+			case err != nil:
+			case k == cairn.Unavailable || k == cairn.Canceled:
+				// Not this file's fault: the drain stops and is retried.
+				err = r.Err
+			default:
 				fail(rec, cmp(r.Err, errors.New("not committed")))
 			}
 			continue
@@ -641,7 +677,7 @@ work.`,
 			}
 			state := ""
 			if ql.Draining {
-				state = "; a drainer is running"
+				state = fmt.Sprintf("; a drainer is running (pid %d)", ql.PID)
 			}
 			fmt.Fprintf(e.stderr, "%d file(s), %s waiting%s\n", ql.Files, human1024(ql.Bytes), state)
 			return nil
@@ -711,14 +747,18 @@ func (e *env) drainDetached(ctx context.Context) error {
 		if !ran && err == nil {
 			return nil // another drainer runs
 		}
-		if err == nil && sum.Failed == 0 {
-			e.log.Info("queue drained", "committed", sum.Committed, "uploaded_bytes", sum.UploadedBytes)
+		if err == nil {
+			if sum.Failed > 0 {
+				// Errors of those files, not of the stores: retrying
+				// now would not help.
+				return fmt.Errorf("queue: %d file(s) left in the queue: %s", sum.Failed, strings.Join(sum.Errors, "; "))
+			}
 			return nil
 		}
-		if time.Now().After(deadline) || (err != nil && cairn.KindOf(err) != cairn.Unavailable && cairn.KindOf(err) != cairn.IO) {
-			return cmp(err, fmt.Errorf("queue: %d file(s) left in the queue", sum.Failed))
+		if time.Now().After(deadline) || cairn.KindOf(err) != cairn.Unavailable {
+			return err
 		}
-		fmt.Fprintf(e.stderr, "%s cairn drainer[%d]: %v; retrying in %v\n", time.Now().Format(time.RFC3339), os.Getpid(), cmp(err, errors.New("some files failed")), wait)
+		fmt.Fprintf(e.stderr, "%s cairn drainer[%d]: %v; retrying in %v\n", time.Now().Format(time.RFC3339), os.Getpid(), err, wait)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -769,6 +809,22 @@ func (e *env) startDrainer() {
 		return
 	}
 	_ = cmd.Process.Release()
+}
+
+// drainWhileServing starts a background drainer, if files wait and none
+// runs, now and then once a minute until ctx ends: a device's node serve
+// finishes the queue without another command.
+func (e *env) drainWhileServing(ctx context.Context) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		e.startDrainer()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // logQueued tells a put --background's user what happens next.
