@@ -115,6 +115,7 @@ func (e *env) serveDav(ctx context.Context, name, listen string, plain bool, hos
 	if err != nil {
 		return err
 	}
+	v.SetPlacement(r.Placement(name))
 	var tc *tls.Config
 	certNote := ""
 	if !plain {

@@ -317,3 +317,60 @@ func TestDavfs2(t *testing.T) {
 		t.Fatalf("the renamed file's old name: exit %d, want 3 (not found)", res.code)
 	}
 }
+
+// TestDavPolicy: what a WebDAV client writes follows the placement policy
+// of where it lands, as put does; a policy set while the gateway runs
+// applies to later writes.
+func TestDavPolicy(t *testing.T) {
+	r := newRealm(t)
+	base := t.TempDir()
+	for _, n := range []string{"a", "b"} {
+		r.ok("store", "add", n, "file://"+filepath.Join(base, n))
+	}
+	r.ok("policy", "set", "home:/two", "copies:2@a,b")
+	r.ok("mkdir", "home:/two")
+	r.ok("mkdir", "home:/later")
+	pass := strings.TrimSpace(r.ok("dav", "passwd", "add", "alice"))
+	d := r.startDav("home", "--listen", "127.0.0.1:0")
+	defer d.stop(t)
+	c := davClient(t, r)
+	put := func(p string, data []byte) {
+		t.Helper()
+		if code, b := davDo(t, c, "PUT", d.url+p, "alice", pass, data); code != http.StatusCreated && code != http.StatusNoContent {
+			t.Fatalf("PUT %s: %d %s", p, code, b)
+		}
+	}
+	where := func(p string) string {
+		t.Helper()
+		rep := policyGet(t, r, "home:"+p)
+		if len(rep.Files) != 1 {
+			t.Fatalf("policy get %s: %+v", p, rep)
+		}
+		return strings.Join(rep.Files[0].Stores, ",")
+	}
+	two, plain := randBytes(100<<10), randBytes(20<<10)
+	put("two/t.bin", two)
+	put("plain.bin", plain)
+	if w := where("/two/t.bin"); w != "copies:2@a,b" {
+		t.Errorf("/two/t.bin written through WebDAV is stored at %q, want the policy copies:2@a,b", w)
+	}
+	if w := where("/plain.bin"); strings.Contains(w, ":") {
+		t.Errorf("/plain.bin is stored at %q, want this device", w)
+	}
+	r.ok("policy", "set", "home:/later", "copies:2@a,b")
+	// The gateway reads the policies again after at most 2 s.
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; ; i++ {
+		put("later/x.bin", randBytes(10<<10))
+		if where("/later/x.bin") == "copies:2@a,b" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a policy set while the gateway runs is not applied after 10 s: %s", where("/later/x.bin"))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if got := r.ok("cat", "--no-cache", "home:/two/t.bin"); got != string(two) {
+		t.Fatal("/two/t.bin does not read back from its stores")
+	}
+}

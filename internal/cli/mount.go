@@ -209,6 +209,7 @@ func (e *env) mountHere(ctx context.Context, name, dir string, o mount.Options) 
 	if err != nil {
 		return report(err)
 	}
+	v.SetPlacement(r.Placement(name))
 	o.Logger = e.log
 	m, err := mount.Start(ctx, v, dir, o)
 	if err != nil {

@@ -432,3 +432,56 @@ func TestMountTwoDevices(t *testing.T) {
 	}
 	b.ok("umount", mntB)
 }
+
+// TestMountPolicy: files written through the mount follow the placement
+// policy of the directory they are closed in (after a rename too), as put
+// does.
+func TestMountPolicy(t *testing.T) {
+	skipWithoutFUSE(t)
+	r := newRealm(t)
+	base := t.TempDir()
+	for _, n := range []string{"a", "b"} {
+		r.ok("store", "add", n, "file://"+filepath.Join(base, n))
+	}
+	r.ok("policy", "set", "home:/two", "copies:2@a,b")
+	mnt := mountPoint(t)
+	_, exited, out := r.foreground(mnt)
+	if err := os.MkdirAll(filepath.Join(mnt, "two", "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data := randBytes(150 << 10)
+	for _, p := range []string{"two/sub/t.bin", "plain.bin"} {
+		if err := os.WriteFile(filepath.Join(mnt, p), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Written elsewhere, moved under /two while open, closed there.
+	f, err := os.Create(filepath.Join(mnt, "moved.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(mnt, "moved.bin"), filepath.Join(mnt, "two", "moved.bin")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{"/two/sub/t.bin": "copies:2@a,b", "/two/moved.bin": "copies:2@a,b", "/plain.bin": ""} {
+		rep := policyGet(t, r, "home:"+p)
+		if len(rep.Files) != 1 {
+			t.Fatalf("policy get %s: %+v", p, rep)
+		}
+		got := strings.Join(rep.Files[0].Stores, ",")
+		if want != "" && got != want || want == "" && strings.Contains(got, ":") {
+			t.Errorf("%s written through the mount is stored at %q, want %q (empty: this device)", p, got, want)
+		}
+	}
+	if got := r.ok("cat", "--no-cache", "home:/two/sub/t.bin"); got != string(data) {
+		t.Fatal("/two/sub/t.bin does not read back from its stores")
+	}
+	r.ok("umount", mnt)
+	waitExit(t, exited, out)
+}

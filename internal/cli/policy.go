@@ -36,8 +36,10 @@ policy stays with the old path (set it again on the new one). A policy
 applies to versions written after it is set; each version remembers where it
 went, so changing a policy never makes older versions unreadable.
 
-'cairn put' follows policies ('put --store' overrides them); the mount and the
-WebDAV gateway write to this device's store for now.`,
+'cairn put', the mount and the WebDAV gateway follow policies ('put --store'
+overrides them); a running mount or gateway reads the policies again at most
+every 2 seconds. A file is placed by where it is when its version is
+committed (its last close).`,
 	}
 	set := &cobra.Command{
 		Use:   "set VOLUME:/PATH POLICY",

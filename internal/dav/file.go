@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/vpath"
 )
 
 // dirFile is an open collection: its listing and its dead properties.
@@ -429,6 +431,9 @@ func (f *regFile) Close() error {
 	}
 	ctx := context.WithoutCancel(f.ctx)
 	attrs := fs.Attrs{Mode: f.mode, UID: f.fsys.uid, GID: f.fsys.gid, Mtime: time.Now()}
+	if parts, err := vpath.SplitClean(f.name); err == nil {
+		attrs.Path = "/" + strings.Join(parts, "/") // where its placement policy applies
+	}
 	if f.e != nil {
 		attrs.Mode, attrs.UID, attrs.GID = f.e.Mode, f.e.UID, f.e.GID
 		// Its mode and owner now, not when it was opened.

@@ -50,6 +50,7 @@ type Volume struct {
 	// StoreName is recorded in each version as where its chunks live.
 	storeName    string
 	readaheadFor func(stores []string) int // Options.ReadaheadFor
+	placement    Placement                 // SetPlacement
 	log          *slog.Logger
 
 	genMu   sync.Mutex
@@ -139,7 +140,22 @@ type Attrs struct {
 	// own. A successful commit releases it; after a failure it is still
 	// the caller's to release.
 	Lock *meta.Lock
+	// Path is the file's path in the volume ("/dir/name"). When it is set
+	// and the volume has a placement (SetPlacement), WriteFile writes
+	// through the volume the placement names for it (a placement policy's
+	// stores); empty, it writes where the volume does.
+	Path string
 }
+
+// Placement returns the volume a file at path (in this volume) is to be
+// written through: one opened on the stores of the placement policy in
+// force there, or nil for the volume itself. It must be safe for
+// concurrent use.
+type Placement func(ctx context.Context, path string) (*Volume, error)
+
+// SetPlacement makes WriteFile choose, for a file whose Attrs.Path is
+// set, the volume p names. Set it before any write.
+func (v *Volume) SetPlacement(p Placement) { v.placement = p }
 
 // WriteStats reports what one WriteFile did.
 type WriteStats = pipeline.WriteStats
@@ -152,6 +168,16 @@ type WriteStats = pipeline.WriteStats
 // open may be called more than once: when a garbage collection ran during the
 // write, the content is written again (only missing chunks are stored).
 func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, open func() (io.ReadCloser, error), a Attrs) (*meta.Entry, WriteStats, error) {
+	if a.Path != "" && v.placement != nil {
+		pv, err := v.placement(ctx, a.Path)
+		if err != nil {
+			return nil, WriteStats{}, err
+		}
+		if pv != nil && pv != v {
+			a.Path = ""
+			return pv.WriteFile(ctx, dir, name, open, a)
+		}
+	}
 	path := v.Name() + ":" + name
 	lock := a.Lock
 	if lock == nil {

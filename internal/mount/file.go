@@ -521,6 +521,7 @@ func (n *node) commit(ctx context.Context, c *content) error {
 	if attrs.Lock, err = n.commitLock(ctx, parent, name); err != nil {
 		return err
 	}
+	attrs.Path = volPath(parent, name)
 	f := c.file()
 	open := func() (io.ReadCloser, error) { return io.NopCloser(io.NewSectionReader(f, 0, size)), nil }
 	e, _, err := n.m.vol.WriteFile(ctx, dir, name, open, attrs)

@@ -3,6 +3,7 @@ package mount
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -155,6 +156,16 @@ func (n *node) path(child string) string {
 		p += child
 	}
 	return p
+}
+
+// volPath is the path in the volume ("/a/b") of name in directory parent:
+// where a commit looks up its placement policy.
+func volPath(parent *node, name string) string {
+	p := "/" + parent.Path(nil)
+	if !strings.HasSuffix(p, "/") {
+		p += "/"
+	}
+	return p + name
 }
 
 // entry returns n's current entry: from the entry cache while the watch

@@ -321,6 +321,7 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		if attrs.Lock, err = j.n.commitLock(ctx, parent, name); err != nil {
 			return nil, err
 		}
+		attrs.Path = volPath(parent, name)
 	} else {
 		dir = &meta.Entry{Ino: rec.Dir, Parent: rec.DirParent, Name: rec.DirName, Type: meta.TypeDir}
 		name = rec.Name

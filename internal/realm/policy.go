@@ -616,6 +616,49 @@ type PolicyReport struct {
 	Health map[string][]storeset.Health `json:"health"`
 }
 
+// placementTTL is how long Placement trusts the policies it read: a
+// policy set while a volume is mounted or served applies to the files
+// written from then on, within this delay.
+const placementTTL = 2 * time.Second
+
+// Placement is the fs.Placement of volume name, for writers that know each
+// file's path (the mount, the WebDAV gateway): a file is written under the
+// policy set on its nearest ancestor, as put does (put --store has no
+// counterpart there). The policies are read again at most every
+// placementTTL.
+func (r *Realm) Placement(name string) fs.Placement {
+	var (
+		mu   sync.Mutex
+		recs []meta.PolicyRecord
+		read time.Time
+		vols = map[string]*fs.Volume{}
+	)
+	return func(ctx context.Context, path string) (*fs.Volume, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if read.IsZero() || time.Since(read) > placementTTL {
+			rs, err := r.Policies(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			recs, read = rs, time.Now()
+		}
+		rec := meta.PolicyFor(recs, path)
+		if rec == nil || rec.Policy == meta.PolicyLocal {
+			return nil, nil
+		}
+		if v := vols[rec.Policy]; v != nil {
+			return v, nil
+		}
+		v, err := r.PolicyVolume(ctx, name, rec.Policy)
+		if err != nil {
+			return nil, fmt.Errorf("policy %s of %s:%s: %w", rec.Policy, name, rec.Path, err)
+		}
+		vols[rec.Policy] = v
+		return v, nil
+	}
+}
+
 // Policies returns the policies set on volume vol.
 func (r *Realm) Policies(ctx context.Context, vol string) ([]meta.PolicyRecord, error) {
 	v, err := r.Volume(ctx, vol)
