@@ -145,6 +145,14 @@ type Attrs struct {
 	// through the volume the placement names for it (a placement policy's
 	// stores); empty, it writes where the volume does.
 	Path string
+	// Cur, if set, is the file's entry as the caller knows it (a file it
+	// just created, from a cache kept current by a watch), saving the read
+	// of the entry before the write. It is used only while it names no
+	// version: a version named by an entry read earlier than the GC
+	// generation may have been dropped and collected before it, which the
+	// fence does not see, and the write would reuse its manifest or chunks.
+	// A stale one costs the commit a retry.
+	Cur *meta.Entry
 }
 
 // Placement returns the volume a file at path (in this volume) is to be
@@ -197,6 +205,7 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 		e, _, err := v.Meta.CommitVersion(ctx, dir, name, w.commit(a, lock))
 		if errors.Is(err, meta.ErrFenced) && attempt < 20 {
 			v.staleGen()
+			a.Cur = nil
 			v.log.Info("garbage collection ran during write; writing again", "path", path)
 			continue
 		}
@@ -223,8 +232,9 @@ func (v *Volume) prepare(ctx context.Context, dir *meta.Entry, name string, open
 	if w.gen, err = v.writeGen(ctx); err != nil {
 		return w, err
 	}
-	w.cur, err = v.Meta.Get(ctx, dir.Ino, name)
-	if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+	if c := a.Cur; c != nil && c.Type == meta.TypeFile && c.Current() == nil && c.Parent == dir.Ino && c.Name == name {
+		w.cur = c
+	} else if w.cur, err = v.Meta.Get(ctx, dir.Ino, name); err != nil && !errors.Is(err, cairn.ErrNotFound) {
 		return w, err
 	}
 	refs, plain, st, err := v.write(ctx, currentOf(w.cur), open)

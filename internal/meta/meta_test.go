@@ -286,3 +286,102 @@ func TestConcurrentCommitsAllLand(t *testing.T) {
 		t.Fatalf("versions = %d, current N = %d; want 20, 20", len(e.Versions), e.Current().N)
 	}
 }
+
+// TestCreateLocked: a file created with its writer lock is locked against
+// other processes until its commit releases the lock; where the lock is
+// held already (in this process, or by another process writing a file of
+// that name into existence) the entry is created without it.
+func TestCreateLocked(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 10)
+	root, err := v.Root(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := meta.New(s.Client(), meta.Options{LockTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ov, err := other.Open(ctx, "home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	locked := func(name string) bool {
+		t.Helper()
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		l, err := ov.Lock(short, 1, name)
+		if errors.Is(err, cairn.ErrConflict) {
+			return true
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Unlock(ctx)
+		return false
+	}
+
+	e, l, err := v.CreateLocked(ctx, root, meta.Entry{Name: "a", Type: meta.TypeFile, Mode: 0o644})
+	if err != nil || l == nil {
+		t.Fatalf("CreateLocked = %v, lock %v; want a lock", err, l)
+	}
+	if got := mustLookup(t, v, "a"); got.Ino != e.Ino || got.Rev != e.Rev {
+		t.Fatalf("entry %+v, created %+v", got, e)
+	}
+	if !locked("a") {
+		t.Fatal("another process took the lock of a file created locked")
+	}
+	gen, err := s.WriteGen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.CommitVersion(ctx, root, "a", meta.Commit{Version: meta.Version{Size: 1}, Mode: 0o644, Gen: gen, Lock: l, Cur: meta.KnownEntry(e)}); err != nil {
+		t.Fatal(err)
+	}
+	if locked("a") {
+		t.Fatal("the commit did not release the lock taken by the create")
+	}
+
+	// Taken already: by this process, then by another.
+	l2, err := v.Lock(ctx, 1, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, l, err := v.CreateLocked(ctx, root, meta.Entry{Name: "b", Type: meta.TypeFile}); err != nil || l != nil {
+		t.Fatalf("CreateLocked of a name this process holds locked = %v, lock %v; want created, no lock", err, l)
+	}
+	l2.Unlock(ctx)
+	l3, err := ov.Lock(ctx, 1, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, l, err := v.CreateLocked(ctx, root, meta.Entry{Name: "c", Type: meta.TypeFile}); err != nil || l != nil {
+		t.Fatalf("CreateLocked of a name another process holds locked = %v, lock %v; want created, no lock", err, l)
+	}
+	if !locked("c") {
+		t.Fatal("the other process's lock went")
+	}
+	l3.Unlock(ctx)
+
+	// Taken names and removed parents fail as Create does, holding nothing.
+	if old, l, err := v.CreateLocked(ctx, root, meta.Entry{Name: "a", Type: meta.TypeFile}); !errors.Is(err, cairn.ErrExist) || l != nil || old == nil || old.Ino != e.Ino {
+		t.Fatalf("CreateLocked of an existing name = %v, %v, lock %v", old, err, l)
+	}
+	if locked("a") {
+		t.Fatal("a failed CreateLocked left the lock held")
+	}
+	d, err := v.Create(ctx, root, meta.Entry{Name: "d", Type: meta.TypeDir, Mode: 0o755})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Remove(ctx, root, "d", "home:/d", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, l, err := v.CreateLocked(ctx, d, meta.Entry{Name: "x", Type: meta.TypeFile}); !errors.Is(err, cairn.ErrNotFound) || l != nil {
+		t.Fatalf("CreateLocked in a removed directory = %v, lock %v; want NotFound", err, l)
+	}
+	if _, l, err := v.CreateLocked(ctx, d, meta.Entry{Name: "x", Type: meta.TypeFile}); !errors.Is(err, cairn.ErrNotFound) || l != nil {
+		t.Fatalf("second CreateLocked in a removed directory = %v (the in-process lock was kept?)", err)
+	}
+}

@@ -106,8 +106,25 @@ func (v *Vol) ReadDir(ctx context.Context, ino uint64) ([]Entry, error) {
 // e.Name in directory parent. It assigns e.Ino and fails with Exist if the
 // name is taken. The parent must still be where the caller found it.
 func (v *Vol) Create(ctx context.Context, parent *Entry, e Entry) (*Entry, error) {
+	ne, _, err := v.create(ctx, parent, e, false)
+	return ne, err
+}
+
+// CreateLocked is Create for a file that is opened for writing at once: it
+// also takes the new file's writer lock (see Lock), in the same
+// transaction, so the create and the lock are one write to etcd's log
+// instead of two. When the lock cannot be had at once (another goroutine of
+// this process waits for or holds the name's lock, or another process does:
+// a writer that creates the file by its commit holds the lock of a name
+// with no entry) it creates the entry alone and returns a nil Lock: the
+// caller then takes the lock with Lock, as it would have.
+func (v *Vol) CreateLocked(ctx context.Context, parent *Entry, e Entry) (*Entry, *Lock, error) {
+	return v.create(ctx, parent, e, true)
+}
+
+func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (*Entry, *Lock, error) {
 	if !parent.IsDir() {
-		return nil, cairn.E("create", cairn.NotDir, parent.Name, nil)
+		return nil, nil, cairn.E("create", cairn.NotDir, parent.Name, nil)
 	}
 	now := time.Now().UnixNano()
 	e.Parent = parent.Ino
@@ -120,27 +137,61 @@ func (v *Vol) Create(ctx context.Context, parent *Entry, e Entry) (*Entry, error
 	e.Ino = randomIno()
 	b, _ := json.Marshal(e)
 	k := v.keyOf(&e)
-	ctx, cancel := v.s.opCtx(ctx)
-	defer cancel()
-	resp, err := v.s.cli.Txn(ctx).If(
+	pk := v.keyOf(parent)
+	cmps := []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
-		clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0),
-	).Then(clientv3.OpPut(k, string(b))).Else(clientv3.OpGet(k)).Commit()
+		clientv3.Compare(clientv3.CreateRevision(pk), ">", 0),
+	}
+	ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
+	var lk string
+	var release func()
+	var sess *concurrency.Session
+	if locked {
+		lk = v.lockKey(parent.Ino, e.Name)
+		if rel, ok := v.s.local.tryLock(lk); ok {
+			var err error
+			if sess, err = v.s.sess(ctx); err != nil {
+				rel()
+				return nil, nil, err
+			}
+			release = rel
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lk), "=", 0))
+			ops = append(ops, clientv3.OpPut(lk, lockHolder(), clientv3.WithLease(sess.Lease())))
+		}
+	}
+	cctx, cancel := v.s.opCtx(ctx)
+	defer cancel()
+	resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).
+		Else(clientv3.OpGet(k), clientv3.OpGet(pk, clientv3.WithCountOnly())).Commit()
 	if err != nil {
-		return nil, etcdErr("create", e.Name, err)
+		if release != nil {
+			release()
+		}
+		return nil, nil, etcdErr("create", e.Name, err)
 	}
 	if !resp.Succeeded {
+		if release != nil {
+			release()
+		}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			old, derr := v.decode("create", kvs[0].Key, kvs[0].Value, kvs[0].ModRevision)
 			if derr != nil {
-				return nil, derr
+				return nil, nil, derr
 			}
-			return old, cairn.E("create", cairn.Exist, e.Name, nil)
+			return old, nil, cairn.E("create", cairn.Exist, e.Name, nil)
 		}
-		return nil, cairn.E("create", cairn.NotFound, parent.Name, errors.New("parent directory was removed"))
+		if resp.Responses[1].GetResponseRange().Count > 0 && release != nil {
+			// Only the lock was in the way: create alone.
+			return v.create(ctx, parent, e, false)
+		}
+		return nil, nil, cairn.E("create", cairn.NotFound, parent.Name, errors.New("parent directory was removed"))
 	}
 	e.Rev = resp.Header.Revision
-	return &e, nil
+	var l *Lock
+	if release != nil {
+		l = &Lock{s: v.s, key: lk, rev: resp.Header.Revision, sess: sess, release: release}
+	}
+	return &e, l, nil
 }
 
 // MkdirAll makes sure every directory of parts exists and returns the last.
@@ -635,7 +686,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 // lease, so they first queue on an in-process lock for the same key; the
 // etcd key then serializes processes.
 func (v *Vol) Lock(ctx context.Context, parent uint64, name string) (*Lock, error) {
-	key := v.base + "lock/" + inoHex(parent) + "/" + name
+	key := v.lockKey(parent, name)
 	timeout := func() error {
 		return cairn.E("lock", cairn.Conflict, name, errors.New("another writer holds this file; timed out waiting"))
 	}
@@ -648,8 +699,7 @@ func (v *Vol) Lock(ctx context.Context, parent uint64, name string) (*Lock, erro
 		release()
 		return nil, err
 	}
-	host, _ := os.Hostname()
-	who := fmt.Sprintf("%s pid %d", host, os.Getpid())
+	who := lockHolder()
 	for {
 		cctx, cancel := v.s.opCtx(ctx)
 		resp, err := v.s.cli.Txn(cctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
@@ -686,6 +736,17 @@ func (v *Vol) Lock(ctx context.Context, parent uint64, name string) (*Lock, erro
 	}
 }
 
+// lockKey is where the writer lock of name in directory parent lives.
+func (v *Vol) lockKey(parent uint64, name string) string {
+	return v.base + "lock/" + inoHex(parent) + "/" + name
+}
+
+// lockHolder is what a lock key records: who holds it, for people.
+func lockHolder() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s pid %d", host, os.Getpid())
+}
+
 // keyedLocks is a set of in-process mutexes by key, created on demand and
 // dropped when nobody holds or waits for them.
 type keyedLocks struct {
@@ -696,6 +757,35 @@ type keyedLocks struct {
 type keyedLock struct {
 	ch   chan struct{} // holds one token while locked
 	refs int
+}
+
+// tryLock is lock without waiting: ok is false if the key is held.
+func (k *keyedLocks) tryLock(key string) (release func(), ok bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil {
+		k.m = map[string]*keyedLock{}
+	}
+	l := k.m[key]
+	if l == nil {
+		l = &keyedLock{ch: make(chan struct{}, 1)}
+		k.m[key] = l
+	}
+	select {
+	case l.ch <- struct{}{}:
+	default:
+		return nil, false
+	}
+	l.refs++
+	return func() {
+		<-l.ch
+		k.mu.Lock()
+		l.refs--
+		if l.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}, true
 }
 
 func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {

@@ -163,6 +163,34 @@ func (c *entryCache) put(e *meta.Entry) {
 	c.keepLocked(c.epoch, k, e)
 }
 
+// writing starts a write of this mount's (a create, a commit, an
+// attribute change) and returns what wrote needs: like a read, it makes
+// the cache remember the newest change the watch reports meanwhile for
+// each name, so that the written entry is kept by wrote even when the
+// watch reported it first (which put must refuse for a name not held),
+// and not kept when a newer change of the name was reported.
+func (c *entryCache) writing() (epoch uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reads++
+	return c.epoch
+}
+
+// wrote ends a write begun by writing; e (nil: the write failed) is the
+// entry it wrote, with the write's revision.
+func (c *entryCache) wrote(epoch uint64, e *meta.Entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e != nil {
+		k := ekey{e.Parent, e.Name}
+		if e.Ino == meta.RootIno {
+			k = ekey{}
+		}
+		c.keepLocked(epoch, k, e)
+	}
+	c.doneReadLocked()
+}
+
 // forget drops a name this mount just removed or renamed (what a read in
 // progress returns for it is not kept either).
 func (c *entryCache) forget(parent uint64, name string) {

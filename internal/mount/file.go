@@ -60,8 +60,56 @@ type content struct {
 	gone     bool // its file was removed while open: the copy is all there is
 	size     int64
 	mtime    time.Time
-	version  bool     // it is (or, if dirty, was fetched from) a version
-	manifest cairn.ID // that version's manifest
+	version  bool      // it is (or, if dirty, was fetched from) a version
+	manifest cairn.ID  // that version's manifest
+	attrs    heldAttrs // set while written, for the next save to carry
+}
+
+// heldAttrs are the mode, owner and mtime set on a file while this mount
+// writes it, in blocking mode: the save at close carries them, in the
+// commit's own transaction when there are writes to commit, instead of a
+// transaction each. tar sets all three on the descriptor it wrote, before
+// closing it. Other devices see them with the version, at close, as they
+// see its writes; this mount's stat shows them at once (fill).
+type heldAttrs struct {
+	setMode, setUID, setGID, setMtime bool
+	mode, uid, gid                    uint32
+	mtime                             time.Time
+}
+
+func (a heldAttrs) any() bool { return a.setMode || a.setUID || a.setGID || a.setMtime }
+
+// over returns a with what b sets on top (b is the newer).
+func (a heldAttrs) over(b heldAttrs) heldAttrs {
+	if b.setMode {
+		a.setMode, a.mode = true, b.mode
+	}
+	if b.setUID {
+		a.setUID, a.uid = true, b.uid
+	}
+	if b.setGID {
+		a.setGID, a.gid = true, b.gid
+	}
+	if b.setMtime {
+		a.setMtime, a.mtime = true, b.mtime
+	}
+	return a
+}
+
+// applyTo sets a's mode and owner (and mtime) in e.
+func (a heldAttrs) applyTo(e *meta.Entry) {
+	if a.setMode {
+		e.Mode = a.mode & 07777
+	}
+	if a.setUID {
+		e.UID = a.uid
+	}
+	if a.setGID {
+		e.GID = a.gid
+	}
+	if a.setMtime {
+		e.Mtime = a.mtime.UnixNano()
+	}
 }
 
 // handle is one open of a file.
@@ -81,13 +129,59 @@ var (
 	_ gofs.FileReleaser = (*handle)(nil)
 )
 
-// local returns the size and mtime of the copy when they, not the
-// metadata's, are the file's: it has writes not yet committed, a handle
-// that may write, a queued commit, or its file was removed.
-func (c *content) local() (int64, time.Time, bool) {
+// local returns the size and mtime of the copy, and the attributes held
+// for its save, when they, not the metadata's, are the file's: it has
+// writes not yet committed, a handle that may write, a queued commit, or
+// its file was removed.
+func (c *content) local() (int64, time.Time, heldAttrs, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.size, c.mtime, c.dirty || c.writers > 0 || c.pending > 0 || c.gone
+	return c.size, c.mtime, c.attrs, c.dirty || c.writers > 0 || c.pending > 0 || c.gone
+}
+
+// holdAttrs keeps attributes set on n for the save of its open copy, if
+// that save is sure to come in blocking mode (a handle open for writing
+// is still to close); it reports whether it kept them.
+func (n *node) holdAttrs(a heldAttrs) bool {
+	if n.m.mode != Blocking || n.typ != meta.TypeFile {
+		return false
+	}
+	n.mu.Lock()
+	c := n.content
+	n.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.writers == 0 || c.gone {
+		return false
+	}
+	c.attrs = c.attrs.over(a)
+	return true
+}
+
+// setAttrs writes a to n's entry now, with a compare-and-swap, read again
+// and retried while a concurrent change wins.
+func (n *node) setAttrs(ctx context.Context, a heldAttrs) error {
+	for attempt := 0; ; attempt++ {
+		e, err := n.readEntry(ctx, attempt > 0)
+		if err != nil {
+			return err
+		}
+		a.applyTo(e)
+		epoch := n.m.ents.writing()
+		ne, err := n.m.vol.Meta.Update(ctx, e)
+		n.m.ents.wrote(epoch, ne)
+		if errors.Is(err, cairn.ErrConflict) && attempt < 20 {
+			continue // a concurrent change won: read again
+		}
+		if err != nil {
+			return err
+		}
+		n.remember(ne)
+		return nil
+	}
 }
 
 // usable reports whether a new open of a file whose entry is e may share
@@ -392,7 +486,9 @@ func (n *node) open(ctx context.Context, e *meta.Entry, flags uint32) (*handle, 
 // meanwhile by someone else is opened instead, unless O_EXCL.
 func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	ctx = bg(ctx)
-	e, errno := n.create(ctx, meta.Entry{Name: name, Type: meta.TypeFile, Mode: mode & 07777})
+	write := flags&syscall.O_ACCMODE != syscall.O_RDONLY
+	// A new file's writer lock is taken by the create's own transaction.
+	e, l, errno := n.createLocked(ctx, meta.Entry{Name: name, Type: meta.TypeFile, Mode: mode & 07777}, write)
 	if errno == syscall.EEXIST && e != nil && flags&syscall.O_EXCL == 0 {
 		errno = 0
 	}
@@ -401,7 +497,9 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	}
 	ch := n.child(ctx, e, out)
 	cn := ch.Operations().(*node)
-	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+	if l != nil {
+		cn.adoptLock(ctx, l)
+	} else if write {
 		if err := cn.lockForWrite(ctx, n, name); err != nil {
 			return nil, nil, 0, n.m.errno("create", n.path(name), err)
 		}
@@ -475,6 +573,7 @@ func (n *node) commitAttrs(ctx context.Context, parent *node, name string, mtime
 	switch cur, err := n.m.ents.get(ctx, parent.ino, name, false); {
 	case err == nil:
 		attrs.Mode, attrs.UID, attrs.GID = cur.Mode, cur.UID, cur.GID
+		attrs.Cur = cur // a file just created is not read again (fs.Attrs.Cur)
 		if cur.Ino != n.ino {
 			n.m.log.Warn("file replaced elsewhere while open here: the last close wins", "path", n.path(""))
 		}
@@ -492,13 +591,28 @@ func (n *node) commitAttrs(ctx context.Context, parent *node, name string, mtime
 // the open). A file removed while open is not brought back: its last
 // writes are dropped, as on a local disk. A commit that fails leaves the
 // writes in the copy (kept in unsaved/ if the file is closed so).
-func (n *node) commit(ctx context.Context, c *content) error {
+func (n *node) commit(ctx context.Context, c *content) (err error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.mu.Lock()
-	dirty, size, mtime := c.dirty, c.size, c.mtime
+	dirty, size, mtime, held := c.dirty, c.size, c.mtime, c.attrs
+	c.attrs = heldAttrs{}
 	c.mu.Unlock()
+	if held.any() {
+		defer func() {
+			if err != nil { // kept for the next save; newer ones win
+				c.mu.Lock()
+				c.attrs = held.over(c.attrs)
+				c.mu.Unlock()
+			}
+		}()
+	}
 	if !dirty {
+		if held.any() {
+			if _, _, ok := n.place(); ok {
+				return n.setAttrs(ctx, held)
+			}
+		}
 		return nil
 	}
 	name, parent, ok := n.place()
@@ -518,19 +632,29 @@ func (n *node) commit(ctx context.Context, c *content) error {
 	if err != nil {
 		return err
 	}
+	if held.setMode {
+		attrs.Mode = held.mode & 07777
+	}
+	if held.setUID {
+		attrs.UID = held.uid
+	}
+	if held.setGID {
+		attrs.GID = held.gid
+	}
 	if attrs.Lock, err = n.commitLock(ctx, parent, name); err != nil {
 		return err
 	}
 	attrs.Path = volPath(parent, name)
 	f := c.file()
 	open := func() (io.ReadCloser, error) { return io.NopCloser(io.NewSectionReader(f, 0, size)), nil }
+	epoch := n.m.ents.writing()
 	e, _, err := n.m.vol.WriteFile(ctx, dir, name, open, attrs)
+	n.m.ents.wrote(epoch, e)
 	if err != nil {
 		n.commitFailed()
 		return err
 	}
 	n.committed(ctx)
-	n.m.ents.put(e)
 	c.mu.Lock()
 	c.dirty, c.keep = false, false
 	v := e.Current()
@@ -647,7 +771,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	if h.write {
 		c.writers--
 	}
-	save := h.write && c.writers == 0 && c.dirty
+	save := h.write && c.writers == 0 && (c.dirty || c.attrs.any())
 	c.mu.Unlock()
 	if save {
 		if err := n.save(ctx, c); err != nil {

@@ -71,6 +71,26 @@ func (n *node) lockForWrite(ctx context.Context, dir *node, name string) error {
 	return nil
 }
 
+// adoptLock takes a reference on the writer lock of n, a file just
+// created with its lock (meta.Vol.CreateLocked).
+func (n *node) adoptLock(ctx context.Context, l *meta.Lock) {
+	wl := &n.wl
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	if wl.lock == nil || wl.lock.Lost() {
+		wl.lock = l
+	} else if err := l.Unlock(ctx); err != nil {
+		// Not expected: a new node holds no lock yet.
+		n.m.log.Warn("could not release a second writer lock (it lapses with the lease)", "path", n.path(""), "err", err)
+	}
+	wl.refs++
+	if wl.refs == 1 {
+		n.m.lockedMu.Lock()
+		n.m.locked[n] = struct{}{}
+		n.m.lockedMu.Unlock()
+	}
+}
+
 // holdLock adds a reference to a lock the mount holds (a queued commit).
 func (n *node) holdLock() {
 	n.wl.mu.Lock()

@@ -65,11 +65,11 @@ func (s *failStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 // countingClient is an etcd client of endpoints that counts its unary
 // requests (reads, writes, transactions, lease grants; not the streams of
 // watches and lease keep-alives).
-func countingClient(t *testing.T, endpoints []string) (*clientv3.Client, *atomic.Int64) {
+func countingClient(t *testing.T, endpoints []string) (*clientv3.Client, *rpcCounter) {
 	t.Helper()
-	var n atomic.Int64
+	n := &rpcCounter{by: map[string]int64{}}
 	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		n.Add(1)
+		n.add(method)
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
@@ -78,7 +78,36 @@ func countingClient(t *testing.T, endpoints []string) (*clientv3.Client, *atomic
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	return cli, &n
+	return cli, n
+}
+
+// rpcCounter counts an etcd client's unary requests, in all and by gRPC
+// method (its last element: Range, Txn, Put, DeleteRange, LeaseGrant, ...).
+type rpcCounter struct {
+	n  atomic.Int64
+	mu sync.Mutex
+	by map[string]int64
+}
+
+func (c *rpcCounter) add(method string) {
+	c.n.Add(1)
+	c.mu.Lock()
+	c.by[method[strings.LastIndexByte(method, '/')+1:]]++
+	c.mu.Unlock()
+}
+
+// Load returns how many requests were made.
+func (c *rpcCounter) Load() int64 { return c.n.Load() }
+
+// snapshot returns the counts by method.
+func (c *rpcCounter) snapshot() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := make(map[string]int64, len(c.by))
+	for k, v := range c.by {
+		m[k] = v
+	}
+	return m
 }
 
 // syncBuf collects the mount's log; the test prints it when it fails.
@@ -113,7 +142,7 @@ type fixture struct {
 
 	etcd   []string      // the test etcd's endpoints
 	master volkey.Master // the volume's key
-	rpcs   *atomic.Int64 // requests this device made to etcd
+	rpcs   *rpcCounter   // requests this device made to etcd
 }
 
 // newFixture mounts a fresh volume (embedded etcd, memory store) in a

@@ -219,9 +219,18 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 	c := n.content
 	n.mu.Unlock()
 	if c != nil {
-		if size, mtime, ok := c.local(); ok {
+		if size, mtime, held, ok := c.local(); ok {
 			a.Size = uint64(size)
 			a.SetTimes(&mtime, &mtime, nil)
+			if held.setMode {
+				a.Mode = typeMode(e.Type) | held.mode&07777
+			}
+			if held.setUID {
+				a.Uid = held.uid
+			}
+			if held.setGID {
+				a.Gid = held.gid
+			}
 		}
 	}
 	a.Blocks = (a.Size + 511) / 512
@@ -274,9 +283,10 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 	return 0
 }
 
-// Setattr changes mode, owner, mtime (in the metadata, at once) and size
-// (in the open copy; a truncate by path commits at once). atime is not
-// kept: it reads as mtime.
+// Setattr changes mode, owner, mtime (in the metadata, at once; on a file
+// this mount is writing, with its save at close: heldAttrs) and size (in
+// the open copy; a truncate by path commits at once). atime is not kept:
+// it reads as mtime.
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	ctx = bg(ctx)
 	h, _ := f.(*handle)
@@ -304,33 +314,14 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 		}
 	}
 	if setMode || setUID || setGID || setMtime {
-		for attempt := 0; ; attempt++ {
-			e, err := n.readEntry(ctx, attempt > 0)
-			if err != nil {
+		a := heldAttrs{setMode: setMode, setUID: setUID, setGID: setGID, setMtime: setMtime,
+			mode: mode, uid: uid, gid: gid, mtime: mtime}
+		// On a file this mount is writing, they ride with the save at
+		// close (heldAttrs); elsewise they are written now.
+		if !n.holdAttrs(a) {
+			if err := n.setAttrs(ctx, a); err != nil {
 				return n.m.errno("setattr", n.path(""), err)
 			}
-			if setMode {
-				e.Mode = mode & 07777
-			}
-			if setUID {
-				e.UID = uid
-			}
-			if setGID {
-				e.GID = gid
-			}
-			if setMtime {
-				e.Mtime = mtime.UnixNano()
-			}
-			ne, err := n.m.vol.Meta.Update(ctx, e)
-			if errors.Is(err, cairn.ErrConflict) && attempt < 20 {
-				continue // a concurrent change won: read again
-			}
-			if err != nil {
-				return n.m.errno("setattr", n.path(""), err)
-			}
-			n.m.ents.put(ne)
-			n.remember(ne)
-			break
 		}
 	}
 	return n.Getattr(ctx, f, out)
@@ -349,26 +340,43 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 
 // create adds entry e (a directory, symlink or empty file) to directory n.
 func (n *node) create(ctx context.Context, e meta.Entry) (*meta.Entry, syscall.Errno) {
+	ne, _, errno := n.createLocked(ctx, e, false)
+	return ne, errno
+}
+
+// createLocked is create that, when locked, also takes the new file's
+// writer lock in the same transaction (meta.Vol.CreateLocked); the lock
+// is nil if it could not be had so.
+func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*meta.Entry, *meta.Lock, syscall.Errno) {
 	if errno := checkName(e.Name); errno != 0 {
-		return nil, errno
+		return nil, nil, errno
 	}
 	dir, errno := n.dirEntry()
 	if errno != 0 {
-		return nil, errno
+		return nil, nil, errno
 	}
 	e.UID, e.GID = caller(ctx)
-	ne, err := n.m.vol.Meta.Create(ctx, dir, e)
+	var ne *meta.Entry
+	var l *meta.Lock
+	var err error
+	epoch := n.m.ents.writing()
+	if locked {
+		ne, l, err = n.m.vol.Meta.CreateLocked(ctx, dir, e)
+	} else {
+		ne, err = n.m.vol.Meta.Create(ctx, dir, e)
+	}
 	if err != nil {
+		n.m.ents.wrote(epoch, nil)
 		if errors.Is(err, cairn.ErrExist) {
 			if ne != nil {
 				n.m.ents.put(ne)
 			}
-			return ne, syscall.EEXIST
+			return ne, nil, syscall.EEXIST
 		}
-		return nil, n.m.errno("create", n.path(e.Name), err)
+		return nil, nil, n.m.errno("create", n.path(e.Name), err)
 	}
-	n.m.ents.put(ne)
-	return ne, 0
+	n.m.ents.wrote(epoch, ne)
+	return ne, l, 0
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
