@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -605,6 +606,54 @@ func TestAttributes(t *testing.T) {
 	e = f.entry("f")
 	if e.Mode != 0o640 || e.Mtime != later.UnixNano() || e.Current().Mtime != later.UnixNano() || string(f.cat("f")) != "data more" {
 		t.Fatalf("after writing with a chmod and utimes while open: mode %o mtime %v content %q", e.Mode, time.Unix(0, e.Mtime), f.cat("f"))
+	}
+	// Set on the descriptor of a file open for writing (what tar does),
+	// they are this mount's at once and the metadata's with the commit at
+	// close, in its transaction; with nothing written, the close writes
+	// them alone.
+	for _, write := range []bool{true, false} {
+		w, err := os.OpenFile(f.path("f"), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		if write {
+			w.WriteString("!")
+		}
+		mode, at := os.FileMode(0o604), when.Add(2*time.Hour)
+		if !write {
+			mode, at = 0o664, when.Add(3*time.Hour)
+		}
+		if err := w.Chmod(mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Chown(4321, 8765); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", w.Fd()),
+			[]unix.Timespec{unix.NsecToTimespec(at.UnixNano()), unix.NsecToTimespec(at.UnixNano())}, 0); err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(int(w.Fd()), &st); err != nil || st.Mode&07777 != uint32(mode) || st.Uid != 4321 || st.Gid != 8765 || st.Mtim.Nano() != at.UnixNano() {
+			t.Fatalf("fstat while open (wrote %v): mode %o uid %d gid %d mtime %v, %v", write, st.Mode&07777, st.Uid, st.Gid, time.Unix(0, st.Mtim.Nano()), err)
+		}
+		if err := unix.Stat(f.path("f"), &st); err != nil || st.Mode&07777 != uint32(mode) || st.Uid != 4321 {
+			t.Fatalf("stat by path while open (wrote %v): mode %o uid %d, %v", write, st.Mode&07777, st.Uid, err)
+		}
+		if e := f.entry("f"); e.Mode == uint32(mode) || e.Mtime == at.UnixNano() {
+			t.Fatalf("the metadata has the attributes before the close (wrote %v): mode %o mtime %v", write, e.Mode, time.Unix(0, e.Mtime))
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		e := f.entry("f")
+		if e.Mode != uint32(mode) || e.UID != 4321 || e.GID != 8765 || e.Mtime != at.UnixNano() {
+			t.Fatalf("after the close (wrote %v): mode %o uid %d gid %d mtime %v", write, e.Mode, e.UID, e.GID, time.Unix(0, e.Mtime))
+		}
+		if want := "data more!"; string(f.cat("f")) != want {
+			t.Fatalf("content %q, want %q", f.cat("f"), want)
+		}
 	}
 	// Directory attributes.
 	if err := os.Mkdir(f.path("d"), 0o755); err != nil {
