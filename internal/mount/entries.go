@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
 )
 
@@ -45,6 +46,10 @@ type entryCache struct {
 	trust    time.Duration // watchTrust (tests shorten it)
 	progress time.Duration // watchProgress (tests lengthen it)
 	ents     map[ekey]*meta.Entry
+	// complete are directories whose every entry ents holds (made by
+	// this mount, or listed whole): the watch adds what is created in
+	// them, and a name they lack is known absent without asking etcd.
+	complete map[uint64]bool
 	epoch    uint64 // bumped when the cache is emptied; a read begun before is not kept
 	live     bool   // a watch is established and reports every change
 	heard    time.Time
@@ -59,7 +64,8 @@ type entryCache struct {
 }
 
 func newEntryCache(v *meta.Vol) *entryCache {
-	return &entryCache{vol: v, trust: watchTrust, progress: watchProgress, ents: map[ekey]*meta.Entry{}, tombs: map[ekey]int64{}}
+	return &entryCache{vol: v, trust: watchTrust, progress: watchProgress, ents: map[ekey]*meta.Entry{},
+		complete: map[uint64]bool{}, tombs: map[ekey]int64{}}
 }
 
 func copyEntry(e *meta.Entry) *meta.Entry {
@@ -74,7 +80,9 @@ func (c *entryCache) trustedLocked() bool {
 }
 
 // get returns the record name in directory parent (0, "": the root's),
-// from the cache when it may answer, else from etcd.
+// from the cache when it may answer, else from etcd. A name a complete
+// directory lacks is NotFound without a request (the lookup before every
+// create of tar or git).
 func (c *entryCache) get(ctx context.Context, parent uint64, name string, fresh bool) (*meta.Entry, error) {
 	k := ekey{parent, name}
 	c.mu.Lock()
@@ -82,6 +90,10 @@ func (c *entryCache) get(ctx context.Context, parent uint64, name string, fresh 
 		if e := c.ents[k]; e != nil {
 			c.mu.Unlock()
 			return copyEntry(e), nil
+		}
+		if k != (ekey{}) && c.complete[parent] {
+			c.mu.Unlock()
+			return nil, cairn.E("lookup", cairn.NotFound, name, nil)
 		}
 	}
 	epoch := c.epoch
@@ -112,9 +124,26 @@ func (c *entryCache) readDir(ctx context.Context, ino uint64) ([]meta.Entry, err
 		for i := range ents {
 			c.keepLocked(epoch, ekey{ino, ents[i].Name}, &ents[i])
 		}
+		c.completeLocked(epoch, ino)
 	}
 	c.doneReadLocked()
 	return ents, err
+}
+
+// completeLocked marks directory ino complete, once every entry it had
+// when read (or made, empty) since epoch is kept: unless the cache was
+// emptied since, or the watch reported a change in it meanwhile (which
+// the read may or may not have seen).
+func (c *entryCache) completeLocked(epoch uint64, ino uint64) {
+	if !c.live || epoch != c.epoch {
+		return
+	}
+	for k := range c.tombs {
+		if k.parent == ino {
+			return
+		}
+	}
+	c.complete[ino] = true
 }
 
 func (c *entryCache) doneReadLocked() {
@@ -177,8 +206,9 @@ func (c *entryCache) writing() (epoch uint64) {
 }
 
 // wrote ends a write begun by writing; e (nil: the write failed) is the
-// entry it wrote, with the write's revision.
-func (c *entryCache) wrote(epoch uint64, e *meta.Entry) {
+// entry it wrote, with the write's revision. made says e is a directory
+// the write created, empty.
+func (c *entryCache) wrote(epoch uint64, e *meta.Entry, made bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e != nil {
@@ -187,6 +217,9 @@ func (c *entryCache) wrote(epoch uint64, e *meta.Entry) {
 			k = ekey{}
 		}
 		c.keepLocked(epoch, k, e)
+		if made && e.IsDir() {
+			c.completeLocked(epoch, e.Ino)
+		}
 	}
 	c.doneReadLocked()
 }
@@ -198,6 +231,7 @@ func (c *entryCache) forget(parent uint64, name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.ents, k)
+	delete(c.complete, parent) // the change may have failed: ask etcd
 	if c.reads > 0 {
 		c.tombs[k] = math.MaxInt64
 	}
@@ -205,6 +239,7 @@ func (c *entryCache) forget(parent uint64, name string) {
 
 func (c *entryCache) resetLocked() {
 	c.ents = map[ekey]*meta.Entry{}
+	c.complete = map[uint64]bool{}
 	c.epoch++
 }
 
@@ -237,6 +272,13 @@ func (c *entryCache) apply(ev meta.EntryEvents) []meta.EntryChange {
 		}
 		old, ok := c.ents[k]
 		if !ok {
+			if ch.Entry != nil && c.complete[ch.Parent] {
+				if len(c.ents) >= maxCachedEntries {
+					c.resetLocked()
+				} else {
+					c.ents[k] = ch.Entry // created in a complete directory
+				}
+			}
 			continue
 		}
 		known = append(known, meta.EntryChange{Parent: ch.Parent, Name: ch.Name, Entry: old, Rev: ch.Rev})

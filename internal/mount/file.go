@@ -172,7 +172,7 @@ func (n *node) setAttrs(ctx context.Context, a heldAttrs) error {
 		a.applyTo(e)
 		epoch := n.m.ents.writing()
 		ne, err := n.m.vol.Meta.Update(ctx, e)
-		n.m.ents.wrote(epoch, ne)
+		n.m.ents.wrote(epoch, ne, false)
 		if errors.Is(err, cairn.ErrConflict) && attempt < 20 {
 			continue // a concurrent change won: read again
 		}
@@ -649,7 +649,7 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 	open := func() (io.ReadCloser, error) { return io.NopCloser(io.NewSectionReader(f, 0, size)), nil }
 	epoch := n.m.ents.writing()
 	e, _, err := n.m.vol.WriteFile(ctx, dir, name, open, attrs)
-	n.m.ents.wrote(epoch, e)
+	n.m.ents.wrote(epoch, e, false)
 	if err != nil {
 		n.commitFailed()
 		return err

@@ -366,7 +366,7 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 		ne, err = n.m.vol.Meta.Create(ctx, dir, e)
 	}
 	if err != nil {
-		n.m.ents.wrote(epoch, nil)
+		n.m.ents.wrote(epoch, nil, false)
 		if errors.Is(err, cairn.ErrExist) {
 			if ne != nil {
 				n.m.ents.put(ne)
@@ -375,7 +375,7 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 		}
 		return nil, nil, n.m.errno("create", n.path(e.Name), err)
 	}
-	n.m.ents.wrote(epoch, ne)
+	n.m.ents.wrote(epoch, ne, true)
 	return ne, l, 0
 }
 

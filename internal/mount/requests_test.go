@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/etcdsvc/etcdtest"
+	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
 )
 
@@ -76,7 +77,8 @@ func (f *fixture) measure(op func()) opRequests {
 // the design needs: a new file written and closed is one transaction for
 // the create and its writer lock, and one for the commit (which releases
 // the lock); attributes set on a file open for writing ride with the
-// commit.
+// commit; the lookup before a create, in a directory this mount made, asks
+// nothing (TestCompleteDirectory).
 func TestRequestsPerOperation(t *testing.T) {
 	f := newFixture(t, mount.Options{})
 	if err := os.Mkdir(f.path("d"), 0o755); err != nil {
@@ -122,18 +124,18 @@ func TestRequestsPerOperation(t *testing.T) {
 	// The first commit reads the GC generation and the first lock grants
 	// the mount's lease: once per mount, not counted.
 	write("d/warm", false)
-	run("create+close (empty)", 3, func() {
+	run("create+close (empty)", 2, func() {
 		fd, err := unix.Open(f.path("d/empty"), unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
 		check(err)
 		check(unix.Close(fd))
 	})
-	run("create+write 4 KiB+close", 3, func() { write("d/a", false) })
-	run("tar: create+write+futimens+fchown+fchmod+close", 3, func() { write("d/t", true) })
+	run("create+write 4 KiB+close", 2, func() { write("d/a", false) })
+	run("tar: create+write+futimens+fchown+fchmod+close", 2, func() { write("d/t", true) })
 	run("chmod (closed file)", 1, func() { check(os.Chmod(f.path("d/a"), 0o600)) })
 	run("utimens (closed file)", 1, func() { check(os.Chtimes(f.path("d/a"), mtime, mtime)) })
 	run("chown, same owner (closed file)", 1, func() { check(os.Chown(f.path("d/a"), uid, gid)) })
-	run("mkdir", 2, func() { check(os.Mkdir(f.path("d/sub"), 0o755)) })
-	run("rename to a new name", 5, func() { check(os.Rename(f.path("d/a"), f.path("d/b"))) })
+	run("mkdir", 1, func() { check(os.Mkdir(f.path("d/sub"), 0o755)) })
+	run("rename to a new name", 3, func() { check(os.Rename(f.path("d/a"), f.path("d/b"))) })
 	run("rename over a file", 3, func() { check(os.Rename(f.path("d/b"), f.path("d/t"))) })
 	run("rewrite an existing file (O_TRUNC)", 4, func() { check(os.WriteFile(f.path("d/t"), data[:100], 0o644)) })
 	run("unlink", 2, func() { check(os.Remove(f.path("d/t"))) })
@@ -144,5 +146,73 @@ func TestRequestsPerOperation(t *testing.T) {
 		if n := r.req.total(); n > r.max {
 			t.Errorf("%s made %d etcd requests (%s), want at most %d", r.op, n, r.req, r.max)
 		}
+	}
+}
+
+// TestCompleteDirectory: in a directory this mount made (or listed
+// whole), a name it does not know is absent without asking etcd, and
+// what another device creates or removes there is seen once the watch
+// has reported it; a directory listed while it changes is not taken for
+// complete.
+func TestCompleteDirectory(t *testing.T) {
+	f := newFixture(t, mount.Options{AttrTimeout: mount.NoAttrCache})
+	if err := os.Mkdir(f.path("d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	absent := func(rel string) {
+		t.Helper()
+		if _, err := os.Lstat(f.path(rel)); !os.IsNotExist(err) {
+			t.Fatalf("lstat %s: %v, want not found", rel, err)
+		}
+	}
+	if r := f.measure(func() { absent("d/x") }); r.total() != 0 {
+		t.Fatalf("the lookup of an absent name in a directory this mount made asked etcd: %s", r)
+	}
+	// Made elsewhere (not through this mount): seen once watched.
+	f.put("d/x", []byte("x"))
+	if r := f.measure(func() {
+		if b, err := os.ReadFile(f.path("d/x")); err != nil || string(b) != "x" {
+			t.Fatalf("read of a file made elsewhere in a complete directory: %q, %v", b, err)
+		}
+	}); r.total() != 0 {
+		t.Fatalf("reading it asked etcd: %s", r)
+	}
+	ctx := context.Background()
+	d := f.entry("d")
+	if _, err := f.vol.Meta.Remove(ctx, d, "x", "v:/d/x", false); err != nil {
+		t.Fatal(err)
+	}
+	f.measure(func() { absent("d/x") })
+
+	// A directory made elsewhere becomes complete when listed.
+	if _, err := f.vol.Meta.Create(ctx, d, meta.Entry{Name: "e", Type: meta.TypeDir, Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	e := f.entry("d/e")
+	if _, err := f.vol.Meta.Create(ctx, e, meta.Entry{Name: "y", Type: meta.TypeFile, Mode: 0o644}); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.measure(func() { absent("d/e/z") }); r.total() == 0 {
+		t.Fatal("a directory made elsewhere and never listed was taken for complete")
+	}
+	f.measure(func() {
+		if names := dirNames(t, f.path("d/e")); len(names) != 3 || names["y"] == 0 {
+			t.Fatalf("listed %v", names)
+		}
+	})
+	if r := f.measure(func() { absent("d/e/z") }); r.total() != 0 {
+		t.Fatalf("the lookup of an absent name in a listed directory asked etcd: %s", r)
+	}
+	if _, err := os.Lstat(f.path("d/e/y")); err != nil {
+		t.Fatal(err)
+	}
+	// A rename out of it makes this mount ask again (the change might
+	// have failed); the names are right either way.
+	if err := os.Rename(f.path("d/e/y"), f.path("d/y")); err != nil {
+		t.Fatal(err)
+	}
+	absent("d/e/y")
+	if _, err := os.Lstat(f.path("d/y")); err != nil {
+		t.Fatal(err)
 	}
 }
