@@ -280,7 +280,9 @@ func TestProgramGit(t *testing.T) {
 	env := progEnv(t)
 	src := makeGitRepo(t, env, 300, 5)
 	dst := f.path("clone")
+	before := f.rpcs.snapshot()
 	run(t, f.mnt, env, "", "git", "clone", "-q", src, dst)
+	f.logRequests("git clone", before, 300)
 
 	n := compareTrees(t, src, dst, false, ".git")
 	if n < 300 {
@@ -390,7 +392,9 @@ func TestProgramTar(t *testing.T) {
 	if err := os.Mkdir(f.path("x"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	before := f.rpcs.snapshot()
 	run(t, f.path("x"), env, "", "tar", "-xf", tarball)
+	f.logRequests("tar -xf", before, countFiles(t, local))
 	if n := compareTrees(t, local, f.path("x"), true); n < 400 {
 		t.Fatalf("compared %d entries, want Go's net package (400+ files)", n)
 	}

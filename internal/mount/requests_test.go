@@ -3,7 +3,9 @@ package mount_test
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -215,4 +217,33 @@ func TestCompleteDirectory(t *testing.T) {
 	if _, err := os.Lstat(f.path("d/y")); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// logRequests logs the etcd requests f's mount made since before, in all
+// and per file of a tree of files.
+func (f *fixture) logRequests(what string, before map[string]int64, files int) {
+	f.t.Helper()
+	d := opRequests{}
+	for k, v := range f.rpcs.snapshot() {
+		if v -= before[k]; v != 0 {
+			d[k] = v
+		}
+	}
+	f.t.Logf("%s of %d files: %s etcd requests, %.2f per file", what, files, d, float64(d.total())/float64(files))
+}
+
+// countFiles counts the regular files and symlinks below dir.
+func countFiles(t *testing.T, dir string) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			n++
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
