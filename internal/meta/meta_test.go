@@ -385,3 +385,42 @@ func TestCreateLocked(t *testing.T) {
 		t.Fatalf("second CreateLocked in a removed directory = %v (the in-process lock was kept?)", err)
 	}
 }
+
+// TestRenameKnown: a rename given the entries as the caller knew them
+// reads nothing; given stale ones it fails with Conflict and changes
+// nothing.
+func TestRenameKnown(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 10)
+	root, err := v.Root(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := commit(t, s, v, root, "a", 1, 1)
+	b := commit(t, s, v, root, "b", 2, 2)
+	// Stale source, destination thought absent while present, and
+	// destination thought present at an old revision: all refused.
+	old := *a
+	commit(t, s, v, root, "a", 3, 3)
+	for i, try := range []struct {
+		src *meta.Entry
+		dst *meta.Known
+	}{{&old, meta.KnownEntry(b)}, {nil, meta.KnownEntry(nil)}, {nil, meta.KnownEntry(&meta.Entry{Name: "b", Parent: 1, Ino: b.Ino, Type: meta.TypeFile, Rev: b.Rev - 1})}} {
+		if err := v.RenameKnown(ctx, root, "a", try.src, root, "b", "home:/b", try.dst); !errors.Is(err, cairn.ErrConflict) {
+			t.Fatalf("rename %d with a stale entry: %v, want Conflict", i, err)
+		}
+	}
+	if got := mustLookup(t, v, "b"); got.Ino != b.Ino || got.Size != 2 {
+		t.Fatalf("b changed: %+v", got)
+	}
+	cur := mustLookup(t, v, "a")
+	if err := v.RenameKnown(ctx, root, "a", cur, root, "b", "home:/b", meta.KnownEntry(b)); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustLookup(t, v, "b"); got.Ino != cur.Ino || got.Size != 3 {
+		t.Fatalf("after the rename b is %+v", got)
+	}
+	if _, err := v.Get(ctx, 1, "a"); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("a after the rename: %v", err)
+	}
+}

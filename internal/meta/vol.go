@@ -531,15 +531,28 @@ func (v *Vol) deleteSubtree(ctx context.Context, ino uint64) error {
 // destination directory must be empty and is replaced by a directory only.
 // The caller checks that a directory is not moved below itself.
 func (v *Vol) Rename(ctx context.Context, srcParent *Entry, srcName string, dstParent *Entry, dstName, dstPath string) error {
+	return v.RenameKnown(ctx, srcParent, srcName, nil, dstParent, dstName, dstPath, nil)
+}
+
+// RenameKnown is Rename with the source's entry (src) and the
+// destination's (dst: known present or absent) as the caller knows them,
+// from a cache kept current by a watch, saving their reads; nil: read
+// them. The rename compares both with what is current: a stale one
+// fails it with Conflict, and the caller tries again without.
+func (v *Vol) RenameKnown(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known) error {
 	if !dstParent.IsDir() {
 		return cairn.E("rename", cairn.NotDir, dstPath, nil)
 	}
-	src, err := v.Get(ctx, srcParent.Ino, srcName)
-	if err != nil {
-		return err
+	var err error
+	if src == nil || src.Parent != srcParent.Ino || src.Name != srcName {
+		if src, err = v.Get(ctx, srcParent.Ino, srcName); err != nil {
+			return err
+		}
 	}
-	dst, err := v.Get(ctx, dstParent.Ino, dstName)
-	if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+	var dst *Entry
+	if known != nil {
+		dst = known.entry
+	} else if dst, err = v.Get(ctx, dstParent.Ino, dstName); err != nil && !errors.Is(err, cairn.ErrNotFound) {
 		return err
 	}
 	if dst != nil && dst.Ino == src.Ino {

@@ -500,8 +500,21 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			return n.m.errno("rename", np.path(newName), err)
 		}
 	}
+	// The first attempt takes both names' entries from the entry cache
+	// (a stale one fails the compare-and-swap: Conflict); a retry reads
+	// them from etcd.
+	fresh := false
 	err := retryConflict(func() error {
-		return n.m.vol.Meta.Rename(ctx, src, name, dst, newName, np.path(newName))
+		se, err := n.m.ents.get(ctx, n.ino, name, fresh)
+		if err != nil {
+			return err
+		}
+		de, err := n.m.ents.get(ctx, np.ino, newName, fresh)
+		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+			return err
+		}
+		fresh = true
+		return n.m.vol.Meta.RenameKnown(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
 	})
 	n.m.ents.forget(n.ino, name)
 	n.m.ents.forget(np.ino, newName)
