@@ -348,6 +348,21 @@ func (x *fsx) fstat(h *fsxHandle) {
 	}
 }
 
+// chmod changes the mode of h's file on its descriptor, or of a random
+// path (on a file open for writing, the mount holds it for the commit at
+// close: a later stat must show it all the same).
+func (x *fsx) chmod(h *fsxHandle) {
+	mode := []os.FileMode{0o600, 0o640, 0o644, 0o664}[x.r.IntN(4)]
+	if x.r.IntN(2) == 0 {
+		x.logOp(fmt.Sprintf("fchmod %v %v", h, mode))
+		x.same("fchmod", h.mnt.Chmod(mode), h.loc.Chmod(mode))
+		return
+	}
+	p := x.randPath()
+	x.logOp(fmt.Sprintf("chmod %s %v", p, mode))
+	x.same("chmod", os.Chmod(x.mp(p), mode), os.Chmod(x.lp(p), mode))
+}
+
 func (x *fsx) stat(p string) {
 	x.logOp(fmt.Sprintf("stat %s", p))
 	fm, em := os.Lstat(x.mp(p))
@@ -502,8 +517,10 @@ func (x *fsx) step() {
 		x.fsync(h)
 	case k < 75:
 		x.close(h)
-	case k < 80:
+	case k < 78:
 		x.fstat(h)
+	case k < 80:
+		x.chmod(h)
 	case k < 84:
 		x.rename(x.randPath(), x.randPath())
 	case k < 86:

@@ -318,6 +318,19 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 			mode: mode, uid: uid, gid: gid, mtime: mtime}
 		// On a file this mount is writing, they ride with the save at
 		// close (heldAttrs); elsewise they are written now.
+		if _, _, ok := n.place(); !ok {
+			// Removed while open (fchmod of an unlinked file): its
+			// attributes live on in memory only, as its bytes do.
+			n.mu.Lock()
+			open := n.content != nil
+			if open {
+				a.applyTo(&n.last)
+			}
+			n.mu.Unlock()
+			if open {
+				return n.Getattr(ctx, f, out)
+			}
+		}
 		if !n.holdAttrs(a) {
 			if err := n.setAttrs(ctx, a); err != nil {
 				return n.m.errno("setattr", n.path(""), err)
