@@ -424,3 +424,30 @@ func TestRenameKnown(t *testing.T) {
 		t.Fatalf("a after the rename: %v", err)
 	}
 }
+
+// TestRemoveKnown: a remove given a stale entry fails with Conflict and
+// removes nothing; given the current one it removes it to the trash.
+func TestRemoveKnown(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 10)
+	root, err := v.Root(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := commit(t, s, v, root, "a", 1, 1)
+	cur := commit(t, s, v, root, "a", 2, 2)
+	if _, err := v.RemoveKnown(ctx, root, "a", "home:/a", false, old); !errors.Is(err, cairn.ErrConflict) {
+		t.Fatalf("remove with a stale entry: %v, want Conflict", err)
+	}
+	mustLookup(t, v, "a")
+	item, err := v.RemoveKnown(ctx, root, "a", "home:/a", false, cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if item.Entry.Ino != cur.Ino || item.Entry.Size != 2 {
+		t.Fatalf("trash item %+v", item.Entry)
+	}
+	if _, err := v.Get(ctx, 1, "a"); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("a after the remove: %v", err)
+	}
+}

@@ -393,9 +393,18 @@ func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
 // Remove moves the entry name of directory parent to the trash. A non-empty
 // directory needs recursive. path is recorded for people and restore.
 func (v *Vol) Remove(ctx context.Context, parent *Entry, name, path string, recursive bool) (*TrashItem, error) {
-	e, err := v.Get(ctx, parent.Ino, name)
-	if err != nil {
-		return nil, relabel(err, path)
+	return v.RemoveKnown(ctx, parent, name, path, recursive, nil)
+}
+
+// RemoveKnown is Remove with the entry as the caller knows it (e, from a
+// cache kept current by a watch), saving its read; nil: read it. A stale
+// one fails the remove with Conflict, and the caller tries again without.
+func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string, recursive bool, e *Entry) (*TrashItem, error) {
+	if e == nil || e.Parent != parent.Ino || e.Name != name {
+		var err error
+		if e, err = v.Get(ctx, parent.Ino, name); err != nil {
+			return nil, relabel(err, path)
+		}
 	}
 	item := TrashItem{ID: fmt.Sprintf("%016x-%s", time.Now().UnixNano(), randomID()[:8]), Path: path, Deleted: time.Now().UnixNano(), Entry: *e}
 	b, _ := json.Marshal(item)

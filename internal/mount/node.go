@@ -463,8 +463,12 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	case !dir && e.IsDir():
 		return syscall.EISDIR
 	}
+	// The first attempt removes the entry as the entry cache has it (a
+	// stale one fails the compare-and-swap: Conflict); a retry reads it.
+	known := e
 	err = retryConflict(func() error {
-		_, err := n.m.vol.Meta.Remove(ctx, parent, name, n.path(name), false)
+		_, err := n.m.vol.Meta.RemoveKnown(ctx, parent, name, n.path(name), false, known)
+		known = nil
 		return err
 	})
 	n.m.ents.forget(n.ino, name)
