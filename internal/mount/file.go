@@ -169,7 +169,15 @@ func (n *node) setAttrs(ctx context.Context, a heldAttrs) error {
 		if err != nil {
 			return err
 		}
+		was := *e
 		a.applyTo(e)
+		if attempt == 0 && e.Mode == was.Mode && e.UID == was.UID && e.GID == was.GID && e.Mtime == was.Mtime {
+			// Nothing changes (tar's chown of what it made to its own
+			// user): no write. The entry is the cache's, current as far
+			// as the watch has told; a change racing this one from
+			// another device would win either way.
+			return nil
+		}
 		epoch := n.m.ents.writing()
 		ne, err := n.m.vol.Meta.Update(ctx, e)
 		n.m.ents.wrote(epoch, ne, false)
