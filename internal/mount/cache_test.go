@@ -345,7 +345,33 @@ func TestWriterLock(t *testing.T) {
 		}
 		t.Fatalf("the other device opens a file being created: %v, want EBUSY", err)
 	}
+	// Its lock, taken by the create's own transaction, goes with the
+	// last close: the commit's, or without writes, the release's.
+	n.WriteString("n")
 	n.Close()
+	e, err := os.Create(f.path("empty"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	e.Close()
+	f.waitClosed(0)
+	g.waitWatched(f.entry("new").Rev)
+	g.waitWatched(f.entry("empty").Rev)
+	for _, name := range []string{"new", "empty"} {
+		x, err := os.OpenFile(g.path(name), os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatalf("the other device opens %s for writing after its maker closed it: %v", name, err)
+		}
+		defer x.Close()
+		x.WriteString("+g")
+		if err := x.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := f.cat("new"); string(got) != "n+g" {
+		t.Fatalf("new holds %q", got)
+	}
 }
 
 // TestTwoDevicesCloseToOpen: what one device writes and closes, the other
