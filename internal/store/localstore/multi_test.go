@@ -188,7 +188,7 @@ func TestDeleteSeenAfterRefresh(t *testing.T) {
 		})
 	}
 	wg.Go(func() { // more writes meanwhile, filling and rotating packs
-		for i := uint64(0); i < 6000; i++ {
+		for i := uint64(0); i < 4000; i++ {
 			select {
 			case <-stop:
 				return
@@ -203,7 +203,7 @@ func TestDeleteSeenAfterRefresh(t *testing.T) {
 	})
 	defer func() { close(stop); wg.Wait() }()
 	seed := uint64(1)
-	for round := range 60 {
+	for round := range 40 {
 		objs := putN(t, a, seed, 40, 1500+round)
 		seed += 1000
 		b := open(t, dir, opts)

@@ -426,8 +426,8 @@ func (s *Store) adoptIdx(p *pack) {
 		}
 		return
 	}
+	dropPages(mapped) // before another goroutine can unmap it
 	s.replace(p, d.entries, mapped, d.tombs, d.end, size, int64(len(mapped)))
-	dropPages(mapped)
 }
 
 // replace gives an installed pack a new, complete list of records.

@@ -372,6 +372,11 @@ func (s *Store) seal(p *pack) error {
 			mapped = nil
 		}
 	}
+	dropPages(mapped)
+	// Let go of the file while the pack is still ours in memory: once it
+	// is sealed here, a refresh may find that another process compacted
+	// it away (its index is complete) and close its file.
+	uerr := unlock(p.f)
 	s.mu.Lock()
 	if mapped != nil {
 		p.entries, p.mapped = d.entries, mapped
@@ -379,6 +384,5 @@ func (s *Store) seal(p *pack) error {
 	p.state = stateSealed
 	p.idxSize = int64(len(idx))
 	s.mu.Unlock()
-	dropPages(mapped)
-	return unlock(p.f)
+	return uerr
 }
