@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	mrand "math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -69,124 +71,172 @@ func bucketObjects(t *testing.T, m *cloudtest.MinIO) int {
 	return n
 }
 
-// checkFiles checks that every file of want reads back byte-identical
-// from the stores (past every cache) if committed, or else is absent;
-// it returns how many are committed.
+// checkFiles checks that every file of want that is in cairn's dir (a
+// directory put made) reads back byte-identical from the stores, past
+// every cache (one 'get --no-cache' of dir), and that cairn's dir holds
+// no other file; it returns how many of want are there.
 func checkFiles(t *testing.T, r *realmT, dir string, want map[string][]byte) int {
 	t.Helper()
-	committed := 0
-	for name, b := range want {
-		res := r.run("cat", "--no-cache", dir+"/"+name)
-		switch res.code {
-		case 0:
-			if res.stdout != string(b) {
-				t.Fatalf("%s reads back %d bytes that differ from the %d put", name, len(res.stdout), len(b))
-			}
-			committed++
-		case cli.ExitNotFound:
-		default:
-			t.Fatalf("cat %s: exit %d: %s", name, res.code, res.stderr)
+	out := filepath.Join(t.TempDir(), "got")
+	r.ok("get", "-q", "--no-cache", dir, out)
+	ents, err := os.ReadDir(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, de := range ents {
+		b, ok := want[de.Name()]
+		if !ok {
+			t.Fatalf("%s/%s: not a file put", dir, de.Name())
+		}
+		if got := mustRead(t, filepath.Join(out, de.Name())); !bytes.Equal(got, b) {
+			t.Fatalf("%s/%s reads back %d bytes that differ from the %d put", dir, de.Name(), len(got), len(b))
 		}
 	}
-	return committed
+	return len(ents)
 }
 
-// TestQueueDrainerKilled queues files with put --background, starts the
-// drainer as its own process and kills it (SIGKILL, by PID) while its
-// uploads are in flight: every file is then either committed and reads
-// back byte-identical from the bucket, or not visible at all (nothing is
-// committed before its data is stored). A second drainer finishes the
-// queue; every file reads back, fsck --read-data is clean, and a gc
-// afterwards loses nothing.
+// TestQueueDrainerKilled queues files with four put --background runs
+// (four queue directories, drained one after another), starts the drainer
+// as its own process and kills it (SIGKILL, by PID) while its uploads are
+// in flight, then again at random moments in later runs: after each kill
+// every file is either committed and reads back byte-identical from the
+// bucket (past every cache), or not visible at all and still queued:
+// nothing is committed before its data is stored, nothing queued is lost.
+// A last drainer finishes the queue; every file reads back, fsck
+// --read-data is clean, and a gc afterwards loses nothing.
 func TestQueueDrainerKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("uploads ~33 MiB to MinIO")
 	}
 	r, m := minioRealm(t)
-	src := filepath.Join(t.TempDir(), "src")
-	want := map[string][]byte{}
-	for i := range 16 {
-		n := []int{100, 5000, 3 << 20, 5<<20 + 3}[i%4]
-		want[fmt.Sprintf("f%02d", i)] = randBytes(n)
+	const puts = 4
+	want := make([]map[string][]byte, puts)
+	total := 0
+	for p := range puts {
+		src := filepath.Join(t.TempDir(), fmt.Sprintf("p%d", p))
+		want[p] = map[string][]byte{}
+		for i := range 4 {
+			n := []int{100, 5000, 3 << 20, 5<<20 + 3}[i]
+			b := randBytes(n)
+			want[p][fmt.Sprintf("f%d", i)] = b
+			writeFile(t, filepath.Join(src, fmt.Sprintf("f%d", i)), b, 0o644)
+			total++
+		}
+		sum := putJSON(t, r, "--background", src, "home:/")
+		if sum.Queued != 4 || sum.Files != 4 {
+			t.Fatalf("put --background queued %d of 4 files: %+v", sum.Queued, sum)
+		}
 	}
-	for name, b := range want {
-		writeFile(t, filepath.Join(src, name), b, 0o644)
+	// checkAll checks every file and returns how many are committed.
+	checkAll := func() int {
+		n := 0
+		for p := range puts {
+			n += checkFiles(t, r, fmt.Sprintf("home:/p%d", p), want[p])
+		}
+		return n
 	}
-	sum := putJSON(t, r, "--background", src, "home:/")
-	if sum.Queued != int64(len(want)) || sum.Files != int64(len(want)) {
-		t.Fatalf("put --background queued %d of %d files: %+v", sum.Queued, len(want), sum)
+	if ql := queueLs(t, r); ql.Files != total {
+		t.Fatalf("queue ls shows %d files, want %d: %+v", ql.Files, total, ql)
 	}
-	if ql := queueLs(t, r); ql.Files != len(want) {
-		t.Fatalf("queue ls shows %d files, want %d: %+v", ql.Files, len(want), ql)
-	}
-	if n := checkFiles(t, r, "home:/src", want); n != 0 {
+	if n := checkAll(); n != 0 {
 		t.Fatalf("%d files committed before any upload", n)
 	}
-	if n := bucketObjects(t, m); n > 1 { // the realm's marker
-		t.Fatalf("the bucket holds %d objects before the drainer ran", n)
-	}
 	marker := bucketObjects(t, m)
-
-	cmd := r.command("queue", "run", "-q")
-	cmd.Env = r.env
-	var errb bytes.Buffer
-	cmd.Stderr = &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	// Uploads are in flight once the first objects show in the bucket.
-	deadline := time.Now().Add(60 * time.Second)
-	for bucketObjects(t, m) <= marker {
-		select {
-		case err := <-exited:
-			t.Fatalf("the drainer exited (%v) before any object was uploaded\n%s", err, errb.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no upload after 60s\n%s", errb.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-exited
-	ql := queueLs(t, r)
-	if ql.Files == 0 {
-		t.Fatalf("the drainer finished before it was killed: nothing was in flight\n%s", errb.String())
-	}
-	committed := checkFiles(t, r, "home:/src", want)
-	t.Logf("killed with %d objects in the bucket, %d files committed, %d queued", bucketObjects(t, m), committed, ql.Files)
-	if committed+ql.Files != len(want) {
-		t.Fatalf("%d committed + %d queued != %d files", committed, ql.Files, len(want))
+	if marker > 1 { // the realm's marker
+		t.Fatalf("the bucket holds %d objects before the drainer ran", marker)
 	}
 
+	rng := mrand.New(mrand.NewPCG(2, uint64(time.Now().UnixNano())))
+	kills := 0
+	for round := 0; round < 6; round++ {
+		cmd := r.command("queue", "run", "-q")
+		cmd.Env = r.env
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		if round == 0 {
+			// Uploads are in flight once the first objects show in
+			// the bucket.
+			deadline := time.Now().Add(60 * time.Second)
+			for bucketObjects(t, m) <= marker {
+				select {
+				case err := <-exited:
+					t.Fatalf("the drainer exited (%v) before any object was uploaded\n%s", err, errb.String())
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no upload after 60s\n%s", errb.String())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		} else {
+			// A random moment of the drain.
+			select {
+			case <-exited:
+				cmd = nil
+			case <-time.After(time.Duration(rng.IntN(1500)) * time.Millisecond):
+			}
+		}
+		if cmd != nil {
+			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			err := <-exited
+			if ee, ok := err.(*exec.ExitError); !ok || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				// It finished just before the signal.
+				if err != nil {
+					t.Fatalf("round %d: the drainer failed: %v\n%s", round, err, errb.String())
+				}
+			} else {
+				kills++
+			}
+		}
+		ql := queueLs(t, r)
+		committed := checkAll()
+		t.Logf("round %d: %d objects in the bucket, %d files committed, %d queued", round, bucketObjects(t, m), committed, ql.Files)
+		if committed+ql.Files != total {
+			t.Fatalf("round %d: %d committed + %d queued != %d files", round, committed, ql.Files, total)
+		}
+		if round == 0 && ql.Files == 0 {
+			t.Fatalf("the drainer finished before it was killed: nothing was in flight\n%s", errb.String())
+		}
+		if ql.Files == 0 {
+			break
+		}
+	}
+	if kills == 0 {
+		t.Fatal("the drainer was never killed")
+	}
 	var ds cli.DrainSummary
 	if err := json.Unmarshal([]byte(r.ok("queue", "run", "--json")), &ds); err != nil {
 		t.Fatal(err)
 	}
-	if ds.Committed+ds.Already != int64(ql.Files) || ds.Failed != 0 {
-		t.Fatalf("second drainer: %+v, want %d files", ds, ql.Files)
+	if ds.Failed != 0 {
+		t.Fatalf("last drainer: %+v", ds)
 	}
-	t.Logf("second drainer: %+v", ds)
+	t.Logf("last drainer: %+v", ds)
 	if ql := queueLs(t, r); ql.Files != 0 || len(ql.Pending) != 0 {
 		t.Fatalf("queue not empty after queue run: %+v", ql)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(r.home, "queue")); len(ents) > 2 { // drain.lock, drain.log
 		t.Errorf("queue directory keeps %d entries after draining", len(ents))
 	}
-	if n := checkFiles(t, r, "home:/src", want); n != len(want) {
-		t.Fatalf("%d of %d files committed", n, len(want))
+	if n := checkAll(); n != total {
+		t.Fatalf("%d of %d files committed", n, total)
 	}
 	r.ok("fsck", "--read-data")
 	r.ok("gc")
-	if n := checkFiles(t, r, "home:/src", want); n != len(want) {
-		t.Fatalf("after gc: %d of %d files readable", n, len(want))
+	if n := checkAll(); n != total {
+		t.Fatalf("after gc: %d of %d files readable", n, total)
 	}
-	if out := r.ok("versions", "home:/src/f03"); strings.Count(out, "\n") < 1 {
-		t.Fatalf("versions: %q", out)
+	for p := range puts {
+		if out := r.ok("versions", fmt.Sprintf("home:/p%d/f3", p)); strings.Count(out, "\n") < 1 {
+			t.Fatalf("versions: %q", out)
+		}
 	}
 }
 
@@ -304,5 +354,79 @@ func waitQueueEmpty(t *testing.T, r *realmT) {
 			t.Fatalf("queue not drained after 60s: %+v\ndrain.log:\n%s", ql, log)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestQueuePutKilled kills put --background (SIGKILL, by PID) while it
+// queues: the files it queued before are drained and read back
+// byte-identical, the others are absent, nothing else is committed; the
+// put run again queues the rest.
+func TestQueuePutKilled(t *testing.T) {
+	r := newRealm(t, "--no-passphrase")
+	base := t.TempDir()
+	r.ok("store", "add", "a", "file://"+filepath.Join(base, "a"))
+	r.ok("policy", "set", "home:/", "copies:1@a")
+	r.env = append(r.env, cli.EnvNoAutoDrain+"=1")
+	src := filepath.Join(t.TempDir(), "src")
+	want := map[string][]byte{}
+	for i := range 300 {
+		b := randBytes(20 << 10)
+		if i%50 == 49 {
+			b = randBytes(2 << 20)
+		}
+		want[fmt.Sprintf("f%03d", i)] = b
+		writeFile(t, filepath.Join(src, fmt.Sprintf("f%03d", i)), b, 0o644)
+	}
+	cmd := r.command("put", "--background", "-q", "--workers", "2", src, "home:/")
+	cmd.Env = r.env
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// Kill it once some files are queued.
+	queued := func() int {
+		m, _ := filepath.Glob(filepath.Join(r.home, "queue", "*", "files.jsonl"))
+		n := 0
+		for _, p := range m {
+			b, _ := os.ReadFile(p)
+			n += bytes.Count(b, []byte("\n"))
+		}
+		return n
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for queued() < 10 {
+		select {
+		case err := <-exited:
+			t.Fatalf("put exited (%v) before it was killed\n%s", err, errb.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing queued after 60s\n%s", errb.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	ql := queueLs(t, r)
+	if ql.Files == 0 || ql.Files == len(want) {
+		t.Fatalf("%d of %d files queued when put was killed", ql.Files, len(want))
+	}
+	if n := checkFiles(t, r, "home:/src", want); n != 0 {
+		t.Fatalf("%d files committed by a killed put --background", n)
+	}
+	r.ok("queue", "run", "-q")
+	if n := checkFiles(t, r, "home:/src", want); n != ql.Files {
+		t.Fatalf("%d files committed, %d were queued", n, ql.Files)
+	}
+	r.ok("fsck", "--read-data")
+	r.ok("put", "--background", "-q", src, "home:/")
+	r.ok("queue", "run", "-q")
+	if n := checkFiles(t, r, "home:/src", want); n != len(want) {
+		t.Fatalf("%d of %d files committed after the put ran again", n, len(want))
 	}
 }
