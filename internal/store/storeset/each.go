@@ -40,6 +40,10 @@ func (s *Set) HasEach(ctx context.Context, op string, ask func(i int) []cairn.ID
 	for i := range s.Len() {
 		wg.Go(func() {
 			ids := ask(i)
+			if err := s.refreshMember(ctx, i); err != nil {
+				errs.Add(s.Name(i), err)
+				return
+			}
 			err := s.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
 				f, err := st.Has(ctx, ids)
 				if err == nil && len(f) != len(ids) {

@@ -142,6 +142,7 @@ type member struct {
 	nextProbe time.Time
 	lastErr   error
 	lastErrAt time.Time
+	stale     bool // a Refresh of it failed: refreshed before it is asked Has (refresh.go)
 }
 
 // New makes a Set of stores, which must have distinct, non-empty names.
