@@ -62,18 +62,14 @@ type doneRecord struct {
 func queueDir(home string) string { return filepath.Join(home, "queue") }
 
 // flockFile opens path (creating it) and takes an exclusive flock on it,
-// waiting if wait, else failing with ok false when another holds it.
-func flockFile(path string, wait bool) (f *os.File, ok bool, err error) {
+// or returns ok false when another holds it.
+func flockFile(path string) (f *os.File, ok bool, err error) {
 	f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, false, cairn.E("lock", cairn.IO, path, err)
 	}
-	how := syscall.LOCK_EX
-	if !wait {
-		how |= syscall.LOCK_NB
-	}
 	for {
-		err = syscall.Flock(int(f.Fd()), how)
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err != syscall.EINTR {
 			break
 		}
@@ -91,7 +87,7 @@ func flockFile(path string, wait bool) (f *os.File, ok bool, err error) {
 
 // lockedByOther reports whether another process holds path's flock.
 func lockedByOther(path string) bool {
-	f, ok, err := flockFile(path, false)
+	f, ok, err := flockFile(path)
 	if err != nil {
 		return false
 	}
@@ -147,7 +143,7 @@ func (e *env) newSpool(ctx context.Context, volume string) (*spool, error) {
 		os.RemoveAll(sp.dir)
 		return nil, err
 	}
-	lock, ok, err := flockFile(filepath.Join(tmp, "lock"), false)
+	lock, ok, err := flockFile(filepath.Join(tmp, "lock"))
 	if err != nil || !ok {
 		return fail(cmp(err, errors.New("queue directory locked")))
 	}
@@ -405,7 +401,23 @@ func (e *env) drain(ctx context.Context, wait bool, prog *progress) (sum *DrainS
 	if err := os.MkdirAll(q, 0o700); err != nil {
 		return sum, false, cairn.E("queue", cairn.IO, q, err)
 	}
-	lock, ok, err := flockFile(filepath.Join(q, "drain.lock"), wait)
+	lock, ok, err := flockFile(filepath.Join(q, "drain.lock"))
+	if err == nil && !ok && wait {
+		pid := 0
+		if b, rerr := os.ReadFile(filepath.Join(q, "drain.lock")); rerr == nil {
+			fmt.Sscanf(string(b), "pid %d", &pid)
+		}
+		prog.println(fmt.Sprintf("cairn: waiting for the drainer running (pid %d) to finish", pid))
+		// Polled, so that an interrupt still ends the wait.
+		for err == nil && !ok {
+			select {
+			case <-ctx.Done():
+				return sum, false, cairn.E("queue", cairn.Canceled, "", ctx.Err())
+			case <-time.After(200 * time.Millisecond):
+			}
+			lock, ok, err = flockFile(filepath.Join(q, "drain.lock"))
+		}
+	}
 	if err != nil || !ok {
 		return sum, false, err
 	}
@@ -444,7 +456,7 @@ func (e *env) drain(ctx context.Context, wait bool, prog *progress) (sum *DrainS
 			if tried[d] {
 				continue
 			}
-			dl, ok, err := flockFile(filepath.Join(d, "lock"), false)
+			dl, ok, err := flockFile(filepath.Join(d, "lock"))
 			if err != nil {
 				return sum, true, err
 			}
@@ -615,7 +627,7 @@ func (e *env) drainBatch(ctx context.Context, v, h *fs.Volume, src *localstore.S
 			sum.Already++
 		} else {
 			sum.Committed++
-			if cur := r.Entry.Current(); cur != nil && rec.Base != 0 && cur.N > rec.Base+1 {
+			if cur := r.Entry.Current(); cur != nil && cur.N > rec.Base+1 {
 				prog.println(fmt.Sprintf("cairn: %s:%s: another version was committed after it was queued; the queued one is current now (see 'cairn versions')", rec.Volume, rec.Path))
 			}
 		}
