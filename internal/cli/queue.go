@@ -599,13 +599,38 @@ func (e *env) drainBatch(ctx context.Context, v, h *fs.Volume, src *localstore.S
 			dirs[dp] = d
 		}
 		files = append(files, fs.StagedFile{Dir: d, Name: parts[len(parts)-1], Version: rec.Version,
-			Attrs: fs.Attrs{Mode: rec.Mode, UID: rec.UID, GID: rec.GID}})
+			Attrs: fs.Attrs{Mode: rec.Mode, UID: rec.UID, GID: rec.GID}, Check: newerSince(rec)})
 		recs = append(recs, rec)
 	}
 	if len(files) == 0 {
 		return failed, nil
 	}
-	res, cs, err := h.CommitStaged(ctx, src, files, func(n int64) { prog.add(0, n, 0) })
+	upload := func(n int64) { prog.add(0, n, 0) }
+	res, cs, err := h.CommitStaged(ctx, src, files, upload)
+	// Those that lost to a newer version committed since they were
+	// queued: committed under a conflict name beside it.
+	var cfiles []fs.StagedFile
+	var cidx []int
+	for i, r := range res {
+		if err == nil && errors.Is(r.Err, errNewerVersion) {
+			f := files[i]
+			f.Name, f.Check = conflictName(f.Name, recs[i].Queued), nil
+			cfiles, cidx = append(cfiles, f), append(cidx, i)
+		}
+	}
+	if len(cfiles) > 0 {
+		cres, ccs, cerr := h.CommitStaged(ctx, src, cfiles, upload)
+		cs.Objects, cs.Bytes, cs.Present = cs.Objects+ccs.Objects, cs.Bytes+ccs.Bytes, cs.Present+ccs.Present
+		for j, r := range cres {
+			i := cidx[j]
+			res[i] = r
+			if r.Err == nil && r.Entry != nil {
+				rec := recs[i]
+				prog.println(fmt.Sprintf("cairn: %s:%s: a newer version was committed after it was queued; the queued one is %s", rec.Volume, rec.Path, cfiles[j].Name))
+			}
+		}
+		err = cerr
+	}
 	sum.Uploaded += cs.Objects
 	sum.UploadedBytes += cs.Bytes
 	sum.Present += cs.Present
@@ -627,9 +652,6 @@ func (e *env) drainBatch(ctx context.Context, v, h *fs.Volume, src *localstore.S
 			sum.Already++
 		} else {
 			sum.Committed++
-			if cur := r.Entry.Current(); cur != nil && cur.N > rec.Base+1 {
-				prog.println(fmt.Sprintf("cairn: %s:%s: another version was committed after it was queued; the queued one is current now (see 'cairn versions')", rec.Volume, rec.Path))
-			}
 		}
 		prog.add(1, 0, 0)
 		b, _ := json.Marshal(doneRecord{Seq: rec.Seq})
@@ -652,6 +674,36 @@ func (e *env) drainBatch(ctx context.Context, v, h *fs.Volume, src *localstore.S
 		}
 	}
 	return failed, err
+}
+
+// errNewerVersion is newerSince's verdict.
+var errNewerVersion = errors.New("a newer version was committed after this one was queued")
+
+// newerSince is the rule for a file committed by another writer between
+// its queueing and its drain (its current version is no longer the one
+// current when it was queued, rec.Base): if that version's mtime is newer
+// than the queued one's, the queued one is not made current but committed
+// beside it under a conflict name (conflictName); otherwise it becomes
+// current as usual, the other kept in the file's history. Versions this
+// device queued one after another of the same file are committed in order.
+func newerSince(rec queueRecord) func(cur *meta.Entry) error {
+	return func(cur *meta.Entry) error {
+		if cur == nil || cur.Type != meta.TypeFile {
+			return nil
+		}
+		c := cur.Current()
+		if c == nil || c.N == rec.Base || c.Mtime <= rec.Version.Mtime {
+			return nil
+		}
+		return cairn.E("commit", cairn.Conflict, rec.Volume+":"+rec.Path, errNewerVersion)
+	}
+}
+
+// conflictName is the name a queued file that lost to a newer version is
+// committed under: NAME.queued-conflict-YYYYMMDD-HHMMSS (its queueing
+// time, UTC).
+func conflictName(name string, queued int64) string {
+	return name + ".queued-conflict-" + time.Unix(0, queued).UTC().Format("20060102-150405")
 }
 
 func (e *env) queueCmd() *cobra.Command {

@@ -430,3 +430,73 @@ func TestQueuePutKilled(t *testing.T) {
 		t.Fatalf("%d of %d files committed after the put ran again", n, len(want))
 	}
 }
+
+// TestQueueConflict: a file committed by another put between the queueing
+// and the drain of a background put keeps the newer content (by mtime)
+// current, and the queued content is committed beside it under a
+// conflict name; a file queued twice by this device is committed in order
+// without a conflict; a queued file newer than what was committed
+// meanwhile becomes current, the other kept as a version.
+func TestQueueConflict(t *testing.T) {
+	r := newRealm(t, "--no-passphrase")
+	r.ok("store", "add", "a", "file://"+filepath.Join(t.TempDir(), "a"))
+	r.ok("policy", "set", "home:/", "copies:1@a")
+	r.env = append(r.env, cli.EnvNoAutoDrain+"=1")
+	src := filepath.Join(t.TempDir(), "src")
+	t0 := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	put := func(name, content string, mtime time.Time, args ...string) {
+		t.Helper()
+		p := filepath.Join(src, name)
+		writeFile(t, p, []byte(content), 0o644)
+		if err := os.Chtimes(p, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+		r.ok(append(append([]string{"put", "-q"}, args...), p, "home:/")...)
+	}
+	put("x", "x queued, older", t0, "--background")
+	put("x", "x put meanwhile, newer", t0.Add(time.Hour))
+	put("y", "y first", t0, "--background")
+	put("y", "y second", t0.Add(time.Minute), "--background")
+	put("z", "z queued, newer", t0.Add(time.Hour), "--background")
+	put("z", "z put meanwhile, older", t0)
+	res := r.run("queue", "run", "-q")
+	if res.code != 0 {
+		t.Fatalf("queue run: exit %d: %s", res.code, res.stderr)
+	}
+	if !strings.Contains(res.stderr, "home:/x: a newer version was committed") {
+		t.Errorf("queue run does not report the conflict:\n%s", res.stderr)
+	}
+	for path, want := range map[string]string{"home:/x": "x put meanwhile, newer", "home:/y": "y second", "home:/z": "z queued, newer"} {
+		if got := r.ok("cat", path); got != want {
+			t.Errorf("%s = %q, want %q", path, got, want)
+		}
+	}
+	var names []string
+	for _, l := range strings.Split(r.ok("ls", "home:/"), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			names = append(names, f[len(f)-1])
+		}
+	}
+	var conflicts []string
+	for _, n := range names {
+		if strings.Contains(n, ".queued-conflict-") {
+			conflicts = append(conflicts, n)
+		}
+	}
+	if len(conflicts) != 1 || !strings.HasPrefix(conflicts[0], "x.queued-conflict-") {
+		t.Fatalf("conflict copies %v, want one of x (ls: %v)", conflicts, names)
+	}
+	if got := r.ok("cat", "home:/"+conflicts[0]); got != "x queued, older" {
+		t.Errorf("conflict copy = %q", got)
+	}
+	var vers []struct {
+		N       int  `json:"n"`
+		Current bool `json:"current"`
+	}
+	if err := json.Unmarshal([]byte(r.ok("versions", "--json", "home:/z")), &vers); err != nil {
+		t.Fatal(err)
+	}
+	if len(vers) != 2 || !vers[1].Current {
+		t.Errorf("z has versions %+v, want the one put meanwhile and the queued one, current", vers)
+	}
+}

@@ -54,6 +54,11 @@ type StagedFile struct {
 	Name    string
 	Version meta.Version
 	Attrs   Attrs
+	// Check, if set, is called with the file's entry as read before the
+	// commit (nil: absent); an error it returns is the file's result and
+	// nothing is committed (the caller's rule for versions committed
+	// since the file was staged).
+	Check func(cur *meta.Entry) error
 }
 
 // StagedResult is what CommitStaged did for one StagedFile.
@@ -157,6 +162,12 @@ func (v *Volume) CommitStaged(ctx context.Context, src cairn.Store, files []Stag
 							res[i].Entry, res[i].Already = cur, true
 							return
 						}
+					}
+				}
+				if f.Check != nil {
+					if err := f.Check(cur); err != nil {
+						res[i].Err = err
+						return
 					}
 				}
 				ver := f.Version
