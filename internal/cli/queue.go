@@ -717,7 +717,9 @@ the background. A queued file is not visible in cairn until it is committed.
 A drainer runs in the background after each put --background and, while files
 wait, after any other cairn command (set CAIRN_NO_AUTODRAIN=1 to drain only with
 'cairn queue run'). A killed drainer loses nothing: the next one finishes its
-work.`,
+work. If another writer committed a newer version of a queued file (by mtime)
+before the drain, the queued one is committed beside it as
+NAME.queued-conflict-YYYYMMDD-HHMMSS.`,
 	}
 	var asJSON bool
 	ls := &cobra.Command{
