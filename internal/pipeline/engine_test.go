@@ -698,3 +698,52 @@ func TestDeferredPutNotKnown(t *testing.T) {
 		t.Fatal("the second write trusted a deferred Put: it did not ask the store")
 	}
 }
+
+// notingStore notes every object it returns as verified (store.VerifyNote),
+// whether or not it hashes to its ID: a store that lies, or bytes damaged
+// after a lower store checked them.
+type notingStore struct {
+	*mapStore
+	notes atomic.Int64
+}
+
+func (s *notingStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	data, err := s.mapStore.Get(ctx, id)
+	if err == nil {
+		store.NoteVerified(ctx, id, data)
+		s.notes.Add(1)
+	}
+	return data, err
+}
+
+// A chunk a store noted as verified is not hashed again, but its AEAD tag
+// is still checked: damage after (or despite) the store's check is still
+// reported as Corrupt, naming the chunk.
+func TestReadNotedChunkStillAuthenticated(t *testing.T) {
+	st := &notingStore{mapStore: newMapStore()}
+	e := newEngine(t, st, nil)
+	data := textBytes(1<<20, 9)
+	refs, _, err := e.Write(context.Background(), bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := e.Read(context.Background(), refs, &buf); err != nil || !bytes.Equal(buf.Bytes(), data) {
+		t.Fatalf("read back: %v", err)
+	}
+	if st.notes.Load() == 0 {
+		t.Fatal("the store was never asked to note a verification")
+	}
+	victim := refs[len(refs)/2]
+	orig, _ := st.mapStore.Get(context.Background(), victim.ID)
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 100 {
+		bad := bytes.Clone(orig)
+		bad[r.IntN(len(bad))] ^= byte(1 + r.IntN(255))
+		st.set(victim.ID, bad)
+		err := e.Read(context.Background(), refs, io.Discard)
+		if !errors.Is(err, cairn.ErrCorrupt) || !strings.Contains(err.Error(), victim.ID.Short()) {
+			t.Fatalf("damaged chunk noted as verified: %v, want Corrupt naming %s", err, victim.ID.Short())
+		}
+	}
+}

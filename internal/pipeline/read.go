@@ -9,6 +9,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/manifest"
+	"cairn.dev/cairn/internal/store"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -146,7 +147,11 @@ func (e *Engine) fetch(ctx context.Context, f *fetch) {
 			base, baseErr = e.fetchBase(ctx, *b)
 		}()
 	}
-	stored, err := e.st.Get(ctx, f.ref.ID)
+	// A store that checks what it returns against the ID notes it, and
+	// the chunk is then not hashed a second time here (the AEAD tag is
+	// still checked).
+	gctx, note := store.WithVerifyNote(ctx)
+	stored, err := e.st.Get(gctx, f.ref.ID)
 	if baseDone != nil {
 		<-baseDone
 	}
@@ -167,7 +172,7 @@ func (e *Engine) fetch(ctx context.Context, f *fetch) {
 		return
 	}
 	f.inner = getBuf(len(stored) - Overhead + 1)
-	bufs := decodeBufs{inner: *f.inner, base: base}
+	bufs := decodeBufs{inner: *f.inner, base: base, verified: note.Verified(f.ref.ID, stored)}
 	if f.ref.Size <= manifest.MaxChunkSize && len(stored)-Overhead < int(f.ref.Size) {
 		// Compressed: decompress into a second buffer.
 		f.outer = getBuf(int(f.ref.Size))

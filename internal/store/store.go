@@ -6,6 +6,7 @@ package store
 
 import (
 	"context"
+	"sync"
 
 	"cairn.dev/cairn/internal/cairn"
 )
@@ -111,4 +112,51 @@ func Deferred(ctx context.Context) bool {
 type Deferrer interface {
 	Defers() bool
 	Flush(ctx context.Context) error
+}
+
+// VerifyNote records that a store checked an object it returned against
+// its ID, so that the reader above it, which would otherwise hash the same
+// bytes again, can skip its own check (a cold read from a cloud store used
+// to hash every chunk twice: packstore, then the pipeline). One note serves
+// one Get: make it with WithVerifyNote, pass the context to Get, then ask
+// Verified about exactly the bytes Get returned.
+//
+// A note covers the very bytes that were checked (same backing array,
+// same length), not copies: a layer in between that returned other bytes
+// (a copy, reconstructed data) leaves the reader to check them itself.
+// The zero note has seen nothing.
+type VerifyNote struct {
+	mu   sync.Mutex
+	id   cairn.ID
+	data []byte
+	ok   bool
+}
+
+type verifyKey struct{}
+
+// WithVerifyNote returns a context carrying a fresh note for one Get.
+func WithVerifyNote(ctx context.Context) (context.Context, *VerifyNote) {
+	n := new(VerifyNote)
+	return context.WithValue(ctx, verifyKey{}, n), n
+}
+
+// NoteVerified is called by a store that has just checked that data
+// hashes to id and is about to return data from a Get made with ctx. It
+// does nothing when ctx carries no note.
+func NoteVerified(ctx context.Context, id cairn.ID, data []byte) {
+	n, _ := ctx.Value(verifyKey{}).(*VerifyNote)
+	if n == nil {
+		return
+	}
+	n.mu.Lock()
+	n.id, n.data, n.ok = id, data, true
+	n.mu.Unlock()
+}
+
+// Verified reports whether a store noted that data, these very bytes,
+// hash to id.
+func (n *VerifyNote) Verified(id cairn.ID, data []byte) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ok && n.id == id && len(n.data) == len(data) && len(data) > 0 && &n.data[0] == &data[0]
 }

@@ -230,6 +230,7 @@ func (s *Store) getCached(ctx context.Context, id cairn.ID) (data []byte, ok boo
 	switch {
 	case err == nil && cairn.ID(blake3.Sum256(data)) == id:
 		s.hits.Add(1)
+		store.NoteVerified(ctx, id, data)
 		return data, true, nil
 	case err == nil:
 		err = cairn.E("get", cairn.Corrupt, id.String(), errors.New("cached copy does not hash to its ID"))

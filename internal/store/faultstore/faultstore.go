@@ -15,6 +15,7 @@ package faultstore
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -199,6 +200,9 @@ func (s *Store) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 		if len(data) == 0 {
 			data = []byte{1} // an empty object damaged: it grew a byte
 		} else {
+			// A copy: the inner store may have noted the bytes it
+			// returned as verified (store.VerifyNote).
+			data = slices.Clone(data)
 			data[len(data)/2] ^= 0x10
 		}
 	}

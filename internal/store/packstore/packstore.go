@@ -600,6 +600,7 @@ func (s *Store) get(ctx context.Context, id cairn.ID) ([]byte, error) {
 				return nil, err
 			}
 			if cairn.ID(blake3.Sum256(data)) == id {
+				store.NoteVerified(ctx, id, data)
 				return data, nil
 			}
 			err = errors.New("data does not hash to its ID")
