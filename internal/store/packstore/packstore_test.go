@@ -1,6 +1,7 @@
 package packstore_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -283,6 +284,43 @@ func TestReadAhead(t *testing.T) {
 	}
 	if d := s4.Requests().Sub(before); d.GetRange != 100 {
 		t.Fatalf("ReadAhead -1: 100 Gets made %+v, want 100 ranged reads", d)
+	}
+}
+
+// Objects read out of a span are handed out without a copy, once: a caller
+// that scribbles over what Get returned damages neither the other objects
+// of the span nor a later Get of the same object.
+func TestReadAheadBytesBelongToCaller(t *testing.T) {
+	backing := newShared()
+	s := open(t, backing, packstore.Options{})
+	defer s.Close()
+	ids, data := blobs(40000, 600, 16<<10)
+	for i := range ids {
+		if err := s.PutDeferred(bg, ids[i], data[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Flush(bg); err != nil {
+		t.Fatal(err)
+	}
+	r := open(t, backing, packstore.Options{})
+	defer r.Close()
+	for i := range ids {
+		got, err := r.Get(bg, ids[i])
+		if err != nil || !bytes.Equal(got, data[i]) {
+			t.Fatalf("object %d: %v", i, err)
+		}
+		for j := range got {
+			got[j] ^= 0xff
+		}
+		_ = append(got, 1, 2, 3) // must not reach the next object's bytes
+		again, err := r.Get(bg, ids[i]) // while its span is still held
+		if err != nil || !bytes.Equal(again, data[i]) {
+			t.Fatalf("object %d read again: %v", i, err)
+		}
+	}
+	for i := range ids {
+		mustGet(t, r, ids[i], data[i])
 	}
 }
 

@@ -23,6 +23,13 @@ package packstore
 // dropped once each of its objects was taken, and the oldest are dropped
 // beyond max(4, 2·ReadAheadSpans)·ReadAhead bytes. Every object is
 // verified against its ID by Get as before.
+//
+// An object is handed out of its span without a copy (a 1 GiB read used
+// to copy every byte once more): the Get that takes it first receives the
+// span's own bytes for it, capacity cut at its end, so whatever the caller
+// does with them touches no other object. Those bytes are never handed out
+// again: a second Get of the same object while the span lives reads it
+// alone.
 
 import (
 	"context"
@@ -36,10 +43,12 @@ import (
 type span struct {
 	pack     cairn.ID
 	p        *pack
-	off, end int64 // [off, end) of the pack
-	next     int   // index of the first object after the span
-	left     int   // objects in it not taken yet
-	ahead    bool  // the spans after it were started (aheadLocked)
+	off, end int64  // [off, end) of the pack
+	first    int    // index of the span's first object
+	next     int    // index of the first object after the span
+	left     int    // objects in it not taken yet
+	taken    []bool // per object from first: handed to a Get already
+	ahead    bool   // the spans after it were started (aheadLocked)
 	done     chan struct{}
 	data     []byte
 	err      error
@@ -115,7 +124,7 @@ func (s *Store) spanLocked(p *pack, i int) *span {
 		}
 		end = x.off + x.n
 	}
-	sp := &span{pack: p.id, p: p, off: o.off, end: end, next: j, left: j - i, done: make(chan struct{})}
+	sp := &span{pack: p.id, p: p, off: o.off, end: end, first: i, next: j, left: j - i, taken: make([]bool, j-i), done: make(chan struct{})}
 	if s.ra.last == nil {
 		s.ra.last = map[cairn.ID]int{}
 	}
@@ -181,8 +190,10 @@ func (s *Store) readSpans(spans []*span) {
 	}
 }
 
-// fromSpan waits for sp and copies object r out of it; if the span's read
-// failed, it reads the object alone.
+// fromSpan waits for sp and returns object r's bytes in it (see the
+// package comment above: not copied, handed out once); if the span's read
+// failed, or the object was taken from it already, it reads the object
+// alone.
 func (s *Store) fromSpan(ctx context.Context, sp *span, r ref) ([]byte, error) {
 	select {
 	case <-sp.done:
@@ -193,13 +204,19 @@ func (s *Store) fromSpan(ctx context.Context, sp *span, r ref) ([]byte, error) {
 	if sp.err != nil {
 		return s.readRange(ctx, r.p.id, o.off, o.n)
 	}
-	data := slices.Clone(sp.data[o.off-sp.off : o.off-sp.off+o.n])
 	s.raMu.Lock()
+	k := r.i - sp.first
+	if sp.taken[k] {
+		s.raMu.Unlock()
+		return s.readRange(ctx, r.p.id, o.off, o.n)
+	}
+	sp.taken[k] = true
 	if sp.left--; sp.left <= 0 {
 		s.ra.drop(sp)
 	}
 	s.raMu.Unlock()
-	return data, nil
+	lo, hi := o.off-sp.off, o.off-sp.off+o.n
+	return sp.data[lo:hi:hi], nil
 }
 
 // covering returns a span of pack that holds [off, off+n), or nil.
