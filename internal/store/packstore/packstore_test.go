@@ -287,6 +287,47 @@ func TestReadAhead(t *testing.T) {
 	}
 }
 
+// A file read in order enters each pack a little out of order (its chunks
+// were packed by concurrent Puts): a run that starts at one of a pack's
+// first objects reads a span from the pack's first object, so the objects
+// before it cost no request of their own.
+func TestReadAheadEntersPackOutOfOrder(t *testing.T) {
+	backing := newShared()
+	w := open(t, backing, packstore.Options{})
+	ids, data := blobs(50000, 200, 16<<10)
+	for i := range ids {
+		if err := w.PutDeferred(bg, ids[i], data[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Flush(bg); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	order := []int{3, 0, 2, 1}
+	for i := 4; i < len(ids); i++ {
+		order = append(order, i)
+	}
+	r := open(t, backing, packstore.Options{})
+	before := r.Requests()
+	for _, i := range order {
+		mustGet(t, r, ids[i], data[i])
+	}
+	// 200 objects of 16 KiB: one span of 4 MiB (~3.2 MB) reads them all.
+	if d := r.Requests().Sub(before); d.GetRange != 1 {
+		t.Errorf("200 Gets entering the pack at its 4th object made %+v, want 1 ranged read", d)
+	}
+	r.Close()
+	// A span from the first object that cannot reach the one asked for
+	// (ReadAhead of 3 objects) is read as well, and the Gets complete.
+	r = open(t, backing, packstore.Options{ReadAhead: 3 * 16 << 10})
+	defer r.Close()
+	order = []int{10, 0, 1, 2, 11, 12, 3, 4}
+	for _, i := range order {
+		mustGet(t, r, ids[i], data[i])
+	}
+}
+
 // Objects read out of a span are handed out without a copy, once: a caller
 // that scribbles over what Get returned damages neither the other objects
 // of the span nor a later Get of the same object.

@@ -87,15 +87,29 @@ func (s *Store) readObject(ctx context.Context, r ref) ([]byte, error) {
 	}
 	prev, seen := s.ra.last[r.p.id]
 	s.ra.last[r.p.id] = r.i
-	// A pack's first object starts a run too: a file read in order enters
-	// each of its packs there (a random read lands there 1 time in the
-	// objects per pack).
-	if !(seen && r.i > prev && r.i <= prev+seqWindow) && r.i != 0 {
+	// One of a pack's first seqWindow objects starts a run too, with a
+	// span from the pack's first object: a file read in order enters each
+	// of its packs there, a little out of order (its chunks were packed by
+	// concurrent Puts), and the objects before the one asked for are asked
+	// for next. A random read lands there seqWindow times in the objects
+	// per pack (1,000 for 16 KiB chunks).
+	first := r.i
+	switch {
+	case seen && r.i > prev && r.i <= prev+seqWindow:
+	case !seen && r.i <= seqWindow:
+		first = 0
+	default:
 		s.raMu.Unlock()
 		return s.readRange(ctx, r.p.id, o.off, o.n)
 	}
-	sp := s.spanLocked(r.p, r.i)
+	sp := s.spanLocked(r.p, first)
+	var before []*span
+	if sp.next <= r.i { // a span from 0 that does not reach r.i: read it too
+		before = append(before, sp)
+		sp = s.spanLocked(r.p, r.i)
+	}
 	s.raMu.Unlock()
+	s.readSpans(before)
 	sp.data, sp.err = s.readRange(ctx, r.p.id, sp.off, sp.end-sp.off)
 	s.spanRead(sp)
 	if sp.err != nil {
