@@ -354,7 +354,7 @@ func TestReadAheadBytesBelongToCaller(t *testing.T) {
 		for j := range got {
 			got[j] ^= 0xff
 		}
-		_ = append(got, 1, 2, 3) // must not reach the next object's bytes
+		_ = append(got, 1, 2, 3)        // must not reach the next object's bytes
 		again, err := r.Get(bg, ids[i]) // while its span is still held
 		if err != nil || !bytes.Equal(again, data[i]) {
 			t.Fatalf("object %d read again: %v", i, err)
