@@ -419,11 +419,11 @@ func (r *Realm) CreateVolume(ctx context.Context, name string, chunkAvg, keep in
 const readahead = 128
 
 // cloudReadahead is how many chunks a whole-file read of data in a cloud
-// store keeps in flight (8 MiB at the default size): the pack store reads
-// spans of 4 MiB, several at once (packstore.Options.ReadAheadSpans), but
-// only within one pack; with 2 MiB ahead a 1 GiB get waited at each pack's
-// start for its first span.
-const cloudReadahead = 512
+// store keeps in flight (32 MiB at the default size): the pack store reads
+// a pack whole once the read enters it (realm.packed), so this keeps the
+// next one or two packs' GETs in flight while one is consumed; with 8 MiB
+// ahead the read waited at each 16 MiB pack's start for its GET.
+const cloudReadahead = 2048
 
 // Volume opens a volume by name (its key from the keyring).
 func (r *Realm) Volume(ctx context.Context, name string) (*fs.Volume, error) {
