@@ -193,6 +193,26 @@ func ReadBody(r io.Reader, size, limit int64, key string) ([]byte, error) {
 	if size > limit {
 		return nil, cairn.E("get", cairn.Invalid, key, fmt.Errorf("reply of %d bytes exceeds %d", size, limit))
 	}
+	if size >= 0 {
+		// Exactly size bytes, then the end. (bytes.Buffer.ReadFrom would
+		// double the buffer, copying every byte, once the announced size
+		// was read, to look for more.)
+		data := make([]byte, size)
+		if n, err := io.ReadFull(r, data); err != nil {
+			if err == io.EOF || err == io.ErrUnexpectedEOF {
+				return nil, fmt.Errorf("read %d bytes of %d: %w", n, size, io.ErrUnexpectedEOF)
+			}
+			return nil, err
+		}
+		var one [1]byte
+		switch n, err := io.ReadFull(r, one[:]); {
+		case n > 0:
+			return nil, fmt.Errorf("read more than the %d bytes announced: %w", size, io.ErrUnexpectedEOF)
+		case err != io.EOF:
+			return nil, err
+		}
+		return data, nil
+	}
 	buf := bytes.NewBuffer(make([]byte, 0, max(size, 0)+1))
 	if _, err := buf.ReadFrom(io.LimitReader(r, limit+1)); err != nil {
 		return nil, err

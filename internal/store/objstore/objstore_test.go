@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -537,5 +538,38 @@ func TestRequests(t *testing.T) {
 	}
 	if d := r.Sub(Requests{Put: 1}); d != (Requests{Put: 1, List: 1}) {
 		t.Errorf("Sub = %+v", d)
+	}
+}
+
+func TestReadBody(t *testing.T) {
+	body := []byte("0123456789")
+	for _, tc := range []struct {
+		name        string
+		body        []byte
+		size, limit int64
+		wantEOF     bool // fails with io.ErrUnexpectedEOF
+		wantInvalid bool
+	}{
+		{"announced", body, 10, 100, false, false},
+		{"unannounced", body, -1, 100, false, false},
+		{"empty", nil, 0, 100, false, false},
+		{"short", body[:7], 10, 100, true, false},
+		{"long", body, 7, 100, true, false},
+		{"over the limit, announced", body, 10, 5, false, true},
+		{"over the limit, unannounced", body, -1, 5, false, true},
+	} {
+		got, err := ReadBody(iotest.OneByteReader(strings.NewReader(string(tc.body))), tc.size, tc.limit, "k")
+		switch {
+		case tc.wantEOF:
+			if !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Errorf("%s: %v, want io.ErrUnexpectedEOF", tc.name, err)
+			}
+		case tc.wantInvalid:
+			if !errors.Is(err, cairn.ErrInvalid) {
+				t.Errorf("%s: %v, want Invalid", tc.name, err)
+			}
+		case err != nil || string(got) != string(tc.body):
+			t.Errorf("%s: %q, %v", tc.name, got, err)
+		}
 	}
 }
