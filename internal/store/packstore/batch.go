@@ -35,7 +35,19 @@ func (b *batch) size() int {
 	return len(b.buf) + len(b.objs)*entrySize + len(b.tombs)*tombSize + trailerSize
 }
 
-func (b *batch) addObject(id cairn.ID, data []byte) {
+// addObject appends an object. A batch starts with 1 MiB of room; the
+// first object that does not fit grows it at once to a whole pack's size
+// (packSize: the objects, the index and the trailer of a pack sealed when
+// full), so a full pack is copied once more at most, not at every doubling
+// (growslice copied about a pack's size per pack of a 1 GiB put), and
+// appending the index does not copy it again.
+func (b *batch) addObject(id cairn.ID, data []byte, packSize int) {
+	if need := len(b.buf) + len(data); need > cap(b.buf) {
+		index := (len(b.objs)+1)*entrySize + len(b.tombs)*tombSize + trailerSize
+		grown := make([]byte, len(b.buf), max(need+index, packSize+packSize/64))
+		copy(grown, b.buf)
+		b.buf = grown
+	}
 	b.at[id] = len(b.objs)
 	b.objs = append(b.objs, obj{id: id, off: int64(len(b.buf)), n: int64(len(data))})
 	b.buf = append(b.buf, data...)
@@ -141,7 +153,7 @@ func (s *Store) upload(b *batch) {
 	for b != nil {
 		data := appendIndex(b.buf, int64(len(b.buf)), b.objs, b.tombs)
 		id := cairn.ID(blake3.Sum256(data))
-		err := s.bPut(s.life, id, data)
+		err := s.bPutHashed(s.life, id, data)
 		if err != nil {
 			err = fmt.Errorf("storing a pack of %d objects and %d tombstones: %w", len(b.objs), len(b.tombs), err)
 		}
