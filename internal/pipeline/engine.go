@@ -436,7 +436,9 @@ func (w *writeRun) collect() {
 				data := *j.stored
 				id := j.ref.ID
 				epoch := e.known.epochNow()
-				err := e.st.Put(w.ctx, id, data)
+				// id was computed from data just now: the store need
+				// not hash it again.
+				err := e.st.Put(store.WithHashedIDs(w.ctx), id, data)
 				putBuf(j.stored)
 				j.stored = nil
 				if err == nil {
@@ -668,7 +670,7 @@ func (e *Engine) WriteDelta(ctx context.Context, b []byte, plain []manifest.Ref,
 		g.Go(func() error {
 			id := refs[i].ID
 			epoch := e.known.epochNow()
-			if err := e.st.Put(gctx, id, stored[i]); err != nil {
+			if err := e.st.Put(store.WithHashedIDs(gctx), id, stored[i]); err != nil {
 				return cairn.E("put chunk", cairn.KindOf(err), id.Short(), err)
 			}
 			if !store.Deferred(gctx) { // buffered, not yet durable: not known stored

@@ -160,3 +160,30 @@ func (n *VerifyNote) Verified(id cairn.ID, data []byte) bool {
 	defer n.mu.Unlock()
 	return n.ok && n.id == id && len(n.data) == len(data) && len(data) > 0 && &n.data[0] == &data[0]
 }
+
+type hashedKey struct{}
+
+// WithHashedIDs returns a context whose Puts come from a caller that has
+// just computed each ID from the very bytes it passes (the pipeline names
+// a chunk by hashing it; a pack store names a pack by hashing it): a store
+// that checks data against its ID on Put may skip that check, which would
+// hash every byte once more. Every other store ignores it. Reads are
+// checked as always.
+func WithHashedIDs(ctx context.Context) context.Context {
+	return context.WithValue(ctx, hashedKey{}, true)
+}
+
+// HashedPutter is an optional ability of a Store that checks data against
+// its ID on Put: PutHashed is Put for a caller that has just computed id
+// from data itself (a pack store storing a pack it named), without the
+// check. (WithHashedIDs says the same through layers of wrappers; this is
+// for a store that cannot import this package.)
+type HashedPutter interface {
+	PutHashed(ctx context.Context, id cairn.ID, data []byte) error
+}
+
+// HashedIDs reports whether ctx came from WithHashedIDs.
+func HashedIDs(ctx context.Context) bool {
+	h, _ := ctx.Value(hashedKey{}).(bool)
+	return h
+}

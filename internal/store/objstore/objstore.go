@@ -297,6 +297,24 @@ func (s *Store) Put(ctx context.Context, id cairn.ID, data []byte) error {
 	if cairn.ID(blake3.Sum256(data)) != id {
 		return cairn.E("put", cairn.Corrupt, path, errors.New("data does not hash to the ID"))
 	}
+	return s.put(ctx, path, id, data)
+}
+
+// PutHashed is Put without checking that data hashes to id, for a caller
+// that has just computed id from data (store.HashedPutter: a pack store
+// storing a pack it named).
+func (s *Store) PutHashed(ctx context.Context, id cairn.ID, data []byte) error {
+	path := s.path(id)
+	if err := s.begin(ctx, "put", path); err != nil {
+		return err
+	}
+	if len(data) > MaxObject {
+		return cairn.E("put", cairn.Invalid, path, fmt.Errorf("object of %d bytes exceeds %d", len(data), MaxObject))
+	}
+	return s.put(ctx, path, id, data)
+}
+
+func (s *Store) put(ctx context.Context, path string, id cairn.ID, data []byte) error {
 	key := Key(s.prefix, id)
 	return s.retry(ctx, "put", path, func() error { return s.b.Put(ctx, key, data) })
 }
