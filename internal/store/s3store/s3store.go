@@ -221,6 +221,14 @@ func (b *bucket) Put(ctx context.Context, key string, data []byte) error {
 		ContentType:      "application/octet-stream",
 		DisableMultipart: true, // one request; objects are at most objstore.MaxObject
 		SendContentMd5:   true, // the service checks what arrived
+		// UNSIGNED-PAYLOAD: over plain HTTP minio-go would otherwise sign
+		// the body in 64 KiB chunks (aws-chunked), hashing every byte with
+		// SHA-256 here and again at the service, which Content-MD5 above
+		// makes redundant for integrity (the signature still covers the
+		// headers, Content-MD5 among them; over HTTPS minio-go never
+		// signs the body). Objects are named by their BLAKE3 and checked
+		// on every read.
+		DisableContentSha256: true,
 	})
 	return err
 }
