@@ -747,3 +747,41 @@ func TestReadNotedChunkStillAuthenticated(t *testing.T) {
 		}
 	}
 }
+
+// seqStore records whether Gets carried store.WithSequential.
+type seqStore struct {
+	*mapStore
+	seq, plain atomic.Int64
+}
+
+func (s *seqStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	if store.Sequential(ctx) {
+		s.seq.Add(1)
+	} else {
+		s.plain.Add(1)
+	}
+	return s.mapStore.Get(ctx, id)
+}
+
+// A whole-file read tells the store its Gets are in order; a ranged read
+// does not.
+func TestReadSaysSequential(t *testing.T) {
+	st := &seqStore{mapStore: newMapStore()}
+	e := newEngine(t, st, nil)
+	refs, _, err := e.Write(context.Background(), bytes.NewReader(textBytes(1<<20, 11)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Read(context.Background(), refs, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if st.seq.Load() != int64(len(refs)) || st.plain.Load() != 0 {
+		t.Fatalf("whole-file read: %d sequential Gets, %d others; want %d, 0", st.seq.Load(), st.plain.Load(), len(refs))
+	}
+	if err := e.ReadRange(context.Background(), refs, 100, 1000, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if st.plain.Load() == 0 {
+		t.Fatal("a ranged read said it was sequential")
+	}
+}

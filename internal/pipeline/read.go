@@ -32,7 +32,9 @@ func (e *Engine) ReadAhead(ctx context.Context, refs []manifest.Ref, ahead int, 
 	for i, r := range refs {
 		spans[i] = span{ref: r, lo: 0, hi: int(r.Size)}
 	}
-	return e.read(ctx, spans, ahead, w)
+	// A whole file, in order: a store that reads ahead may read large
+	// spans from the first Get (store.WithSequential).
+	return e.read(store.WithSequential(ctx), spans, ahead, w)
 }
 
 // ReadRange writes to w the bytes [off, off+n) of the file made of refs,

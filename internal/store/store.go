@@ -187,3 +187,20 @@ func HashedIDs(ctx context.Context) bool {
 	h, _ := ctx.Value(hashedKey{}).(bool)
 	return h
 }
+
+type sequentialKey struct{}
+
+// WithSequential returns a context whose Gets are part of one read of many
+// objects in order (a whole file), asked for a little ahead of need: a
+// store that reads ahead (packstore) may then read a large span at the
+// first Get that enters a region, rather than wait to see a run. Every
+// other store ignores it.
+func WithSequential(ctx context.Context) context.Context {
+	return context.WithValue(ctx, sequentialKey{}, true)
+}
+
+// Sequential reports whether ctx came from WithSequential.
+func Sequential(ctx context.Context) bool {
+	q, _ := ctx.Value(sequentialKey{}).(bool)
+	return q
+}

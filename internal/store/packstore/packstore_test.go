@@ -16,6 +16,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/store/memstore"
+	"cairn.dev/cairn/internal/store"
 	"cairn.dev/cairn/internal/store/packstore"
 	"cairn.dev/cairn/internal/store/storetest"
 )
@@ -316,6 +317,35 @@ func TestReadAheadEntersPackOutOfOrder(t *testing.T) {
 	// 200 objects of 16 KiB: one span of 4 MiB (~3.2 MB) reads them all.
 	if d := r.Requests().Sub(before); d.GetRange != 1 {
 		t.Errorf("200 Gets entering the pack at its 4th object made %+v, want 1 ranged read", d)
+	}
+	r.Close()
+	// A read that says it is in order (store.WithSequential) entering the
+	// pack far from its start reads it whole from its first object too.
+	order = []int{150}
+	for i := range ids {
+		if i != 150 {
+			order = append(order, i)
+		}
+	}
+	r = open(t, backing, packstore.Options{})
+	before = r.Requests()
+	for _, i := range order {
+		mustGet(t, r, ids[i], data[i])
+	}
+	if d := r.Requests().Sub(before); d.GetRange < 2 {
+		t.Errorf("entering the pack at its 151st object without the hint made %+v, want single reads before a run", d)
+	}
+	r.Close()
+	r = open(t, backing, packstore.Options{})
+	before = r.Requests()
+	seq := store.WithSequential(bg)
+	for _, i := range order {
+		if got, err := r.Get(seq, ids[i]); err != nil || !bytes.Equal(got, data[i]) {
+			t.Fatalf("object %d: %v", i, err)
+		}
+	}
+	if d := r.Requests().Sub(before); d.GetRange != 1 {
+		t.Errorf("a sequential read entering the pack at its 151st object made %+v, want 1 ranged read", d)
 	}
 	r.Close()
 	// A span from the first object that cannot reach the one asked for

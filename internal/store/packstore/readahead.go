@@ -93,11 +93,16 @@ func (s *Store) readObject(ctx context.Context, r ref) ([]byte, error) {
 	// concurrent Puts), and the objects before the one asked for are asked
 	// for next. A random read lands there seqWindow times in the objects
 	// per pack (1,000 for 16 KiB chunks).
+	// A Get that says it is part of a read in order (store.WithSequential)
+	// starts a span wherever it lands: from the pack's first object when it
+	// is the first to enter the pack (its chunks were packed up to a few
+	// hundred places out of order), else from its own.
 	first := r.i
 	switch {
 	case seen && r.i > prev && r.i <= prev+seqWindow:
-	case !seen && r.i <= seqWindow:
+	case !seen && (r.i <= seqWindow || store.Sequential(ctx)):
 		first = 0
+	case store.Sequential(ctx):
 	default:
 		s.raMu.Unlock()
 		return s.readRange(ctx, r.p.id, o.off, o.n)
