@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
-	"cairn.dev/cairn/internal/store/memstore"
 	"cairn.dev/cairn/internal/store"
+	"cairn.dev/cairn/internal/store/memstore"
 	"cairn.dev/cairn/internal/store/packstore"
 	"cairn.dev/cairn/internal/store/storetest"
 )
