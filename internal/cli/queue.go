@@ -56,7 +56,8 @@ type queueRecord struct {
 
 // doneRecord marks a record committed: one JSON line of done.jsonl.
 type doneRecord struct {
-	Seq int `json:"seq"`
+	Seq     int  `json:"seq"`
+	Dropped bool `json:"dropped,omitempty"` // by 'queue drop', not committed
 }
 
 func queueDir(home string) string { return filepath.Join(home, "queue") }
@@ -398,33 +399,11 @@ func (e *env) drain(ctx context.Context, wait bool, prog *progress) (sum *DrainS
 	start := time.Now()
 	sum = &DrainSummary{}
 	q := queueDir(e.home)
-	if err := os.MkdirAll(q, 0o700); err != nil {
-		return sum, false, cairn.E("queue", cairn.IO, q, err)
-	}
-	lock, ok, err := flockFile(filepath.Join(q, "drain.lock"))
-	if err == nil && !ok && wait {
-		pid := 0
-		if b, rerr := os.ReadFile(filepath.Join(q, "drain.lock")); rerr == nil {
-			fmt.Sscanf(string(b), "pid %d", &pid)
-		}
-		prog.println(fmt.Sprintf("cairn: waiting for the drainer running (pid %d) to finish", pid))
-		// Polled, so that an interrupt still ends the wait.
-		for err == nil && !ok {
-			select {
-			case <-ctx.Done():
-				return sum, false, cairn.E("queue", cairn.Canceled, "", ctx.Err())
-			case <-time.After(200 * time.Millisecond):
-			}
-			lock, ok, err = flockFile(filepath.Join(q, "drain.lock"))
-		}
-	}
+	lock, ok, err := lockDrain(ctx, q, wait, prog)
 	if err != nil || !ok {
 		return sum, false, err
 	}
 	defer lock.Close()
-	if lock.Truncate(0) == nil {
-		fmt.Fprintf(lock, "pid %d\n", os.Getpid())
-	}
 	defer func() { sum.Seconds = time.Since(start).Seconds() }()
 	// Leftovers of a drainer killed while removing a drained put, or of a
 	// put killed before its directory got its name.
@@ -484,6 +463,39 @@ func (e *env) drain(ctx context.Context, wait bool, prog *progress) (sum *DrainS
 			return sum, true, nil
 		}
 	}
+}
+
+// lockDrain takes the queue's drain lock, waiting (with a message) for
+// the drainer that holds it if wait, else returning ok false at once.
+// The holder's pid is written in the lock file.
+func lockDrain(ctx context.Context, q string, wait bool, prog *progress) (lock *os.File, ok bool, err error) {
+	if err := os.MkdirAll(q, 0o700); err != nil {
+		return nil, false, cairn.E("queue", cairn.IO, q, err)
+	}
+	lock, ok, err = flockFile(filepath.Join(q, "drain.lock"))
+	if err == nil && !ok && wait {
+		pid := 0
+		if b, rerr := os.ReadFile(filepath.Join(q, "drain.lock")); rerr == nil {
+			fmt.Sscanf(string(b), "pid %d", &pid)
+		}
+		prog.println(fmt.Sprintf("cairn: waiting for the drainer running (pid %d) to finish", pid))
+		// Polled, so that an interrupt still ends the wait.
+		for err == nil && !ok {
+			select {
+			case <-ctx.Done():
+				return nil, false, cairn.E("queue", cairn.Canceled, "", ctx.Err())
+			case <-time.After(200 * time.Millisecond):
+			}
+			lock, ok, err = flockFile(filepath.Join(q, "drain.lock"))
+		}
+	}
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	if lock.Truncate(0) == nil {
+		fmt.Fprintf(lock, "pid %d\n", os.Getpid())
+	}
+	return lock, true, nil
 }
 
 // drainPut drains one put's directory, which the caller has locked.
@@ -608,17 +620,23 @@ func (e *env) drainBatch(ctx context.Context, v, h *fs.Volume, src *localstore.S
 	upload := func(n int64) { prog.add(0, n, 0) }
 	res, cs, err := h.CommitStaged(ctx, src, files, upload)
 	// Those that lost to a newer version committed since they were
-	// queued: committed under a conflict name beside it.
+	// queued, or whose name is now a directory or a symlink: committed
+	// under a conflict name beside it.
 	var cfiles []fs.StagedFile
 	var cidx []int
 	for i, r := range res {
-		if err == nil && errors.Is(r.Err, errNewerVersion) {
+		k := cairn.KindOf(r.Err)
+		if err == nil && r.Err != nil && (errors.Is(r.Err, errNewerVersion) || k == cairn.IsDir || k == cairn.Exist) {
 			f := files[i]
 			f.Name, f.Check = conflictName(f.Name, recs[i].Queued), nil
 			cfiles, cidx = append(cfiles, f), append(cidx, i)
 		}
 	}
 	if len(cfiles) > 0 {
+		res0 := make([]error, len(res))
+		for i := range res {
+			res0[i] = res[i].Err
+		}
 		cres, ccs, cerr := h.CommitStaged(ctx, src, cfiles, upload)
 		cs.Objects, cs.Bytes, cs.Present = cs.Objects+ccs.Objects, cs.Bytes+ccs.Bytes, cs.Present+ccs.Present
 		for j, r := range cres {
@@ -626,7 +644,11 @@ func (e *env) drainBatch(ctx context.Context, v, h *fs.Volume, src *localstore.S
 			res[i] = r
 			if r.Err == nil && r.Entry != nil {
 				rec := recs[i]
-				prog.println(fmt.Sprintf("cairn: %s:%s: a newer version was committed after it was queued; the queued one is %s", rec.Volume, rec.Path, cfiles[j].Name))
+				why := "a newer version was committed after it was queued"
+				if !errors.Is(res0[i], errNewerVersion) {
+					why = "the name is taken by a directory or symlink now"
+				}
+				prog.println(fmt.Sprintf("cairn: %s:%s: %s; the queued one is %s", rec.Volume, rec.Path, why, cfiles[j].Name))
 			}
 		}
 		err = cerr
@@ -792,8 +814,115 @@ code is then 1, or 6 when a store or the metadata service is unreachable.`,
 	run.Flags().BoolVar(&runJSON, "json", false, "print a JSON summary on stdout")
 	run.Flags().BoolVar(&detached, "detached", false, "run as the background drainer (retries while stores are unreachable)")
 	_ = run.Flags().MarkHidden("detached")
-	c.AddCommand(ls, run)
+	var dropAll bool
+	drop := &cobra.Command{
+		Use:   "drop [--all] VOLUME:/PATH...",
+		Short: "Remove files from the upload queue without committing them",
+		Long: `Remove queued files, named as 'cairn queue ls' shows them (or all with --all),
+from the queue: they are never committed and their data on this device is
+deleted. For a file that cannot be committed (its directory's path is a file
+now), or that you no longer want uploaded. Waits for a running drainer.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if dropAll == (len(args) > 0) {
+				return withCode(ExitUsage, errors.New("queue drop: name the queued files, or --all"))
+			}
+			dropped, err := e.dropQueued(cmd.Context(), dropAll, args)
+			for _, p := range dropped {
+				fmt.Fprintf(e.stdout, "dropped %s\n", p)
+			}
+			return err
+		},
+	}
+	drop.Flags().BoolVar(&dropAll, "all", false, "drop every queued file")
+	c.AddCommand(ls, run, drop)
 	return c
+}
+
+// dropQueued removes pending records from the queue without committing
+// them: all of them, or those whose VOLUME:/path is in paths. It returns
+// the paths dropped; a path of paths that is not queued is an error (Kind
+// NotFound), as is one in a put that is busy (Conflict).
+func (e *env) dropQueued(ctx context.Context, all bool, paths []string) ([]string, error) {
+	q := queueDir(e.home)
+	lock, _, err := lockDrain(ctx, q, true, newProgress(e.stderr, false, 0, 0))
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Close()
+	want := map[string]bool{}
+	for _, p := range paths {
+		want[p] = true
+	}
+	dirs, err := queuedPuts(e.home)
+	if err != nil {
+		return nil, err
+	}
+	var dropped []string
+	found := map[string]bool{}
+	for _, d := range dirs {
+		qp, err := readQueuedPut(d)
+		if err != nil {
+			return dropped, err
+		}
+		var drop []queueRecord
+		for _, rec := range qp.pending {
+			if p := rec.Volume + ":" + rec.Path; all || want[p] {
+				drop = append(drop, rec)
+				found[p] = true
+			}
+		}
+		if len(drop) == 0 {
+			continue
+		}
+		dl, ok, err := flockFile(filepath.Join(d, "lock"))
+		if err != nil {
+			return dropped, err
+		}
+		if !ok {
+			return dropped, cairn.E("queue drop", cairn.Conflict, d, errors.New("a put is still queueing there; try again when it is done"))
+		}
+		var lines []byte
+		for _, rec := range drop {
+			b, _ := json.Marshal(doneRecord{Seq: rec.Seq, Dropped: true})
+			lines = append(append(lines, b...), '\n')
+		}
+		err = appendSync(filepath.Join(d, "done.jsonl"), lines)
+		if err == nil && len(drop) == len(qp.pending) {
+			err = removeQueuedPut(d)
+		}
+		dl.Close()
+		if err != nil {
+			return dropped, err
+		}
+		for _, rec := range drop {
+			dropped = append(dropped, rec.Volume+":"+rec.Path)
+		}
+	}
+	for _, p := range paths {
+		if !found[p] {
+			return dropped, cairn.E("queue drop", cairn.NotFound, p, errors.New("not in the upload queue"))
+		}
+	}
+	return dropped, nil
+}
+
+// appendSync appends b to the file at path and fsyncs it.
+func appendSync(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return cairn.E("queue", cairn.IO, path, err)
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return cairn.E("queue", cairn.IO, path, err)
+	}
+	return nil
 }
 
 // drainRetryFor is how long a background drainer keeps retrying while a

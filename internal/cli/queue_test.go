@@ -500,3 +500,53 @@ func TestQueueConflict(t *testing.T) {
 		t.Errorf("z has versions %+v, want the one put meanwhile and the queued one, current", vers)
 	}
 }
+
+// TestQueueStuckAndDrop: a queued file whose name became a directory is
+// committed beside it under a conflict name; one whose directory's path
+// became a file stays queued (queue run exits 1 naming it) until 'queue
+// drop' removes it; drop refuses a path that is not queued.
+func TestQueueStuckAndDrop(t *testing.T) {
+	r := newRealm(t, "--no-passphrase")
+	r.env = append(r.env, cli.EnvNoAutoDrain+"=1")
+	src := t.TempDir()
+	writeFile(t, filepath.Join(src, "d", "f"), []byte("in d\n"), 0o644)
+	writeFile(t, filepath.Join(src, "g"), []byte("g's content\n"), 0o644)
+	writeFile(t, filepath.Join(src, "other", "d"), []byte("d is a file now\n"), 0o644)
+	r.ok("put", "-q", "--background", filepath.Join(src, "d"), filepath.Join(src, "g"), "home:/")
+	r.ok("rm", "-r", "home:/d")
+	r.ok("put", "-q", filepath.Join(src, "other", "d"), "home:/")
+	r.ok("mkdir", "home:/g")
+	res := r.fails(cli.ExitError, "queue", "run", "-q")
+	if !strings.Contains(res.stderr, "home:/d/f") || !strings.Contains(res.stderr, "left in the queue") {
+		t.Errorf("queue run does not name the stuck file:\n%s", res.stderr)
+	}
+	out := r.ok("ls", "home:/")
+	var conflict string
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[len(f)-1], "g.queued-conflict-") {
+			conflict = f[len(f)-1]
+		}
+	}
+	if conflict == "" {
+		t.Fatalf("no conflict copy of g:\n%s", out)
+	}
+	if got := r.ok("cat", "home:/"+conflict); got != "g's content\n" {
+		t.Errorf("%s = %q", conflict, got)
+	}
+	if ql := queueLs(t, r); ql.Files != 1 || ql.Pending[0].Path != "home:/d/f" {
+		t.Fatalf("queue: %+v, want home:/d/f", ql)
+	}
+	r.fails(cli.ExitNotFound, "queue", "drop", "home:/nope")
+	r.fails(cli.ExitUsage, "queue", "drop")
+	if out := r.ok("queue", "drop", "home:/d/f"); !strings.Contains(out, "dropped home:/d/f") {
+		t.Errorf("queue drop: %q", out)
+	}
+	if ql := queueLs(t, r); ql.Files != 0 {
+		t.Fatalf("queue after drop: %+v", ql)
+	}
+	r.ok("queue", "run", "-q")
+	if got := r.ok("cat", "home:/d"); got != "d is a file now\n" {
+		t.Errorf("home:/d = %q", got)
+	}
+	r.ok("fsck", "--read-data")
+}
