@@ -203,6 +203,9 @@ func (sp *spool) close(ctx context.Context) (int, error) {
 			first = cairn.E("put", cairn.IO, sp.dir, err)
 		}
 		sp.recs.Close()
+		if err := syncDir(sp.dir); err != nil && first == nil { // files.jsonl's entry
+			first = cairn.E("put", cairn.IO, sp.dir, err)
+		}
 	}
 	if sp.vol != nil {
 		sp.vol.Close()
