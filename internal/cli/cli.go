@@ -149,7 +149,8 @@ Environment: CAIRN_HOME, CAIRN_PASSPHRASE (the keyring passphrase, else a prompt
 CAIRN_ETCD (external etcd endpoints, host:port,...), CAIRN_LOCK_TTL (writer lock
 lease, default 15s: how long a crashed writer can block others),
 CAIRN_CHUNK_CACHE (bound of the cache of chunks read from other nodes, e.g.
-512MiB or 4GiB; default 1GiB).`,
+512MiB or 4GiB; default 1GiB), CAIRN_NO_AUTODRAIN=1 (no background drainer of
+the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
