@@ -62,9 +62,9 @@ the store. With --mode non-blocking, close returns once the writes are durable o
 local disk and a queue on disk commits them in the background (in order; a mount
 killed or unmounted with commits queued leaves them for the next mount of the
 volume); other devices see the new version once it is committed. Non-blocking
-mode is experimental: a rename or unlink of a file whose commit is still queued
-can commit it under the old name (bringing that name back, or adding a version
-to the file that took it; earlier versions stay in 'cairn versions').
+mode is experimental: the model test of the mount still finds, rarely, a file
+whose content or size differs from local disk after a close (earlier versions
+stay in 'cairn versions').
 
 An open for writing takes the file's writer lock, held until the last writer on
 this device has closed and its commit is done; another device's open for writing

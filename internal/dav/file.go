@@ -430,16 +430,15 @@ func (f *regFile) Close() error {
 		return nil
 	}
 	ctx := context.WithoutCancel(f.ctx)
-	attrs := fs.Attrs{Mode: f.mode, UID: f.fsys.uid, GID: f.fsys.gid, Mtime: time.Now()}
+	// An existing file keeps its mode and owner as they are at the commit
+	// (Mode, UID and GID apply to a file the commit creates).
+	attrs := fs.Attrs{Mode: f.mode, UID: f.fsys.uid, GID: f.fsys.gid, Mtime: time.Now(), KeepAttrs: true}
 	if parts, err := vpath.SplitClean(f.name); err == nil {
 		attrs.Path = "/" + strings.Join(parts, "/") // where its placement policy applies
 	}
 	if f.e != nil {
+		// Recreated with these if it was removed meanwhile.
 		attrs.Mode, attrs.UID, attrs.GID = f.e.Mode, f.e.UID, f.e.GID
-		// Its mode and owner now, not when it was opened.
-		if cur, err := f.fsys.vol.Meta.Get(ctx, f.parent.Ino, f.base); err == nil && cur.Type == meta.TypeFile {
-			attrs.Mode, attrs.UID, attrs.GID = cur.Mode, cur.UID, cur.GID
-		}
 	}
 	tmp, size := f.tmp, f.size
 	open := func() (io.ReadCloser, error) {

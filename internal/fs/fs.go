@@ -140,6 +140,9 @@ type Attrs struct {
 	// own. A successful commit releases it; after a failure it is still
 	// the caller's to release.
 	Lock *meta.Lock
+	// KeepAttrs: an existing file keeps its mode and owner (meta.Commit's
+	// KeepAttrs); Mode, UID and GID apply only if the commit creates it.
+	KeepAttrs bool
 	// Path is the file's path in the volume ("/dir/name"). When it is set
 	// and the volume has a placement (SetPlacement), WriteFile writes
 	// through the volume the placement names for it (a placement policy's
@@ -267,7 +270,7 @@ func (v *Volume) prepare(ctx context.Context, dir *meta.Entry, name string, open
 
 // commit is the meta.Commit of w under lock.
 func (w *prepared) commit(a Attrs, lock *meta.Lock) meta.Commit {
-	return meta.Commit{Version: w.ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: w.gen, Lock: lock, Cur: meta.KnownEntry(w.cur)}
+	return meta.Commit{Version: w.ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: w.gen, Lock: lock, Cur: meta.KnownEntry(w.cur), KeepAttrs: a.KeepAttrs}
 }
 
 // precheckLimit is the size up to which a file whose current version

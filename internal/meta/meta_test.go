@@ -3,6 +3,7 @@ package meta_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -449,5 +450,47 @@ func TestRemoveKnown(t *testing.T) {
 	}
 	if _, err := v.Get(ctx, 1, "a"); !errors.Is(err, cairn.ErrNotFound) {
 		t.Fatalf("a after the remove: %v", err)
+	}
+}
+
+// TestCommitKeepAttrs: a commit that keeps attributes leaves a chmod and
+// chown made after its caller read the entry (its compare-and-swap then
+// fails and it reads the entry again); one that does not sets its own.
+func TestCommitKeepAttrs(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 0)
+	root := &meta.Entry{Ino: meta.RootIno, Type: meta.TypeDir}
+	for _, keep := range []bool{true, false} {
+		name := fmt.Sprintf("f-%v", keep)
+		e := commit(t, s, v, root, name, 1, 1) // mode 0644
+		changed := *e
+		changed.Mode, changed.UID = 0o600, 42
+		if _, err := v.Update(ctx, &changed); err != nil {
+			t.Fatal(err)
+		}
+		gen, err := s.WriteGen(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := v.CommitVersion(ctx, root, name, meta.Commit{Version: meta.Version{Size: 2}, Mode: 0o644, Gen: gen,
+			Cur: meta.KnownEntry(e), KeepAttrs: keep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantMode, wantUID := uint32(0o644), uint32(0)
+		if keep {
+			wantMode, wantUID = 0o600, 42
+		}
+		if got.Mode != wantMode || got.UID != wantUID || got.Size != 2 {
+			t.Errorf("KeepAttrs %v: mode %o uid %d size %d, want mode %o uid %d size 2", keep, got.Mode, got.UID, got.Size, wantMode, wantUID)
+		}
+		// A file the commit creates takes the commit's attributes either way.
+		got, _, err = v.CommitVersion(ctx, root, name+"-new", meta.Commit{Mode: 0o640, UID: 7, Gen: gen, KeepAttrs: keep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Mode != 0o640 || got.UID != 7 {
+			t.Errorf("KeepAttrs %v, new file: mode %o uid %d, want 640 7", keep, got.Mode, got.UID)
+		}
 	}
 }

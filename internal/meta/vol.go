@@ -247,6 +247,10 @@ type Commit struct {
 	// Cur, if not nil, is the file's entry as the caller just read it (nil
 	// entry: absent), saving a read; a stale one only costs a retry.
 	Cur *Known
+	// KeepAttrs: an existing file keeps its own mode and owner (Mode, UID
+	// and GID apply only to a file the commit creates), so that a chmod or
+	// chown racing the commit is not undone by its retry.
+	KeepAttrs bool
 }
 
 // Known wraps an entry read earlier (nil: the name was absent).
@@ -298,7 +302,10 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 			}
 			next = *cur
 			next.Versions = append([]Version(nil), cur.Versions...)
-			next.Mode, next.UID, next.GID, next.Ctime = c.Mode, c.UID, c.GID, now
+			if !c.KeepAttrs {
+				next.Mode, next.UID, next.GID = c.Mode, c.UID, c.GID
+			}
+			next.Ctime = now
 			// The directory must still be where the caller found it: a
 			// trashed directory keeps its entries, and a commit into one
 			// would succeed unseen.

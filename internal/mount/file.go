@@ -623,6 +623,10 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 		}
 		return nil
 	}
+	// From the place read to the compare-and-swap, no rename or removal
+	// of the file on this mount runs (node.placeMu).
+	n.placeMu.Lock()
+	defer n.placeMu.Unlock()
 	name, parent, ok := n.place()
 	if !ok {
 		n.m.log.Info("a file removed while open was closed: its unsaved writes are dropped", "ino", n.ino)
@@ -649,6 +653,9 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 	if held.setGID {
 		attrs.GID = held.gid
 	}
+	// Without attributes of its own to set, the commit leaves the entry's
+	// as they are then: a chmod from another descriptor racing it stays.
+	attrs.KeepAttrs = !held.setMode && !held.setUID && !held.setGID
 	if attrs.Lock, err = n.commitLock(ctx, parent, name); err != nil {
 		return err
 	}

@@ -1,8 +1,10 @@
 package mount
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,6 +52,22 @@ type node struct {
 
 	// wl is the file's writer lock while this mount writes it (lock.go).
 	wl writerLock
+
+	// placeMu orders a commit of the file (from reading its place to the
+	// metadata's compare-and-swap) with renames and removals of it on
+	// this mount: a commit never writes under a name the file just left.
+	placeMu sync.Mutex
+	// moved is where a rename or removal on this mount put the node, set
+	// before the call returns (go-fuse moves the node in its tree only
+	// after): place prefers it. Guarded by mu.
+	moved *movedTo
+}
+
+// movedTo is a node's place after a rename (or its removal: gone).
+type movedTo struct {
+	parent *node
+	name   string
+	gone   bool
 }
 
 var (
@@ -122,11 +140,51 @@ func (n *node) place() (name string, parent *node, ok bool) {
 	if n.IsRoot() {
 		return "", nil, true
 	}
+	n.mu.Lock()
+	mv := n.moved
+	n.mu.Unlock()
+	if mv != nil {
+		return mv.name, mv.parent, !mv.gone
+	}
 	name, p := n.Parent()
 	if p == nil {
 		return "", nil, false
 	}
 	return name, p.Operations().(*node), true
+}
+
+// kid returns the node of name in directory n, if the kernel has one.
+func (n *node) kid(name string) *node {
+	if ch := n.GetChild(name); ch != nil {
+		return ch.Operations().(*node)
+	}
+	return nil
+}
+
+func (n *node) setMoved(mv *movedTo) {
+	n.mu.Lock()
+	n.moved = mv
+	n.mu.Unlock()
+}
+
+// lockPlaces takes the placeMu of the given nodes (nil ones skipped), in
+// inode order, and returns what releases them.
+func lockPlaces(nodes ...*node) func() {
+	var held []*node
+	for _, x := range nodes {
+		if x != nil && !slices.Contains(held, x) {
+			held = append(held, x)
+		}
+	}
+	slices.SortFunc(held, func(a, b *node) int { return cmp.Compare(a.ino, b.ino) })
+	for _, x := range held {
+		x.placeMu.Lock()
+	}
+	return func() {
+		for _, x := range held {
+			x.placeMu.Unlock()
+		}
+	}
 }
 
 // dirEntry is directory n as the meta calls that take a parent need it:
@@ -463,6 +521,10 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	case !dir && e.IsDir():
 		return syscall.EISDIR
 	}
+	// A commit of the file in flight (its queued one) finishes first, and
+	// none starts under the name until the removal is recorded.
+	unlockPlaces := lockPlaces(n.kid(name))
+	defer unlockPlaces()
 	// The first attempt removes the entry as the entry cache has it (a
 	// stale one fails the compare-and-swap: Conflict); a retry reads it.
 	known := e
@@ -474,6 +536,9 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	n.m.ents.forget(n.ino, name)
 	if err != nil {
 		return n.m.errno("remove", n.path(name), err)
+	}
+	if ch := n.kid(name); ch != nil {
+		ch.setMoved(&movedTo{gone: true})
 	}
 	if ch := n.GetChild(name); ch != nil {
 		ch.Operations().(*node).dropLock(ctx)
@@ -517,6 +582,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			return n.m.errno("rename", np.path(newName), err)
 		}
 	}
+	// Commits of the moved file and of the one it replaces wait, and
+	// none starts under a stale name until the move is recorded.
+	moving, replaced := n.kid(name), np.kid(newName)
+	unlockPlaces := lockPlaces(moving, replaced)
+	defer unlockPlaces()
 	// The first attempt takes both names' entries from the entry cache
 	// (a stale one fails the compare-and-swap: Conflict); a retry reads
 	// them from etcd.
@@ -537,6 +607,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	n.m.ents.forget(np.ino, newName)
 	if err != nil {
 		return n.m.errno("rename", n.path(name), err)
+	}
+	if replaced != nil && replaced != moving {
+		replaced.setMoved(&movedTo{gone: true})
+	}
+	if moving != nil {
+		moving.setMoved(&movedTo{parent: np, name: newName})
 	}
 	// Writer locks are by name (dropLock): the moved file's and the
 	// replaced file's go. go-fuse moves the nodes after this returns.

@@ -305,6 +305,10 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	var name string
 	var attrs fs.Attrs
 	if j.n != nil {
+		// From the place read to the compare-and-swap, no rename or
+		// removal of the file on this mount runs (node.placeMu).
+		j.n.placeMu.Lock()
+		defer j.n.placeMu.Unlock()
 		var parent *node
 		var ok bool
 		if name, parent, ok = j.n.place(); !ok {
@@ -346,6 +350,9 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	}
 	defer f.Close()
 	open := func() (io.ReadCloser, error) { return io.NopCloser(io.NewSectionReader(f, 0, rec.Size)), nil }
+	// A queued commit sets no attributes of its own (a chmod after the
+	// close went to the entry): it leaves the entry's as they are then.
+	attrs.KeepAttrs = true
 	e, _, err := m.vol.WriteFile(ctx, dir, name, open, attrs)
 	if err != nil {
 		if j.n != nil {
