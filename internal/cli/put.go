@@ -618,29 +618,29 @@ func (st *putState) putFile(ctx context.Context, j putJob) error {
 		if err == nil {
 			return st.addToGroup(ctx, vol, p, j)
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		switch cairn.KindOf(err) {
-		case cairn.Unavailable, cairn.Canceled:
-			return err
-		}
-		st.fail(j.dst, err)
-		return nil
+		return st.settle(ctx, j.dst, fs.WriteStats{}, err)
 	}
 	_, ws, err := vol.WriteFile(ctx, j.dir, j.name, open, a)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		switch cairn.KindOf(err) {
-		case cairn.Unavailable, cairn.Canceled:
-			return err
-		}
-		st.fail(j.dst, err)
+	return st.settle(ctx, j.dst, ws, err)
+}
+
+// settle ends one file's put: an error that stops the whole put (ctx
+// ended, a store or the metadata service unreachable) is returned; any
+// other is recorded against the file and the put goes on; a success is
+// counted.
+func (st *putState) settle(ctx context.Context, dst string, ws fs.WriteStats, err error) error {
+	if err == nil {
+		st.account(ws)
 		return nil
 	}
-	st.account(ws)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	switch cairn.KindOf(err) {
+	case cairn.Unavailable, cairn.Canceled:
+		return err
+	}
+	st.fail(dst, err)
 	return nil
 }
 

@@ -240,19 +240,7 @@ func (st *putState) stageFile(ctx context.Context, j putJob, open func() (io.Rea
 		err = st.spool.add(queueRecord{Volume: st.v.Name(), Path: strings.TrimPrefix(j.dst, st.volPre),
 			Mode: a.Mode, UID: a.UID, GID: a.GID, Version: ver, Base: base, Queued: time.Now().UnixNano()})
 	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		switch cairn.KindOf(err) {
-		case cairn.Unavailable, cairn.Canceled:
-			return err
-		}
-		st.fail(j.dst, err)
-		return nil
-	}
-	st.account(ws)
-	return nil
+	return st.settle(ctx, j.dst, ws, err)
 }
 
 // queuedPut is one put's queue directory as a drainer or ls reads it.
