@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -197,14 +196,12 @@ func writeLocalFile(ctx context.Context, v *fs.Volume, ent *meta.Entry, ver *met
 			os.Remove(tmp.Name())
 		}
 	}()
-	bw := bufio.NewWriterSize(tmp, 1<<20)
 	if ver != nil {
-		if err := v.ReadFile(ctx, ent, ver, bw); err != nil {
+		// Chunks land at their offsets as they come (the temporary file
+		// is renamed into place only once all of them have).
+		if err := v.ReadFileAt(ctx, ent, ver, tmp); err != nil {
 			return err
 		}
-	}
-	if err := bw.Flush(); err != nil {
-		return cairn.E("get", cairn.IO, dest, err)
 	}
 	if err := tmp.Chmod(os.FileMode(ent.Mode & 0o7777)); err != nil {
 		return cairn.E("get", cairn.IO, dest, err)

@@ -529,6 +529,21 @@ func (v *Volume) Manifest(ctx context.Context, ver *meta.Version) (*manifest.Man
 // ReadFile writes version ver of a file (nil: the current one) to w. Every
 // chunk is verified (hash and AEAD tag) before its bytes reach w.
 func (v *Volume) ReadFile(ctx context.Context, e *meta.Entry, ver *meta.Version, w io.Writer) error {
+	return v.readFile(ctx, e, ver, func(ctx context.Context, refs []manifest.Ref, ahead int) error {
+		return v.eng.ReadAhead(ctx, refs, ahead, w)
+	})
+}
+
+// ReadFileAt is ReadFile writing each chunk at its offset in w as soon as
+// it is verified, in no particular order (pipeline ReadAheadAt), for a
+// caller writing a new local file. On error w may hold any part of it.
+func (v *Volume) ReadFileAt(ctx context.Context, e *meta.Entry, ver *meta.Version, w io.WriterAt) error {
+	return v.readFile(ctx, e, ver, func(ctx context.Context, refs []manifest.Ref, ahead int) error {
+		return v.eng.ReadAheadAt(ctx, refs, ahead, w)
+	})
+}
+
+func (v *Volume) readFile(ctx context.Context, e *meta.Entry, ver *meta.Version, read func(context.Context, []manifest.Ref, int) error) error {
 	if e.Type != meta.TypeFile {
 		return cairn.E("read", cairn.IsDir, e.Name, errors.New("not a regular file"))
 	}
@@ -546,5 +561,5 @@ func (v *Volume) ReadFile(ctx context.Context, e *meta.Entry, ver *meta.Version,
 	if v.readaheadFor != nil {
 		ahead = v.readaheadFor(ver.Stores)
 	}
-	return v.eng.ReadAhead(store.WithSources(ctx, ver.Stores), m.Chunks, ahead, w)
+	return read(store.WithSources(ctx, ver.Stores), m.Chunks, ahead)
 }
