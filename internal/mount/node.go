@@ -58,16 +58,20 @@ type node struct {
 	// this mount: a commit never writes under a name the file just left.
 	placeMu sync.Mutex
 	// moved is where a rename or removal on this mount put the node, set
-	// before the call returns (go-fuse moves the node in its tree only
-	// after): place prefers it. Guarded by mu.
+	// before the call returns: go-fuse moves the node in its tree only
+	// after, so while the tree still shows the node where it was (from),
+	// place answers moved instead. Guarded by mu.
 	moved *movedTo
 }
 
-// movedTo is a node's place after a rename (or its removal: gone).
+// movedTo is a node's place after a rename (or its removal: gone), and
+// where it was before.
 type movedTo struct {
-	parent *node
-	name   string
-	gone   bool
+	fromParent *node
+	fromName   string
+	parent     *node
+	name       string
+	gone       bool
 }
 
 var (
@@ -140,13 +144,18 @@ func (n *node) place() (name string, parent *node, ok bool) {
 	if n.IsRoot() {
 		return "", nil, true
 	}
+	name, p := n.Parent()
 	n.mu.Lock()
 	mv := n.moved
+	if mv != nil && (p == nil || p.Operations().(*node) != mv.fromParent || name != mv.fromName) {
+		// go-fuse has moved (or dropped) the node since: the tree is
+		// current, and stays so for later moves made elsewhere.
+		n.moved, mv = nil, nil
+	}
 	n.mu.Unlock()
 	if mv != nil {
 		return mv.name, mv.parent, !mv.gone
 	}
-	name, p := n.Parent()
 	if p == nil {
 		return "", nil, false
 	}
@@ -538,7 +547,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 		return n.m.errno("remove", n.path(name), err)
 	}
 	if ch := n.kid(name); ch != nil {
-		ch.setMoved(&movedTo{gone: true})
+		ch.setMoved(&movedTo{fromParent: n, fromName: name, gone: true})
 	}
 	if ch := n.GetChild(name); ch != nil {
 		ch.Operations().(*node).dropLock(ctx)
@@ -609,10 +618,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		return n.m.errno("rename", n.path(name), err)
 	}
 	if replaced != nil && replaced != moving {
-		replaced.setMoved(&movedTo{gone: true})
+		replaced.setMoved(&movedTo{fromParent: np, fromName: newName, gone: true})
 	}
 	if moving != nil {
-		moving.setMoved(&movedTo{parent: np, name: newName})
+		moving.setMoved(&movedTo{fromParent: n, fromName: name, parent: np, name: newName})
 	}
 	// Writer locks are by name (dropLock): the moved file's and the
 	// replaced file's go. go-fuse moves the nodes after this returns.
