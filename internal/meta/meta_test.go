@@ -494,3 +494,29 @@ func TestCommitKeepAttrs(t *testing.T) {
 		}
 	}
 }
+
+// TestRenameKnownStaleSameIno: a destination entry from a stale cache that
+// names the source's inode (the file was at b, another device renamed it
+// b -> a; the cache still has b) must not pass for a rename onto itself.
+func TestRenameKnownStaleSameIno(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 10)
+	root, err := v.Root(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := commit(t, s, v, root, "b", 1, 1)
+	staleB := *b
+	// Another device: b -> a.
+	if err := v.Rename(ctx, root, "b", root, "a", "home:/a"); err != nil {
+		t.Fatal(err)
+	}
+	a := mustLookup(t, v, "a")
+	// This mount: a -> b, b's entry from its (stale) cache.
+	if err := v.RenameKnown(ctx, root, "a", a, root, "b", "home:/b", meta.KnownEntry(&staleB)); err != nil {
+		t.Fatalf("rename: %v", err)
+	}
+	if _, err := v.Get(ctx, 1, "b"); err != nil {
+		t.Fatalf("rename a -> b returned success but b is missing: %v", err)
+	}
+}

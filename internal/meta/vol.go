@@ -568,8 +568,17 @@ func (v *Vol) RenameKnown(ctx context.Context, srcParent *Entry, srcName string,
 	var dst *Entry
 	if known != nil {
 		dst = known.entry
-	} else if dst, err = v.Get(ctx, dstParent.Ino, dstName); err != nil && !errors.Is(err, cairn.ErrNotFound) {
-		return err
+		if dst != nil && dst.Ino == src.Ino {
+			// A rename onto itself is a no-op, but a cached destination
+			// naming the source's inode is stale (the file cannot be at
+			// both names): read it.
+			known = nil
+		}
+	}
+	if known == nil {
+		if dst, err = v.Get(ctx, dstParent.Ino, dstName); err != nil && !errors.Is(err, cairn.ErrNotFound) {
+			return err
+		}
 	}
 	if dst != nil && dst.Ino == src.Ino {
 		return nil
