@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/store/storetest"
@@ -318,4 +319,70 @@ func TestDeleteBeforePublish(t *testing.T) {
 	mustGet(t, a, obj{victim, data})
 	mustGet(t, b, obj{victim, data})
 	verifyClean(t, a)
+}
+
+// TestPutJoiningBornDead: a Put that starts after another process's Delete
+// completed (and after a Refresh here applied it) may join the pending Put
+// of the same object, whose record is born dead: it must store the object
+// anew, not return the dead record's success.
+func TestPutJoiningBornDead(t *testing.T) {
+	dir := t.TempDir()
+	if !directWorks(t, dir) {
+		t.Skip("no O_DIRECT")
+	}
+	b := open(t, dir, Options{})
+	defer b.Close()
+	var victim cairn.ID
+	var data []byte
+	var a *Store
+	var armed atomic.Bool
+	second := make(chan error, 1)
+	a = open(t, dir, Options{testDirectWrite: func(f *os.File, buf []byte, off int64) (int, error) {
+		n, err := f.WriteAt(buf, off)
+		if err == nil && armed.CompareAndSwap(true, false) {
+			if derr := b.Delete(bg, victim); derr != nil {
+				t.Error(derr)
+			}
+			// After the Delete completed: a writer refreshes (as after
+			// a gc generation change), finds the object missing, puts it.
+			if rerr := a.Refresh(bg); rerr != nil {
+				t.Error(rerr)
+			}
+			if found, _ := a.Has(bg, []cairn.ID{victim}); found[0] {
+				t.Error("A has the victim before publishing it")
+			}
+			go func() { second <- a.Put(bg, victim, data) }()
+			// Give the second Put time to find the pending request (if
+			// it comes later, it writes anew and the test passes without
+			// covering the join).
+			time.Sleep(100 * time.Millisecond)
+		}
+		return n, err
+	}})
+	defer a.Close()
+	putN(t, a, 1, 3, 2000)
+	a.mu.RLock()
+	var end int64
+	for _, p := range a.packs {
+		if p != nil && p.state == stateOwn {
+			end = p.end
+		}
+	}
+	a.mu.RUnlock()
+	align := int64(a.align)
+	victim, data = storetest.Blob(4242, int(2*align-end%align-recHeaderSize))
+	armed.Store(true)
+	if err := a.Put(bg, victim, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	found, err := a.Has(bg, []cairn.ID{victim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !found[0] {
+		t.Fatal("a Put that began after the Delete returned success, and the object is absent")
+	}
 }

@@ -737,7 +737,10 @@ func (s *Store) Put(ctx context.Context, id cairn.ID, data []byte) error {
 			s.pendMu.Unlock()
 			select {
 			case <-r.done:
-				if r.err == errWithdrawn {
+				if r.err == nil || r.err == errWithdrawn {
+					// Look it up again: its record may have been born
+					// dead (deleted by another process before it was
+					// published here), and then this Put writes anew.
 					continue
 				}
 				return r.err
