@@ -99,3 +99,55 @@ func TestRefreshPassesOn(t *testing.T) {
 		t.Fatalf("b was not refreshed when asked again: %d objects in its index", n)
 	}
 }
+
+// dedup is an indexed member whose Put skips an object its index lists,
+// as packstore's and localstore's Put do.
+type dedup struct{ *indexed }
+
+func (s dedup) Put(ctx context.Context, id cairn.ID, data []byte) error {
+	s.mu.Lock()
+	have := s.idx[id]
+	s.mu.Unlock()
+	if have {
+		return nil
+	}
+	return s.indexed.Put(ctx, id, data)
+}
+
+// TestStaleMemberPut: a member left stale by a failed Refresh is asked no
+// Has; a write to it refreshes it first, so that its Put does not trust a
+// stale index and store nothing.
+func TestStaleMemberPut(t *testing.T) {
+	a := &indexed{Store: memstore.New(), idx: map[cairn.ID]bool{}}
+	b := &indexed{Store: memstore.New(), idx: map[cairn.ID]bool{}}
+	s := open(t, 2, []replicastore.Named{{Name: "a", Store: dedup{a}}, {Name: "b", Store: dedup{b}}}, replicastore.Options{})
+	data := []byte("an object a gc will delete")
+	id := cairn.ID(blake3.Sum256(data))
+	for _, m := range []*indexed{a, b} {
+		if err := m.Put(bg, id, data); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Store.Delete(bg, id); err != nil { // the gc, behind the index
+			t.Fatal(err)
+		}
+	}
+	b.failing = true
+	if err := s.Refresh(bg); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := s.Has(bg, []cairn.ID{id}); err != nil || f[0] {
+		t.Fatalf("Has = %v, %v", f, err)
+	}
+	b.failing = false // b is back
+	if err := s.Put(bg, id, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Flush(bg); err != nil { // waits for the copies still being written
+		t.Fatal(err)
+	}
+	ha, _ := a.Store.Has(bg, []cairn.ID{id})
+	hb, _ := b.Store.Has(bg, []cairn.ID{id})
+	if !ha[0] || !hb[0] {
+		t.Fatalf("copies:2 Put succeeded; copies held: a %v, b %v", ha[0], hb[0])
+	}
+}

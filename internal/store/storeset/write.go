@@ -68,6 +68,13 @@ func (s *Set) Write(ctx, bg context.Context, wg *sync.WaitGroup, op, path string
 			return
 		}
 		go func() {
+			// A member left stale by a failed Refresh may list objects
+			// a gc deleted, and its Put skip them: refresh it first, or
+			// count its write as failed (repaired later).
+			if err := s.refreshMember(opCtx, i); err != nil {
+				results <- writeResult{i, err}
+				return
+			}
 			results <- writeResult{i, s.Call(opCtx, i, func(ctx context.Context, st cairn.Store) error {
 				return w.Fn(ctx, st, i)
 			})}
