@@ -56,22 +56,28 @@ func (s *Store) rescan(ctx context.Context) error {
 	}
 	mt := fi.ModTime()
 	if !s.listed || !mt.Equal(s.dirMtime) || s.listedAt.Sub(mt) < mtimeSlack {
-		now := time.Now()
-		// A listing that saw packs go saw a compaction, whose new packs
-		// (holding the moved records and tombstones) were linked before
-		// the old ones were removed, but maybe after the listing passed
-		// their names: list once more, so that what the compaction moved
-		// is seen by this refresh, not only the next one.
+		// A listing that saw packs go, or during which the directory
+		// changed, may have raced a compaction: its new packs (holding
+		// the moved records and tombstones) were linked before the old
+		// ones were removed, but maybe after the listing passed their
+		// names. List once more, so that what the compaction moved is
+		// seen by this refresh, not only the next one.
 		for range 3 {
+			now := time.Now()
 			gone, err := s.scanDir(ctx)
 			if err != nil {
 				return err
 			}
-			if !gone {
+			s.listed, s.dirMtime, s.listedAt = true, mt, now
+			fi, err := os.Stat(s.packDir)
+			if err != nil {
+				return cairn.E("refresh", cairn.IO, s.dir, err)
+			}
+			if !gone && fi.ModTime().Equal(mt) {
 				break
 			}
+			mt = fi.ModTime()
 		}
-		s.listed, s.dirMtime, s.listedAt = true, mt, now
 	}
 	return s.pollForeign(ctx)
 }
