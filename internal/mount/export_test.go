@@ -53,3 +53,6 @@ func SetWatchTiming(m *Mount, trust, progress time.Duration) {
 // OpenCopies returns how many copies have handles (the kernel sends a
 // release some time after the last close).
 func OpenCopies(m *Mount) int { return len(m.cache.openContents()) }
+
+// ReadCalls returns how many reads the kernel asked of the mount.
+func ReadCalls(m *Mount) int64 { return m.readCalls.Load() }

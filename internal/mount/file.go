@@ -685,6 +685,7 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 func (c *content) ino16() string { return cacheKey{ino: c.ino}.name()[:16] }
 
 func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.n.m.readCalls.Add(1)
 	c := h.c
 	c.fmu.RLock()
 	k, err := c.f.ReadAt(dest, off)
