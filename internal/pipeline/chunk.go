@@ -235,21 +235,32 @@ func seal(key *[32]byte, hdr, inner []byte) []byte {
 // cannot tell the two kinds apart: both nonces are keyed hashes.
 const rawNonceContext = "cairn v1 raw chunk nonce"
 
+// Clones of the context-keyed hashers, reused: blake3.DeriveKey would
+// allocate 10 KiB per chunk, and a clone on the stack (10 KiB: the
+// hasher's buffer) made every fetch goroutine's stack grow, copied, for
+// every chunk read (runtime.newstack in a cold read's profile).
+var (
+	nonceHashers    = sync.Pool{New: func() any { return nonceKDF.Clone() }}
+	rawNonceHashers = sync.Pool{New: func() any { return rawNonceKDF.Clone() }}
+)
+
 func chunkNonce(k *[32]byte, inner []byte) (n [nonceSize]byte) {
 	if len(inner) > 0 && inner[0] == flagRaw {
 		var sum [32]byte
-		d := rawNonceKDF.Clone()
+		d := rawNonceHashers.Get().(*blake3.Hasher)
+		d.Reset()
 		d.Write(k[:])
 		d.Sum(sum[:0])
+		rawNonceHashers.Put(d)
 		copy(n[:], sum[:])
 		return n
 	}
-	// A clone of the context-keyed hasher stays on the stack, where
-	// blake3.DeriveKey would allocate 10 KiB.
 	var kn [32]byte
-	d := nonceKDF.Clone()
+	d := nonceHashers.Get().(*blake3.Hasher)
+	d.Reset()
 	d.Write(k[:])
 	d.Sum(kn[:0])
+	nonceHashers.Put(d)
 	h, err := blake3.NewKeyed(kn[:])
 	if err != nil {
 		panic(err) // only for a bad key length

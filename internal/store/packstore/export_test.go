@@ -19,3 +19,6 @@ func (s *Store) Abandon() {
 	s.mu.Unlock()
 	s.cancel()
 }
+
+// Sum256 is the pooled BLAKE3 the store checks objects with.
+var Sum256 = sum256

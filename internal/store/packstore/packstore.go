@@ -387,6 +387,22 @@ func (s *Store) readRange(ctx context.Context, id cairn.ID, off, n int64) ([]byt
 	return data[off : off+n : off+n], nil
 }
 
+// hashers are BLAKE3 hashers on the heap, reused: blake3.Sum256 keeps a
+// 10 KiB hasher on the stack, and a Get runs in a fresh goroutine of the
+// reader's (one per chunk), whose stack then grew, copied, every time.
+var hashers = sync.Pool{New: func() any { return blake3.New() }}
+
+// sum256 is blake3.Sum256 with a pooled hasher.
+func sum256(data []byte) cairn.ID {
+	h := hashers.Get().(*blake3.Hasher)
+	h.Reset()
+	h.Write(data)
+	var id cairn.ID
+	h.Sum(id[:0])
+	hashers.Put(h)
+	return id
+}
+
 // ---- Writing.
 
 // Put stores data under id and returns once it is stored in the backing
@@ -415,7 +431,7 @@ func (s *Store) put(ctx context.Context, id cairn.ID, data []byte, wait bool) er
 	if err := store.CtxErr(ctx, op, id.String()); err != nil {
 		return err
 	}
-	if !store.HashedIDs(ctx) && cairn.ID(blake3.Sum256(data)) != id {
+	if !store.HashedIDs(ctx) && sum256(data) != id {
 		return cairn.E(op, cairn.Corrupt, id.String(), errors.New("data does not hash to its ID"))
 	}
 	if len(data) >= s.opts.Threshold {
@@ -610,7 +626,7 @@ func (s *Store) get(ctx context.Context, id cairn.ID) ([]byte, error) {
 			if err != nil {
 				return nil, err
 			}
-			if cairn.ID(blake3.Sum256(data)) == id {
+			if sum256(data) == id {
 				store.NoteVerified(ctx, id, data)
 				return data, nil
 			}

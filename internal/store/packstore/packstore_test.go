@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zeebo/blake3"
+
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/store"
 	"cairn.dev/cairn/internal/store/memstore"
@@ -1011,6 +1013,21 @@ func TestOptions(t *testing.T) {
 	} {
 		if _, err := packstore.New(bg, memstore.New(), o); !errors.Is(err, cairn.ErrInvalid) {
 			t.Errorf("New(%+v): err = %v, want Invalid", o, err)
+		}
+	}
+}
+
+func TestSum256(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{0, 1, 1024, 1025, 16 << 10, 100000} {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		for range 2 { // a reused hasher too
+			if got, want := packstore.Sum256(b), cairn.ID(blake3.Sum256(b)); got != want {
+				t.Fatalf("%d bytes: %x, want %x", n, got, want)
+			}
 		}
 	}
 }
