@@ -802,6 +802,24 @@ func (a *atBuffer) WriteAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
+// oneAtATime is an atBuffer that fails the test if WriteAt is called
+// while another call is in progress.
+type oneAtATime struct {
+	atBuffer
+	t    *testing.T
+	busy atomic.Bool
+}
+
+func (o *oneAtATime) WriteAt(p []byte, off int64) (int, error) {
+	if !o.busy.CompareAndSwap(false, true) {
+		o.t.Error("WriteAt called while another WriteAt runs")
+		return o.atBuffer.WriteAt(p, off)
+	}
+	defer o.busy.Store(false)
+	time.Sleep(10 * time.Microsecond) // widen the window for an overlap
+	return o.atBuffer.WriteAt(p, off)
+}
+
 // ReadAheadAt writes every chunk at its offset: the same bytes as Read,
 // whatever the order the chunks arrive in; a damaged or missing chunk
 // fails the read, naming it.
@@ -821,6 +839,12 @@ func TestReadAheadAt(t *testing.T) {
 	}
 	if err := e.ReadAheadAt(context.Background(), nil, 0, &atBuffer{}); err != nil {
 		t.Fatalf("no chunks: %v", err)
+	}
+	// One WriteAt at a time (many at once spin on the file's lock in
+	// the kernel).
+	one := &oneAtATime{t: t}
+	if err := e.ReadAheadAt(context.Background(), refs, 64, one); err != nil || !bytes.Equal(one.b, data) {
+		t.Fatalf("one at a time: %v (equal %v)", err, bytes.Equal(one.b, data))
 	}
 	victim := refs[len(refs)/3]
 	orig, _ := st.mapStore.Get(context.Background(), victim.ID)
