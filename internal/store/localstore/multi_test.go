@@ -245,6 +245,42 @@ func TestDeleteSeenAfterRefresh(t *testing.T) {
 	}
 }
 
+// pauseInWrite opens a store on dir whose next direct write, once arm is
+// called, runs during between writing its batch to the file and
+// publishing it. ran reports whether it did.
+func pauseInWrite(t *testing.T, dir string, during func()) (s *Store, arm func(), ran func() bool) {
+	var armed, done atomic.Bool
+	s = open(t, dir, Options{testDirectWrite: func(f *os.File, buf []byte, off int64) (int, error) {
+		n, err := f.WriteAt(buf, off)
+		if err == nil && armed.CompareAndSwap(true, false) {
+			during()
+			done.Store(true)
+		}
+		return n, err
+	}})
+	return s, func() { armed.Store(true) }, done.Load
+}
+
+// blockEndVictim returns an object whose record, put next in s, ends on a
+// block boundary: the direct write a pauseInWrite hook sees (whole blocks
+// only) then holds all of it.
+func blockEndVictim(t *testing.T, s *Store) (cairn.ID, []byte) {
+	t.Helper()
+	s.mu.RLock()
+	var end int64
+	for _, p := range s.packs {
+		if p != nil && p.state == stateOwn {
+			end = p.end
+		}
+	}
+	s.mu.RUnlock()
+	if end == 0 || s.direct != directOn {
+		t.Fatalf("no pack being appended with O_DIRECT (end %d, direct %d)", end, s.direct)
+	}
+	align := int64(s.align)
+	return storetest.Blob(4242, int(2*align-end%align-recHeaderSize))
+}
+
 // TestDeleteBeforePublish: another process can read a record from the
 // file, delete it and have that tombstone applied here, all between the
 // write of the record and its Put returning. The object must then be gone
@@ -258,50 +294,30 @@ func TestDeleteBeforePublish(t *testing.T) {
 	b := open(t, dir, Options{})
 	defer b.Close()
 	var victim cairn.ID
-	var data []byte
 	var a *Store
-	var armed atomic.Bool
-	a = open(t, dir, Options{testDirectWrite: func(f *os.File, buf []byte, off int64) (int, error) {
-		n, err := f.WriteAt(buf, off)
-		if err == nil && armed.CompareAndSwap(true, false) {
-			// The record is in the file, not yet published in A.
-			if found, _ := b.Has(bg, []cairn.ID{victim}); !found[0] {
-				t.Error("B does not see A's record")
-			}
-			if derr := b.Delete(bg, victim); derr != nil {
-				t.Error(derr)
-			}
-			if rerr := a.Refresh(bg); rerr != nil {
-				t.Error(rerr)
-			}
+	a, arm, ran := pauseInWrite(t, dir, func() {
+		// The record is in the file, not yet published in A.
+		if found, _ := b.Has(bg, []cairn.ID{victim}); !found[0] {
+			t.Error("B does not see A's record")
 		}
-		return n, err
-	}})
+		if derr := b.Delete(bg, victim); derr != nil {
+			t.Error(derr)
+		}
+		if rerr := a.Refresh(bg); rerr != nil {
+			t.Error(rerr)
+		}
+	})
 	defer a.Close()
 	putN(t, a, 1, 3, 2000) // the pack exists and B knows it
-	// The hook sees only the whole blocks of a batch: size the victim so
-	// that its record ends on a block boundary.
-	a.mu.RLock()
-	var end int64
-	for _, p := range a.packs {
-		if p != nil && p.state == stateOwn {
-			end = p.end
-		}
-	}
-	a.mu.RUnlock()
-	if end == 0 || a.direct != directOn {
-		t.Fatalf("no pack being appended with O_DIRECT (end %d, direct %d)", end, a.direct)
-	}
-	align := int64(a.align)
-	victim, data = storetest.Blob(4242, int(2*align-end%align-recHeaderSize))
+	victim, data := blockEndVictim(t, a)
 	if found, _ := b.Has(bg, []cairn.ID{victim}); found[0] {
 		t.Fatal("victim present before its Put")
 	}
-	armed.Store(true)
+	arm()
 	if err := a.Put(bg, victim, data); err != nil {
 		t.Fatal(err)
 	}
-	if armed.Load() {
+	if !ran() {
 		t.Fatal("the hook did not run")
 	}
 	found, err := a.Has(bg, []cairn.ID{victim})
@@ -328,52 +344,41 @@ func TestDeleteBeforePublish(t *testing.T) {
 func TestPutJoiningBornDead(t *testing.T) {
 	dir := t.TempDir()
 	if !directWorks(t, dir) {
-		t.Skip("no O_DIRECT")
+		t.Skip("no O_DIRECT here: the test pauses the writer in its direct write")
 	}
 	b := open(t, dir, Options{})
 	defer b.Close()
 	var victim cairn.ID
 	var data []byte
 	var a *Store
-	var armed atomic.Bool
 	second := make(chan error, 1)
-	a = open(t, dir, Options{testDirectWrite: func(f *os.File, buf []byte, off int64) (int, error) {
-		n, err := f.WriteAt(buf, off)
-		if err == nil && armed.CompareAndSwap(true, false) {
-			if derr := b.Delete(bg, victim); derr != nil {
-				t.Error(derr)
-			}
-			// After the Delete completed: a writer refreshes (as after
-			// a gc generation change), finds the object missing, puts it.
-			if rerr := a.Refresh(bg); rerr != nil {
-				t.Error(rerr)
-			}
-			if found, _ := a.Has(bg, []cairn.ID{victim}); found[0] {
-				t.Error("A has the victim before publishing it")
-			}
-			go func() { second <- a.Put(bg, victim, data) }()
-			// Give the second Put time to find the pending request (if
-			// it comes later, it writes anew and the test passes without
-			// covering the join).
-			time.Sleep(100 * time.Millisecond)
+	a, arm, ran := pauseInWrite(t, dir, func() {
+		if derr := b.Delete(bg, victim); derr != nil {
+			t.Error(derr)
 		}
-		return n, err
-	}})
+		// After the Delete completed: a writer refreshes (as after a gc
+		// generation change), finds the object missing, puts it.
+		if rerr := a.Refresh(bg); rerr != nil {
+			t.Error(rerr)
+		}
+		if found, _ := a.Has(bg, []cairn.ID{victim}); found[0] {
+			t.Error("A has the victim before publishing it")
+		}
+		go func() { second <- a.Put(bg, victim, data) }()
+		// Give the second Put time to find the pending request (if it
+		// comes later, it writes anew and the test passes without
+		// covering the join).
+		time.Sleep(100 * time.Millisecond)
+	})
 	defer a.Close()
 	putN(t, a, 1, 3, 2000)
-	a.mu.RLock()
-	var end int64
-	for _, p := range a.packs {
-		if p != nil && p.state == stateOwn {
-			end = p.end
-		}
-	}
-	a.mu.RUnlock()
-	align := int64(a.align)
-	victim, data = storetest.Blob(4242, int(2*align-end%align-recHeaderSize))
-	armed.Store(true)
+	victim, data = blockEndVictim(t, a)
+	arm()
 	if err := a.Put(bg, victim, data); err != nil {
 		t.Fatal(err)
+	}
+	if !ran() {
+		t.Fatal("the hook did not run")
 	}
 	if err := <-second; err != nil {
 		t.Fatal(err)
