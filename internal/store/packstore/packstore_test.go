@@ -242,14 +242,7 @@ func TestReadAhead(t *testing.T) {
 	defer s.Close()
 	// 1,000 chunks of 16 KiB, packed in order (as one file's Puts are).
 	ids, data := blobs(20000, 1000, 16<<10)
-	for i := range ids {
-		if err := s.PutDeferred(bg, ids[i], data[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Flush(bg); err != nil {
-		t.Fatal(err)
-	}
+	putPacked(t, s, ids, data)
 	for _, tc := range []struct {
 		name    string
 		workers int
@@ -298,14 +291,7 @@ func TestReadAheadEntersPackOutOfOrder(t *testing.T) {
 	backing := newShared()
 	w := open(t, backing, packstore.Options{})
 	ids, data := blobs(50000, 200, 16<<10)
-	for i := range ids {
-		if err := w.PutDeferred(bg, ids[i], data[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Flush(bg); err != nil {
-		t.Fatal(err)
-	}
+	putPacked(t, w, ids, data)
 	w.Close()
 	order := []int{3, 0, 2, 1}
 	for i := 4; i < len(ids); i++ {
@@ -368,14 +354,7 @@ func TestReadAheadBytesBelongToCaller(t *testing.T) {
 	s := open(t, backing, packstore.Options{})
 	defer s.Close()
 	ids, data := blobs(40000, 600, 16<<10)
-	for i := range ids {
-		if err := s.PutDeferred(bg, ids[i], data[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Flush(bg); err != nil {
-		t.Fatal(err)
-	}
+	putPacked(t, s, ids, data)
 	r := open(t, backing, packstore.Options{})
 	defer r.Close()
 	for i := range ids {
@@ -436,14 +415,7 @@ func TestReadAheadSpans(t *testing.T) {
 	w := open(t, backing, packstore.Options{})
 	// 1,000 chunks of 16 KiB in one pack, packed in order.
 	ids, data := blobs(30000, 1000, 16<<10)
-	for i := range ids {
-		if err := w.PutDeferred(bg, ids[i], data[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Flush(bg); err != nil {
-		t.Fatal(err)
-	}
+	putPacked(t, w, ids, data)
 	w.Close()
 	for _, tc := range []struct {
 		name     string
@@ -606,14 +578,7 @@ func TestCorruptPack(t *testing.T) {
 	s := open(t, backing, packstore.Options{})
 	defer s.Close()
 	ids, data := blobs(40000, 50, 1000)
-	for i := range ids {
-		if err := s.PutDeferred(bg, ids[i], data[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.Flush(bg); err != nil {
-		t.Fatal(err)
-	}
+	putPacked(t, s, ids, data)
 	var packID cairn.ID
 	n := 0
 	if err := backing.Store.List(bg, func(id cairn.ID, size int64) error { packID = id; n++; return nil }); err != nil || n != 1 {
@@ -1029,5 +994,19 @@ func TestSum256(t *testing.T) {
 				t.Fatalf("%d bytes: %x, want %x", n, got, want)
 			}
 		}
+	}
+}
+
+// putPacked puts the objects deferred, in order (as one file's Puts are
+// packed), and flushes.
+func putPacked(t *testing.T, s *packstore.Store, ids []cairn.ID, data [][]byte) {
+	t.Helper()
+	for i := range ids {
+		if err := s.PutDeferred(bg, ids[i], data[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Flush(bg); err != nil {
+		t.Fatal(err)
 	}
 }
