@@ -92,9 +92,12 @@ const stagedRounds = 20
 // version already names the staged manifest (committed by an earlier
 // attempt) is reported Already and not committed again. src is only read.
 //
-// Writer locks are not taken: each commit is a compare-and-swap on the
-// file's record, so a concurrent writer's version is kept in the file's
-// history, and the staged one, committed last, is current.
+// Writer locks are not taken, but respected: a file whose writer lock
+// someone holds (a mount writing it, a put) is not committed; its result
+// is an error matching meta.ErrLocked (Kind Conflict), for the caller to
+// try again later. Each commit is a compare-and-swap on the file's record,
+// so a version committed since the file was staged is kept in the file's
+// history (Check decides whether the staged one may follow it).
 //
 // progress, if not nil, is called with the bytes of each object copied.
 // An error reading src or v's store fails every file not committed yet.
@@ -173,7 +176,7 @@ func (v *Volume) CommitStaged(ctx context.Context, src cairn.Store, files []Stag
 				ver := f.Version
 				ver.Stores = []string{v.storeName}
 				e, _, err := v.Meta.CommitVersion(ctx, f.Dir, f.Name, meta.Commit{Version: ver,
-					Mode: f.Attrs.Mode, UID: f.Attrs.UID, GID: f.Attrs.GID, Gen: gen, Cur: meta.KnownEntry(cur)})
+					Mode: f.Attrs.Mode, UID: f.Attrs.UID, GID: f.Attrs.GID, Gen: gen, Cur: meta.KnownEntry(cur), Unlocked: true})
 				if errors.Is(err, meta.ErrFenced) {
 					mu.Lock()
 					fenced = append(fenced, i)

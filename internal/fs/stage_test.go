@@ -11,6 +11,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/store/memstore"
 )
 
@@ -106,5 +107,48 @@ func TestCommitStagedFencedByGC(t *testing.T) {
 	}
 	if e2, _ := f.vol.Meta.Get(ctx, f.root.Ino, "s"); len(e2.Versions) != 1 {
 		t.Fatalf("%d versions after committing twice, want 1", len(e2.Versions))
+	}
+}
+
+// TestCommitStagedRespectsLock: a staged file whose writer lock another
+// writer holds is not committed (its result matches meta.ErrLocked) and
+// is committed by a later CommitStaged once the lock is gone.
+func TestCommitStagedRespectsLock(t *testing.T) {
+	f := newFixture(t, 3)
+	ctx := context.Background()
+	spool := memstore.New()
+	sv, err := fs.Open(f.svc, f.vol.Meta, f.master, spool, fs.Options{StoreName: "spool"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sv.Close()
+	data := random(40 << 10)
+	a := fs.Attrs{Mode: 0o644, Mtime: time.Unix(1700000000, 0)}
+	ver, _, err := sv.Stage(ctx, func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := f.vol.Meta.Lock(ctx, f.root.Ino, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := []fs.StagedFile{{Dir: f.root, Name: "held", Version: ver, Attrs: a}}
+	res, _, err := f.vol.CommitStaged(ctx, spool, files, nil)
+	if err != nil || !errors.Is(res[0].Err, meta.ErrLocked) || res[0].Entry != nil {
+		t.Fatalf("CommitStaged under another writer's lock: %v, %+v; want ErrLocked", err, res[0])
+	}
+	if _, err := f.vol.Meta.Get(ctx, f.root.Ino, "held"); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("the refused file exists: %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, _, err = f.vol.CommitStaged(ctx, spool, files, nil)
+	if err != nil || res[0].Err != nil || res[0].Entry == nil {
+		t.Fatalf("CommitStaged after the unlock: %v, %+v", err, res[0])
+	}
+	var out bytes.Buffer
+	if err := f.vol.ReadFile(ctx, res[0].Entry, nil, &out); err != nil || !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("read back: %v", err)
 	}
 }

@@ -520,3 +520,42 @@ func TestRenameKnownStaleSameIno(t *testing.T) {
 		t.Fatalf("rename a -> b returned success but b is missing: %v", err)
 	}
 }
+
+// TestCommitUnlocked: a commit with Commit.Unlocked fails with ErrLocked
+// and changes nothing while another writer holds the file's lock (new file
+// or existing), and succeeds once the lock is gone.
+func TestCommitUnlocked(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 0)
+	root := &meta.Entry{Ino: meta.RootIno, Type: meta.TypeDir}
+	commit(t, s, v, root, "old", 1, 1)
+	gen, err := s.WriteGen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"old", "new"} {
+		l, err := v.Lock(ctx, root.Ino, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := meta.Commit{Version: meta.Version{Size: 9}, Mode: 0o644, Gen: gen, Unlocked: true}
+		_, _, err = v.CommitVersion(ctx, root, name, c)
+		if !errors.Is(err, meta.ErrLocked) || !errors.Is(err, cairn.ErrConflict) {
+			t.Fatalf("%s: commit under another writer's lock = %v, want ErrLocked (Conflict)", name, err)
+		}
+		cur, err := v.Get(ctx, root.Ino, name)
+		switch {
+		case name == "new" && !errors.Is(err, cairn.ErrNotFound):
+			t.Fatalf("new: refused commit left an entry (%v, %v)", cur, err)
+		case name == "old" && (err != nil || cur.Size == 9):
+			t.Fatalf("old: refused commit changed the file (%v, %v)", cur, err)
+		}
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := v.CommitVersion(ctx, root, name, c)
+		if err != nil || got.Size != 9 {
+			t.Fatalf("%s: commit after unlock = %v, %v", name, got, err)
+		}
+	}
+}

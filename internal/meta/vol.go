@@ -251,7 +251,17 @@ type Commit struct {
 	// and GID apply only to a file the commit creates), so that a chmod or
 	// chown racing the commit is not undone by its retry.
 	KeepAttrs bool
+	// Unlocked, for a commit without a Lock: it succeeds only while nobody
+	// holds the file's writer lock, and fails with ErrLocked otherwise (a
+	// writer that could not wait for the lock, such as the upload queue's
+	// drain, leaves the version for later instead of committing under
+	// someone else's lock).
+	Unlocked bool
 }
+
+// ErrLocked is returned (wrapped, Kind Conflict) by CommitVersion when
+// Commit.Unlocked is set and another writer holds the file's lock.
+var ErrLocked = errors.New("another writer holds this file's lock")
 
 // Known wraps an entry read earlier (nil: the name was absent).
 type Known struct{ entry *Entry }
@@ -341,6 +351,8 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 			// The commit releases the lock in the same transaction.
 			cmps = append(cmps, c.Lock.owned())
 			ops = append(ops, clientv3.OpDelete(c.Lock.key))
+		} else if c.Unlocked {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(v.lockKey(parent.Ino, name)), "=", 0))
 		}
 		cctx, cancel := v.s.opCtx(ctx)
 		resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
@@ -361,6 +373,13 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 		}
 		if c.Lock != nil && c.Lock.Lost() {
 			return nil, nil, cairn.E("commit", cairn.Conflict, name, errors.New("writer lock lost (lease expired)"))
+		}
+		if c.Lock == nil && c.Unlocked {
+			if held, err := v.lockHeld(ctx, parent.Ino, name); err != nil {
+				return nil, nil, err
+			} else if held {
+				return nil, nil, cairn.E("commit", cairn.Conflict, name, ErrLocked)
+			}
 		}
 		if parent.Parent != 0 {
 			if pe, perr := v.Get(ctx, parent.Parent, parent.Name); perr != nil || pe.Ino != parent.Ino {
@@ -772,6 +791,18 @@ func (v *Vol) Lock(ctx context.Context, parent uint64, name string) (*Lock, erro
 			return nil, timeout()
 		}
 	}
+}
+
+// lockHeld reports whether someone holds the writer lock of name in
+// directory parent.
+func (v *Vol) lockHeld(ctx context.Context, parent uint64, name string) (bool, error) {
+	cctx, cancel := v.s.opCtx(ctx)
+	defer cancel()
+	resp, err := v.s.cli.Get(cctx, v.lockKey(parent, name), clientv3.WithCountOnly())
+	if err != nil {
+		return false, etcdErr("lock", name, err)
+	}
+	return resp.Count > 0, nil
 }
 
 // lockKey is where the writer lock of name in directory parent lives.
