@@ -15,6 +15,11 @@
 #   - tar -xf of golang.org/x/tools v0.28.0 (1,468 files, from the bench cache's module
 #     download, as dedup-xtools.sh); acceptance for both: within 3x of local disk's time
 #
+# With TOOLS="cairn local loopback" each run also measures the same steps on go-fuse's
+# example loopback file system over a local directory (github.com/hanwen/go-fuse/v2/example/
+# loopback, built from the module cache: a FUSE daemon that only passes each request on to
+# local disk), the cost of FUSE itself on this machine; its ratios are recorded, no verdict.
+#
 # Environment (besides lib.sh's RUNS, CAIRN, BENCH_WORKTREE, BENCH_CACHE, BENCH_TMP,
 # BENCH_RESULTS, KEEP, SETTLE): MOUNT_OPTS (extra 'cairn mount' flags, e.g.
 # "--mode non-blocking"), SIZE_MIB (the large file, default 1024), NFILES (default 10000).
@@ -34,6 +39,11 @@ build_cairn
 echo "building bench/mount/fsops" >&2
 (cd "$REPO_ROOT" && go build -o "$WORK/bin/fsops" ./bench/mount/fsops) || die "go build ./bench/mount/fsops failed"
 FSOPS=$WORK/bin/fsops
+if want loopback; then
+	echo "building go-fuse's example loopback" >&2
+	(cd "$REPO_ROOT" && go build -o "$WORK/bin/loopback" github.com/hanwen/go-fuse/v2/example/loopback) ||
+		die "go build github.com/hanwen/go-fuse/v2/example/loopback failed"
+fi
 
 # ---- inputs (not timed) ----
 BIG=$CACHE/random-${SIZE_MIB}MiB.bin
@@ -78,7 +88,25 @@ new_realm "$REALM"
 CAIRN_HOME=$REALM "$CAIRN" mount $MOUNT_OPTS home "$MNT" >"$WORK/mount.out" 2>&1 </dev/null ||
 	{ cat "$WORK/mount.out" >&2; die "cairn mount failed"; }
 MOUNT_PID=$(sed -n 's/.*(pid \([0-9]*\),.*/\1/p' "$WORK/mount.out")
+LB_PID=
+LBMNT=$WORK/lbmnt
+if want loopback; then
+	mkdir -p "$LBMNT" "$WORK/lbsrc"
+	"$WORK/bin/loopback" -q "$LBMNT" "$WORK/lbsrc" >"$WORK/loopback.out" 2>&1 </dev/null &
+	LB_PID=$!
+	for _ in $(seq 100); do
+		grep -q " $LBMNT fuse" /proc/self/mounts && break
+		sleep 0.1
+	done
+	grep -q " $LBMNT fuse" /proc/self/mounts || { cat "$WORK/loopback.out" >&2; die "the loopback did not mount"; }
+fi
 unmount_all() {
+	if [[ -n $LB_PID ]]; then
+		fusermount3 -u "$LBMNT" 2>/dev/null || fusermount3 -uz "$LBMNT" 2>/dev/null || true
+		kill "$LB_PID" 2>/dev/null || true
+		wait "$LB_PID" 2>/dev/null || true
+		LB_PID=
+	fi
 	if grep -q " $MNT fuse" /proc/self/mounts 2>/dev/null; then
 		CAIRN_HOME=$REALM "$CAIRN" umount "$MNT" 2>/dev/null || CAIRN_HOME=$REALM "$CAIRN" umount --lazy "$MNT" 2>/dev/null || true
 	fi
@@ -98,8 +126,13 @@ mbps() { calc "$BYTES / 1e6 / $1"; }
 declare -A R # R[metric,tool,run]
 for run in $(seq "$RUNS"); do
 	if ((run % 2)); then order="cairn local"; else order="local cairn"; fi
+	want loopback && order="$order loopback"
 	for tool in $order; do
-		if [[ $tool == cairn ]]; then base=$MNT/run$run; else base=$LOCAL/run$run; fi
+		case $tool in
+		cairn) base=$MNT/run$run ;;
+		loopback) base=$LBMNT/run$run ;;
+		*) base=$LOCAL/run$run ;;
+		esac
 		mkdir -p "$base"
 		p=$WORK/$tool-$run
 		echo "run $run: $tool" >&2
@@ -202,6 +235,29 @@ table() {
 	done
 }
 
+# The go-fuse loopback beside local disk (TOOLS with loopback): what FUSE alone costs.
+loopback_part() {
+	want loopback || return 0
+	local r lbr=() lbt=()
+	for r in $(seq "$RUNS"); do
+		lbr+=("$(calc "${R[clone,loopback,$r]} / ${R[clone,local,$r]}")")
+		lbt+=("$(calc "${R[tar,loopback,$r]} / ${R[tar,local,$r]}")")
+	done
+	echo
+	echo "go-fuse's example loopback (FUSE over a local directory, nothing else), last in each run:"
+	echo
+	echo "| run | write, s | read 1 / read 2, s | create / stat, ops/s | git clone / tar x, s |"
+	echo "|---|---|---|---|---|"
+	for r in $(seq "$RUNS"); do
+		printf '| %s | %s | %s / %s | %s / %s | %s / %s |\n' "$r" "${R[write,loopback,$r]}" \
+			"${R[read1,loopback,$r]}" "${R[read2,loopback,$r]}" "${R[create,loopback,$r]}" "${R[stat,loopback,$r]}" \
+			"${R[clone,loopback,$r]}" "${R[tar,loopback,$r]}"
+	done
+	echo
+	echo "FUSE alone (loopback s / local s, medians of per-run ratios): git clone **$(median "${lbr[@]}")x**, tar x **$(median "${lbt[@]}")x**;"
+	echo "cairn / loopback: git clone $(calc "$CL_RATIO / $(median "${lbr[@]}")")x, tar x $(calc "$TAR_RATIO / $(median "${lbt[@]}")")x."
+}
+
 record "issue 4: the mount beside local disk${MOUNT_OPTS:+ (MOUNT_OPTS=\"$MOUNT_OPTS\")}" <<EOF
 cairn runs as users run it: \`cairn init --no-passphrase\` in a fresh CAIRN_HOME, \`cairn mount${MOUNT_OPTS:+ $MOUNT_OPTS} home MNT\`
 (its own process, blocking mode unless MOUNT_OPTS says otherwise; the realm's local store and
@@ -232,6 +288,7 @@ local $(med tar local) s.
 | cached read >= 70% (read 2: again) | $R2_RATIO | **$V_R2** |
 | git clone within 3x of local disk (cairn s / local s) | $CL_RATIO | **$V_CL** |
 | tar x within 3x of local disk (cairn s / local s) | $TAR_RATIO | **$V_TAR** |
+$(loopback_part)
 EOF
 
 for v in "$V_WF" "$V_W" "$V_R1" "$V_R2" "$V_CL" "$V_TAR"; do
