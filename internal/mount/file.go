@@ -323,34 +323,60 @@ func (m *Mount) load(ctx context.Context, e *meta.Entry, empty bool) (*content, 
 
 // acquire returns the copy a new handle of n shares, loading e's current
 // version when there is none it may share (an older one lives on for the
-// handles that have it).
+// handles that have it). An e read before a commit of this mount ended is
+// taken as that commit wrote it (node.wrote): the copy the commit made
+// stops vouching for the file once it ends.
 func (n *node) acquire(ctx context.Context, e *meta.Entry, write, empty bool) (*content, error) {
 	m := n.m
-	n.mu.Lock()
-	if c := n.content; c != nil && c.usable(e) {
-		if m.cache.ref(c) == nil {
-			c.addWriter(write)
-			n.mu.Unlock()
-			return c, nil
+	for {
+		n.mu.Lock()
+		e = n.fresherLocked(e)
+		if c := n.content; c != nil && c.usable(e) {
+			if m.cache.ref(c) == nil {
+				c.addWriter(write)
+				n.mu.Unlock()
+				return c, nil
+			}
+			n.content = nil // its file was evicted
 		}
-		n.content = nil // its file was evicted
+		n.mu.Unlock()
+		// Loaded without n.mu: a slow fetch does not hold up stat.
+		c, err := m.load(ctx, e, empty)
+		if err != nil {
+			return nil, err
+		}
+		n.mu.Lock()
+		if f := n.fresherLocked(e); f != e {
+			// A commit of this mount ended during the load: what was
+			// loaded is older than the file now is.
+			n.mu.Unlock()
+			m.discard(c, empty)
+			e = f
+			continue
+		}
+		if old := n.content; old != nil && old != c && old.usable(e) && m.cache.ref(old) == nil {
+			n.mu.Unlock()
+			m.discard(c, empty) // another open got there first
+			old.addWriter(write)
+			return old, nil
+		}
+		n.content = c
+		c.addWriter(write)
+		n.mu.Unlock()
+		return c, nil
 	}
-	n.mu.Unlock()
-	// Loaded without n.mu: a slow fetch does not hold up stat.
-	c, err := m.load(ctx, e, empty)
-	if err != nil {
-		return nil, err
+}
+
+// discard lets go of c, just loaded by load(..., empty) and not used. An
+// empty work copy (for an open that truncates: nobody else has it) holds
+// no writes to keep.
+func (m *Mount) discard(c *content, empty bool) {
+	if empty {
+		c.mu.Lock()
+		c.dirty = false
+		c.mu.Unlock()
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if old := n.content; old != nil && old != c && old.usable(e) && m.cache.ref(old) == nil {
-		m.cache.unref(c) // another open got there first
-		old.addWriter(write)
-		return old, nil
-	}
-	n.content = c
-	c.addWriter(write)
-	return c, nil
+	m.cache.unref(c)
 }
 
 // release lets go of a handle's reference to c. The node keeps pointing
@@ -668,6 +694,9 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 	if err != nil {
 		n.commitFailed()
 		return err
+	}
+	if e.Ino == n.ino {
+		n.wroteEntry(e)
 	}
 	n.committed(ctx)
 	c.mu.Lock()

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -71,7 +72,11 @@ func countingClient(t *testing.T, endpoints []string) (*clientv3.Client, *rpcCou
 	n := &rpcCounter{by: map[string]int64{}}
 	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		n.add(method)
-		return invoker(ctx, method, req, reply, cc, opts...)
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if h := n.after.Load(); h != nil {
+			(*h)(ctx, method)
+		}
+		return err
 	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count)}})
@@ -88,6 +93,38 @@ type rpcCounter struct {
 	n  atomic.Int64
 	mu sync.Mutex
 	by map[string]int64
+	// after, if set, runs when a request has its answer, before the
+	// caller gets it (holdRead).
+	after atomic.Pointer[func(ctx context.Context, method string)]
+}
+
+// holdRead makes the next etcd read that a request of the kernel makes
+// through f's mount (a lookup, getattr or open; not the queue's) wait
+// with its answer in hand until release is called: a read of an entry
+// that is on its way while something else changes it. held is closed
+// once one waits.
+func (f *fixture) holdRead() (held <-chan struct{}, release func()) {
+	h, rel := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	fn := func(ctx context.Context, method string) {
+		if !strings.HasSuffix(method, "/Range") {
+			return
+		}
+		if _, ok := fuse.FromContext(ctx); !ok {
+			return
+		}
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			close(h)
+			<-rel
+		}
+	}
+	f.rpcs.after.Store(&fn)
+	return h, func() {
+		f.rpcs.after.Store(nil)
+		close(rel)
+	}
 }
 
 func (c *rpcCounter) add(method string) {

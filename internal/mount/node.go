@@ -42,6 +42,14 @@ type node struct {
 	// last is the entry as last read: what a removed file that is
 	// still open reports, and the attributes it is written back with.
 	last meta.Entry
+	// wrote is the entry as this mount's latest commit of the file wrote
+	// it, recorded before the copy it committed stops vouching for the
+	// file (content.local, content.usable: its queued commit is done). An
+	// entry read before that commit (from the entry cache, or by a read
+	// of etcd that was on its way meanwhile) is older than wrote, and
+	// with a copy that no longer vouches it would give the size and data
+	// of the version before the commit: fresherLocked replaces it.
+	wrote *meta.Entry
 	// served is the copy the kernel was last given an open of: a new
 	// open of the same copy keeps the kernel's page cache (the memory
 	// buffer of an open file), unless handles on another copy were open
@@ -128,6 +136,32 @@ func checkName(name string) syscall.Errno {
 		return syscall.EINVAL
 	}
 	return 0
+}
+
+// wroteEntry records e, just written by a commit of n on this mount.
+func (n *node) wroteEntry(e *meta.Entry) {
+	n.mu.Lock()
+	if n.wrote == nil || e.Rev > n.wrote.Rev {
+		w := *e
+		w.Versions = nil // the current one is all that is used
+		if v := e.Current(); v != nil {
+			w.Versions = []meta.Version{*v}
+		}
+		n.wrote = &w
+	}
+	n.mu.Unlock()
+}
+
+// fresherLocked returns e, n's entry as read, or what this mount's latest
+// commit of n wrote if e is older (read before that commit was done). An
+// entry changed since (renamed, committed elsewhere) has a later Rev and
+// is e. n.mu is held, and stays held while the entry is judged against
+// n's copy, so that no commit ends in between.
+func (n *node) fresherLocked(e *meta.Entry) *meta.Entry {
+	if w := n.wrote; w != nil && w.Ino == e.Ino && w.Rev > e.Rev {
+		return copyEntry(w)
+	}
+	return e
 }
 
 func (n *node) remember(e *meta.Entry) {
@@ -269,6 +303,9 @@ func (n *node) readEntry(ctx context.Context, fresh bool) (*meta.Entry, error) {
 // fill sets a's attributes from e, then from the open copy where this
 // mount holds writes the metadata does not have yet.
 func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	e = n.fresherLocked(e)
 	a.Ino = e.Ino
 	a.Mode = typeMode(e.Type) | e.Mode&07777
 	a.Size = uint64(e.Size)
@@ -282,10 +319,9 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 	mtime, ctime := time.Unix(0, e.Mtime), time.Unix(0, e.Ctime)
 	a.SetTimes(&mtime, &mtime, &ctime)
 	a.Blksize = 4096
-	n.mu.Lock()
-	c := n.content
-	n.mu.Unlock()
-	if c != nil {
+	// Judged under n.mu with e: a queued commit that ends meanwhile
+	// records its entry first (wroteEntry), then lets the copy go.
+	if c := n.content; c != nil {
 		if size, mtime, held, ok := c.local(); ok {
 			a.Size = uint64(size)
 			a.SetTimes(&mtime, &mtime, nil)

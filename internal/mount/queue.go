@@ -361,6 +361,10 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		return nil, err
 	}
 	if j.n != nil {
+		if e.Ino == j.n.ino {
+			// Before finish lets the copy go (node.wrote).
+			j.n.wroteEntry(e)
+		}
 		j.n.committed(ctx)
 	}
 	m.ents.put(e)
