@@ -165,18 +165,23 @@ func (n *node) holdAttrs(a heldAttrs) bool {
 // and retried while a concurrent change wins.
 func (n *node) setAttrs(ctx context.Context, a heldAttrs) error {
 	for attempt := 0; ; attempt++ {
-		e, err := n.readEntry(ctx, attempt > 0)
+		fresh := attempt > 0
+		e, err := n.readEntry(ctx, fresh)
 		if err != nil {
 			return err
 		}
 		was := *e
 		a.applyTo(e)
-		if attempt == 0 && e.Mode == was.Mode && e.UID == was.UID && e.GID == was.GID && e.Mtime == was.Mtime {
-			// Nothing changes (tar's chown of what it made to its own
-			// user): no write. The entry is the cache's, current as far
-			// as the watch has told; a change racing this one from
-			// another device would win either way.
-			return nil
+		if e.Mode == was.Mode && e.UID == was.UID && e.GID == was.GID && e.Mtime == was.Mtime {
+			if fresh {
+				// Nothing changes (tar's chown, as root, of what it
+				// made to root): no write.
+				return nil
+			}
+			// Nothing changes as far as the entry cache knows; it may
+			// not have heard yet of a change made on another device,
+			// which this one must then undo: etcd says.
+			continue
 		}
 		epoch := n.m.ents.writing()
 		ne, err := n.m.vol.Meta.Update(ctx, e)

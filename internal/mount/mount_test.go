@@ -78,8 +78,15 @@ func countingClient(t *testing.T, endpoints []string) (*clientv3.Client, *rpcCou
 		}
 		return err
 	}
+	stream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil || !strings.HasSuffix(method, "/Watch") {
+			return s, err
+		}
+		return &stalledStream{ClientStream: s, n: n}, nil
+	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count)}})
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(count), grpc.WithChainStreamInterceptor(stream)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +103,39 @@ type rpcCounter struct {
 	// after, if set, runs when a request has its answer, before the
 	// caller gets it (holdRead).
 	after atomic.Pointer[func(ctx context.Context, method string)]
+	// stall, if set, holds what the client's watches receive until it is
+	// closed (stallWatch).
+	stall atomic.Pointer[chan struct{}]
+}
+
+// stalledStream is a watch stream of a countingClient.
+type stalledStream struct {
+	grpc.ClientStream
+	n *rpcCounter
+}
+
+func (s *stalledStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if c := s.n.stall.Load(); c != nil {
+		<-*c
+	}
+	return err
+}
+
+// stallWatch holds back what f's device hears from its watch until resume
+// is called, as a slow network would: its entry cache is still trusted
+// (for the few seconds of entries.go's watchTrust) but no longer current.
+// Changes made by other devices meanwhile are not seen.
+func (f *fixture) stallWatch() (resume func()) {
+	c := make(chan struct{})
+	f.rpcs.stall.Store(&c)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			f.rpcs.stall.Store(nil)
+			close(c)
+		})
+	}
 }
 
 // holdRead makes the next etcd read that a request of the kernel makes

@@ -135,7 +135,9 @@ func TestRequestsPerOperation(t *testing.T) {
 	run("tar: create+write+futimens+fchown+fchmod+close", 2, func() { write("d/t", true) })
 	run("chmod (closed file)", 1, func() { check(os.Chmod(f.path("d/a"), 0o640)) })
 	run("utimens (closed file)", 1, func() { check(os.Chtimes(f.path("d/a"), mtime, mtime)) })
-	run("chown, same owner (closed file)", 0, func() { check(os.Chown(f.path("d/a"), uid, gid)) })
+	// A read, not a write: the entry cache may not have heard of a
+	// chown made elsewhere (TestSetattrOnStaleEntry).
+	run("chown, same owner (closed file)", 1, func() { check(os.Chown(f.path("d/a"), uid, gid)) })
 	run("mkdir", 1, func() { check(os.Mkdir(f.path("d/sub"), 0o755)) })
 	run("rename to a new name", 1, func() { check(os.Rename(f.path("d/a"), f.path("d/b"))) })
 	run("rename over a file", 2, func() { check(os.Rename(f.path("d/b"), f.path("d/t"))) })
