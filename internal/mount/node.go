@@ -549,35 +549,46 @@ func retryConflict(op func() error) error {
 	return err
 }
 
-// remove moves name to the trash after checking its type.
+// remove moves name to the trash after checking its type, on the entry
+// it removes: the compare-and-swap of the removal holds only while the
+// name is still that entry.
 func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno {
 	ctx = bg(ctx)
 	parent, errno := n.dirEntry()
 	if errno != 0 {
 		return errno
 	}
-	e, err := n.m.ents.get(ctx, n.ino, name, false)
-	if err != nil {
-		return n.m.errno("remove", n.path(name), err)
-	}
-	switch {
-	case dir && !e.IsDir():
-		return syscall.ENOTDIR
-	case !dir && e.IsDir():
-		return syscall.EISDIR
-	}
 	// A commit of the file in flight (its queued one) finishes first, and
 	// none starts under the name until the removal is recorded.
 	unlockPlaces := lockPlaces(n.kid(name))
 	defer unlockPlaces()
 	// The first attempt removes the entry as the entry cache has it (a
-	// stale one fails the compare-and-swap: Conflict); a retry reads it.
-	known := e
-	err = retryConflict(func() error {
-		_, err := n.m.vol.Meta.RemoveKnown(ctx, parent, name, n.path(name), false, known)
-		known = nil
+	// stale one fails the compare-and-swap: Conflict); a retry reads it
+	// from etcd. A type that does not fit is refused on etcd's word only:
+	// the cache may not have heard yet that the name was made again, as a
+	// directory or as a file, on another device.
+	fresh, tried := false, false
+	err := retryConflict(func() error {
+		e, err := n.m.ents.get(ctx, n.ino, name, fresh)
+		if err == nil && e.IsDir() != dir && !fresh {
+			e, err = n.m.ents.get(ctx, n.ino, name, true)
+		}
+		fresh = true
+		switch {
+		case err != nil:
+			return err
+		case dir && !e.IsDir():
+			return syscall.ENOTDIR
+		case !dir && e.IsDir():
+			return syscall.EISDIR
+		}
+		tried = true
+		_, err = n.m.vol.Meta.RemoveKnown(ctx, parent, name, n.path(name), false, e)
 		return err
 	})
+	if !tried { // refused before any removal was tried
+		return n.m.errno("remove", n.path(name), err)
+	}
 	n.m.ents.forget(n.ino, name)
 	if err != nil {
 		return n.m.errno("remove", n.path(name), err)

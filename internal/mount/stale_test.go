@@ -8,9 +8,12 @@ package mount_test
 
 import (
 	"context"
+	"errors"
 	"os"
+	"syscall"
 	"testing"
 
+	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
 )
 
@@ -43,5 +46,53 @@ func TestSetattrOnStaleEntry(t *testing.T) {
 	resume()
 	if got := f.entry("a").Mode; got != 0o644 {
 		t.Fatalf("mode %o after this device's chmod 644 that followed another device's chmod 600, want 644", got)
+	}
+}
+
+// TestRemoveOnStaleEntry: an unlink of a name the entry cache knows as a
+// file, made again as a directory on another device meanwhile, is EISDIR,
+// and an rmdir of a name it knows as a directory, now a file, is ENOTDIR:
+// the type is checked on the entry removed. It was checked on the cache's
+// entry; the removal's compare-and-swap then failed (stale), and its
+// retry removed what it read, of whatever type: unlink removed the
+// directory, rmdir the file.
+func TestRemoveOnStaleEntry(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, mount.Options{})
+	if err := os.WriteFile(f.path("x"), []byte("a file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(f.path("y"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"x", "y"} {
+		if _, err := os.Stat(f.path(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resume := f.stallWatch()
+	defer resume()
+	// Another device makes x a directory, y a file.
+	root := f.entry("")
+	for _, e := range []meta.Entry{{Name: "x", Type: meta.TypeDir, Mode: 0o755}, {Name: "y", Type: meta.TypeFile, Mode: 0o644}} {
+		if _, err := f.vol.Meta.Remove(ctx, root, e.Name, "/"+e.Name, false); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.vol.Meta.Create(ctx, root, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(f.path("x")); !errors.Is(err, syscall.EISDIR) {
+		t.Errorf("unlink of x, a file here and a directory on the other device: %v, want EISDIR", err)
+	}
+	if err := syscall.Rmdir(f.path("y")); !errors.Is(err, syscall.ENOTDIR) {
+		t.Errorf("rmdir of y, a directory here and a file on the other device: %v, want ENOTDIR", err)
+	}
+	resume()
+	if e := f.entry("x"); !e.IsDir() {
+		t.Errorf("x: %+v, want the other device's directory", e)
+	}
+	if e := f.entry("y"); e.Type != meta.TypeFile {
+		t.Errorf("y: %+v, want the other device's file", e)
 	}
 }
