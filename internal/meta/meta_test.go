@@ -426,6 +426,38 @@ func TestRenameKnown(t *testing.T) {
 	}
 }
 
+// TestRenameNoReplace: a rename that must not replace moves the file to a
+// free name; to a taken one (taken meanwhile, by anyone) it fails with
+// Exist and changes nothing; with a stale source, Conflict.
+func TestRenameNoReplace(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 10)
+	root, err := v.Root(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := commit(t, s, v, root, "a", 1, 1)
+	b := commit(t, s, v, root, "b", 2, 2)
+	if err := v.RenameNoReplace(ctx, root, "a", a, root, "b", "home:/b"); !errors.Is(err, cairn.ErrExist) {
+		t.Fatalf("rename a over b without replacing: %v, want Exist", err)
+	}
+	if got := mustLookup(t, v, "b"); got.Ino != b.Ino || got.Size != 2 {
+		t.Fatalf("b changed: %+v", got)
+	}
+	mustLookup(t, v, "a")
+	old := *a
+	commit(t, s, v, root, "a", 3, 3)
+	if err := v.RenameNoReplace(ctx, root, "a", &old, root, "c", "home:/c"); !errors.Is(err, cairn.ErrConflict) {
+		t.Fatalf("rename with a stale source: %v, want Conflict", err)
+	}
+	if err := v.RenameNoReplace(ctx, root, "a", nil, root, "c", "home:/c"); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustLookup(t, v, "c"); got.Ino != a.Ino || got.Size != 3 {
+		t.Fatalf("after the rename c is %+v", got)
+	}
+}
+
 // TestRemoveKnown: a remove given a stale entry fails with Conflict and
 // removes nothing; given the current one it removes it to the trash.
 func TestRemoveKnown(t *testing.T) {

@@ -575,6 +575,19 @@ func (v *Vol) Rename(ctx context.Context, srcParent *Entry, srcName string, dstP
 // them. The rename compares both with what is current: a stale one
 // fails it with Conflict, and the caller tries again without.
 func (v *Vol) RenameKnown(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known) error {
+	return v.rename(ctx, srcParent, srcName, src, dstParent, dstName, dstPath, known, false)
+}
+
+// RenameNoReplace is RenameKnown that never replaces (renameat2's
+// RENAME_NOREPLACE): the destination's absence is part of the rename's
+// compare-and-swap, so a name made meanwhile by anyone is never replaced.
+// A destination present fails it with Kind Exist; a stale src with
+// Conflict.
+func (v *Vol) RenameNoReplace(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string) error {
+	return v.rename(ctx, srcParent, srcName, src, dstParent, dstName, dstPath, KnownEntry(nil), true)
+}
+
+func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known, noReplace bool) error {
 	if !dstParent.IsDir() {
 		return cairn.E("rename", cairn.NotDir, dstPath, nil)
 	}
@@ -637,6 +650,11 @@ func (v *Vol) RenameKnown(ctx context.Context, srcParent *Entry, srcName string,
 		if dst != nil && dst.IsDir() {
 			if kids, err := v.ReadDir(ctx, dst.Ino); err == nil && len(kids) > 0 {
 				return cairn.E("rename", cairn.NotEmpty, dstPath, nil)
+			}
+		}
+		if noReplace {
+			if _, err := v.Get(ctx, dstParent.Ino, dstName); err == nil {
+				return cairn.E("rename", cairn.Exist, dstPath, nil)
 			}
 		}
 		return cairn.E("rename", cairn.Conflict, dstPath, errors.New("changed concurrently; try again"))

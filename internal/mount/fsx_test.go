@@ -796,7 +796,7 @@ func TestQueuedCommitEndsDuringRead(t *testing.T) {
 			if f.m.Pending() != 1 {
 				t.Fatalf("%d commits pending after the close, want 1", f.m.Pending())
 			}
-			held, release := f.holdRead()
+			held, release := f.holdRequest("Range")
 			type result struct {
 				size int64
 				data string

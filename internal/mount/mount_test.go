@@ -101,7 +101,7 @@ type rpcCounter struct {
 	mu sync.Mutex
 	by map[string]int64
 	// after, if set, runs when a request has its answer, before the
-	// caller gets it (holdRead).
+	// caller gets it (holdRequest).
 	after atomic.Pointer[func(ctx context.Context, method string)]
 	// stall, if set, holds what the client's watches receive until it is
 	// closed (stallWatch).
@@ -138,16 +138,17 @@ func (f *fixture) stallWatch() (resume func()) {
 	}
 }
 
-// holdRead makes the next etcd read that a request of the kernel makes
-// through f's mount (a lookup, getattr or open; not the queue's) wait
-// with its answer in hand until release is called: a read of an entry
-// that is on its way while something else changes it. held is closed
-// once one waits.
-func (f *fixture) holdRead() (held <-chan struct{}, release func()) {
+// holdRequest makes the next etcd request of gRPC method (its last
+// element: Range, Txn; "": any) that a request of the kernel makes
+// through f's mount (a lookup, getattr, open, rename; not the queue's)
+// wait with its answer in hand until release is called: a request on its
+// way while something else changes what it answered. held is closed once
+// one waits.
+func (f *fixture) holdRequest(method string) (held <-chan struct{}, release func()) {
 	h, rel := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	fn := func(ctx context.Context, method string) {
-		if !strings.HasSuffix(method, "/Range") {
+	fn := func(ctx context.Context, m string) {
+		if method != "" && m[strings.LastIndexByte(m, '/')+1:] != method {
 			return
 		}
 		if _, ok := fuse.FromContext(ctx); !ok {

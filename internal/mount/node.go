@@ -631,13 +631,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if errno != 0 {
 		return errno
 	}
-	if flags&unix.RENAME_NOREPLACE != 0 {
-		if _, err := n.m.vol.Meta.Get(ctx, np.ino, newName); err == nil {
-			return syscall.EEXIST
-		} else if !errors.Is(err, cairn.ErrNotFound) {
-			return n.m.errno("rename", np.path(newName), err)
-		}
-	}
+	noReplace := flags&unix.RENAME_NOREPLACE != 0
 	// Commits of the moved file and of the one it replaces wait, and
 	// none starts under a stale name until the move is recorded.
 	moving, replaced := n.kid(name), np.kid(newName)
@@ -645,12 +639,18 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	defer unlockPlaces()
 	// The first attempt takes both names' entries from the entry cache
 	// (a stale one fails the compare-and-swap: Conflict); a retry reads
-	// them from etcd.
+	// them from etcd. RENAME_NOREPLACE makes the destination's absence
+	// part of the compare-and-swap: a name made meanwhile on another
+	// device is never replaced (EEXIST).
 	fresh := false
 	err := retryConflict(func() error {
 		se, err := n.m.ents.get(ctx, n.ino, name, fresh)
 		if err != nil {
 			return err
+		}
+		if noReplace {
+			fresh = true
+			return n.m.vol.Meta.RenameNoReplace(ctx, src, name, se, dst, newName, np.path(newName))
 		}
 		de, err := n.m.ents.get(ctx, np.ino, newName, fresh)
 		if err != nil && !errors.Is(err, cairn.ErrNotFound) {

@@ -12,7 +12,11 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
+	"golang.org/x/sys/unix"
+
+	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
 )
@@ -94,5 +98,53 @@ func TestRemoveOnStaleEntry(t *testing.T) {
 	}
 	if e := f.entry("y"); e.Type != meta.TypeFile {
 		t.Errorf("y: %+v, want the other device's file", e)
+	}
+}
+
+// TestRenameNoReplaceRacingCreate: a rename with RENAME_NOREPLACE never
+// replaces a name another device makes while it runs: either the other
+// device's create fails (the rename was first) or the rename fails with
+// EEXIST. It checked the name absent with a read, then renamed as a
+// plain rename would, over whatever was there by then.
+func TestRenameNoReplaceRacingCreate(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, mount.Options{})
+	if err := os.WriteFile(f.path("a"), []byte("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The root listed whole: a lookup of b is answered by the entry
+	// cache, so the rename's own request is the first one held.
+	if _, err := os.ReadDir(f.mnt); err != nil {
+		t.Fatal(err)
+	}
+	a := f.entry("a")
+	root := f.entry("")
+	held, release := f.holdRequest("")
+	done := make(chan error, 1)
+	go func() {
+		done <- unix.Renameat2(unix.AT_FDCWD, f.path("a"), unix.AT_FDCWD, f.path("b"), unix.RENAME_NOREPLACE)
+	}()
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		release()
+		t.Fatal("the rename made no request")
+	}
+	// Another device makes b meanwhile.
+	_, cerr := f.vol.Meta.Create(ctx, root, meta.Entry{Name: "b", Type: meta.TypeFile, Mode: 0o644})
+	release()
+	rerr := <-done
+	b := f.entry("b")
+	switch {
+	case cerr == nil && rerr == nil:
+		t.Fatalf("the other device made b and this one renamed a to b with RENAME_NOREPLACE: both succeeded, b is %x (a was %x)", b.Ino, a.Ino)
+	case cerr == nil:
+		if !errors.Is(rerr, syscall.EEXIST) || b.Ino == a.Ino {
+			t.Fatalf("rename after the other device made b: %v, b is %x; want EEXIST and the other device's b", rerr, b.Ino)
+		}
+	default:
+		if rerr != nil || !errors.Is(cerr, cairn.ErrExist) || b.Ino != a.Ino {
+			t.Fatalf("rename %v, the other device's create %v, b is %x; want the rename done, the create refused", rerr, cerr, b.Ino)
+		}
 	}
 }
