@@ -3,19 +3,23 @@ package mount_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
+	"cairn.dev/cairn/internal/store/memstore"
 )
 
 // cleanCopies lists the clean copies in the mount's cache.
@@ -723,4 +727,107 @@ func TestQuietWatchNotTrusted(t *testing.T) {
 	if f.rpcs.Load() == rpcs {
 		t.Fatal("an open with a quiet watch asked etcd nothing")
 	}
+}
+
+// TestQueuedAcrossRemountFollowsPlacement: a commit queued in non-blocking
+// mode and finished by the next mount is written through the placement
+// policy of the file's path, as the mount that queued it would have. Its
+// record had no path, and the commit went to the volume's own stores
+// whatever the policy. A record of version 1 (no path) is still read and
+// committed, where the volume writes.
+func TestQueuedAcrossRemountFollowsPlacement(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, mount.Options{Mode: mount.NonBlocking})
+	if err := os.Mkdir(f.path("placed"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Unmounted with the store unreachable: both commits stay queued.
+	f.st.fail.Store(true)
+	for _, name := range []string{"placed/new", "placed/old"} {
+		if err := os.WriteFile(f.path(name), []byte("queued: "+name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	f.m.Wait()
+	f.st.fail.Store(false)
+	records, _ := filepath.Glob(filepath.Join(f.cache, "*", "queue", "*.json"))
+	if len(records) != 2 {
+		t.Fatalf("queue records after the unmount: %v", records)
+	}
+	// placed/old's record as a mount before version 2 wrote it.
+	for _, p := range records {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec map[string]any
+		d := json.NewDecoder(bytes.NewReader(b))
+		d.UseNumber() // inode numbers do not fit a float64
+		if err := d.Decode(&rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec["name"] != "old" {
+			continue
+		}
+		rec["v"] = 1
+		delete(rec, "path")
+		if b, err = json.Marshal(rec); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The policy of /placed: a store of its own.
+	cli, _ := countingClient(t, f.etcd)
+	svc, err := meta.New(cli, meta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close() })
+	mv, err := svc.Open(ctx, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	placedStore := memstore.New()
+	placed, err := fs.Open(svc, mv, f.master, placedStore, fs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { placed.Close() })
+	var asked sync.Map
+	f.vol.SetPlacement(func(ctx context.Context, path string) (*fs.Volume, error) {
+		asked.Store(path, true)
+		if strings.HasPrefix(path, "/placed/") {
+			return placed, nil
+		}
+		return nil, nil
+	})
+	defer f.vol.SetPlacement(nil)
+	f.start(mount.Options{Mode: mount.NonBlocking})
+	f.waitPending(20 * time.Second)
+	for _, name := range []string{"placed/new", "placed/old"} {
+		if got := string(f.readMount(name)); got != "queued: "+name {
+			t.Fatalf("%s after the next mount: %q", name, got)
+		}
+	}
+	// The new record's commit is read back from the policy's store alone,
+	// the old one's from the volume's.
+	var b bytes.Buffer
+	if err := placed.ReadFile(ctx, f.entry("placed/new"), nil, &b); err != nil || b.String() != "queued: placed/new" {
+		t.Fatalf("placed/new from the store of its placement policy: %q, %v (placement asked for %v)", b.String(), err, keys(&asked))
+	}
+	b.Reset()
+	if err := f.vol.ReadFile(ctx, f.entry("placed/old"), nil, &b); err != nil || b.String() != "queued: placed/old" {
+		t.Fatalf("placed/old (a version 1 record) from the volume's store: %q, %v", b.String(), err)
+	}
+}
+
+func keys(m *sync.Map) []any {
+	var ks []any
+	m.Range(func(k, _ any) bool { ks = append(ks, k); return true })
+	return ks
 }

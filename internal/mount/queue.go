@@ -58,7 +58,7 @@ func (m Mode) String() string {
 // data it commits is the work copy named by Data, made durable before the
 // record is.
 type queueRecord struct {
-	V   int    `json:"v"` // format version: 1
+	V   int    `json:"v"` // format version: queueVersion (1 is read too)
 	Seq uint64 `json:"seq"`
 	// The file, and where it was at its close: name Name in directory
 	// Dir, whose own record is DirName in DirParent (the root: 0 and "").
@@ -74,7 +74,16 @@ type queueRecord struct {
 	UID       uint32 `json:"uid"`
 	GID       uint32 `json:"gid"`
 	Queued    int64  `json:"queued"` // unix ns
+	// Path is the file's path in the volume at its close ("/dir/name"):
+	// a commit finished by the next mount writes through the placement
+	// policy in force there (fs.Attrs.Path), as a commit of the mount that
+	// queued it does. Version 2; a version 1 record has none, and its
+	// commit writes where the volume does.
+	Path string `json:"path,omitempty"`
 }
+
+// queueVersion is the version of the queue records this mount writes.
+const queueVersion = 2
 
 type job struct {
 	rec queueRecord
@@ -115,7 +124,7 @@ func loadQueue(m *Mount, dir string, delay time.Duration) (*queue, map[string]bo
 		if err == nil {
 			err = json.Unmarshal(b, &rec)
 		}
-		if err == nil && rec.V != 1 {
+		if err == nil && rec.V != 1 && rec.V != queueVersion {
 			err = fmt.Errorf("format version %d", rec.V)
 		}
 		if err != nil {
@@ -155,7 +164,7 @@ func (q *queue) add(j *job) error {
 	q.seq++
 	j.rec.Seq = q.seq
 	q.mu.Unlock()
-	j.rec.V, j.rec.Queued = 1, time.Now().UnixNano()
+	j.rec.V, j.rec.Queued = queueVersion, time.Now().UnixNano()
 	b, _ := json.Marshal(&j.rec)
 	p := q.recordPath(j.rec.Seq)
 	tmp := p + ".tmp"
@@ -333,6 +342,7 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		if cur, err := m.ents.get(ctx, rec.Dir, rec.Name, true); err == nil {
 			attrs.Mode, attrs.UID, attrs.GID = cur.Mode, cur.UID, cur.GID
 		}
+		attrs.Path = rec.Path
 		// The lock the queue held died with the process; wait for it
 		// longer than an open would.
 		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -509,7 +519,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	last := n.last
 	n.mu.Unlock()
 	j := &job{n: n, c: c, rec: queueRecord{Ino: n.ino, Name: name, Dir: dir.Ino, DirParent: dir.Parent, DirName: dir.Name,
-		Data: filepath.Base(data), Size: size, Mtime: mtime.UnixNano(), Mode: last.Mode, UID: last.UID, GID: last.GID}}
+		Path: volPath(parent, name), Data: filepath.Base(data), Size: size, Mtime: mtime.UnixNano(), Mode: last.Mode, UID: last.UID, GID: last.GID}}
 	n.holdLock()
 	c.mu.Lock()
 	c.frozen, c.dirty = true, false
