@@ -26,6 +26,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/store/localstore"
@@ -98,15 +99,6 @@ func lockedByOther(path string) bool {
 	return !ok
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
 // spool is one put --background's queue directory while it stages.
 type spool struct {
 	dir   string
@@ -163,7 +155,7 @@ func (e *env) newSpool(ctx context.Context, volume string) (*spool, error) {
 		return fail(cairn.E("put", cairn.IO, sp.dir, err))
 	}
 	// The directory entries must survive a crash too.
-	if err := syncDir(q); err != nil {
+	if err := durable.SyncDir(q); err != nil {
 		return fail(cairn.E("put", cairn.IO, q, err))
 	}
 	return sp, nil
@@ -203,7 +195,7 @@ func (sp *spool) close(ctx context.Context) (int, error) {
 			first = cairn.E("put", cairn.IO, sp.dir, err)
 		}
 		sp.recs.Close()
-		if err := syncDir(sp.dir); err != nil && first == nil { // files.jsonl's entry
+		if err := durable.SyncDir(sp.dir); err != nil && first == nil { // files.jsonl's entry
 			first = cairn.E("put", cairn.IO, sp.dir, err)
 		}
 	}
@@ -313,7 +305,7 @@ func removeQueuedPut(dir string) error {
 	if err := os.Rename(dir, gone); err != nil {
 		return cairn.E("queue", cairn.IO, dir, err)
 	}
-	_ = syncDir(filepath.Dir(dir))
+	_ = durable.SyncDir(filepath.Dir(dir))
 	return os.RemoveAll(gone)
 }
 
@@ -877,7 +869,10 @@ func (e *env) dropQueued(ctx context.Context, all bool, paths []string) ([]strin
 			b, _ := json.Marshal(doneRecord{Seq: rec.Seq, Dropped: true})
 			lines = append(append(lines, b...), '\n')
 		}
-		err = appendSync(filepath.Join(d, "done.jsonl"), lines)
+		done := filepath.Join(d, "done.jsonl")
+		if err = durable.AppendFile(done, lines, 0o600); err != nil {
+			err = cairn.E("queue", cairn.IO, done, err)
+		}
 		if err == nil && len(drop) == len(qp.pending) {
 			err = removeQueuedPut(d)
 		}
@@ -895,25 +890,6 @@ func (e *env) dropQueued(ctx context.Context, all bool, paths []string) ([]strin
 		}
 	}
 	return dropped, nil
-}
-
-// appendSync appends b to the file at path and fsyncs it.
-func appendSync(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return cairn.E("queue", cairn.IO, path, err)
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return cairn.E("queue", cairn.IO, path, err)
-	}
-	return nil
 }
 
 // drainRetryFor is how long a background drainer keeps retrying while a

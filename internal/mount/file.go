@@ -16,6 +16,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
 )
@@ -796,7 +797,7 @@ func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	if named || p == "" {
 		return 0
 	}
-	if err := syncDir(filepath.Dir(p)); err != nil {
+	if err := durable.SyncDir(filepath.Dir(p)); err != nil {
 		return m.errno("fsync", h.n.path(""), cairn.E("fsync", cairn.IO, p, err))
 	}
 	m.cache.mu.Lock()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
 )
@@ -168,12 +169,12 @@ func (q *queue) add(j *job) error {
 	b, _ := json.Marshal(&j.rec)
 	p := q.recordPath(j.rec.Seq)
 	tmp := p + ".tmp"
-	err := writeSync(tmp, b)
+	err := durable.WriteFile(tmp, b, 0o600)
 	if err == nil {
 		err = os.Rename(tmp, p)
 	}
 	if err == nil {
-		err = syncDir(q.dir)
+		err = durable.SyncDir(q.dir)
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -184,31 +185,6 @@ func (q *queue) add(j *job) error {
 	q.mu.Unlock()
 	q.poke()
 	return nil
-}
-
-func writeSync(p string, b []byte) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 func (q *queue) poke() {
@@ -508,7 +484,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 		return cairn.E("close", cairn.IO, data, errors.New("a written copy outside work/ (bug)"))
 	}
 	if !named {
-		if err := syncDir(filepath.Dir(data)); err != nil {
+		if err := durable.SyncDir(filepath.Dir(data)); err != nil {
 			return cairn.E("close", cairn.IO, data, err)
 		}
 		m.cache.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/store"
 )
 
@@ -101,7 +102,7 @@ func (s *Store) Compact(ctx context.Context) (int64, error) {
 		}
 	}
 	if s.sync {
-		if e := syncDir(s.packDir); e != nil && err == nil {
+		if e := durable.SyncDir(s.packDir); e != nil && err == nil {
 			err = e
 		}
 	}

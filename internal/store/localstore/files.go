@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"cairn.dev/cairn/internal/durable"
 )
 
 // File-system helpers. Linux (and other Unix) only: flock, fdatasync, mmap.
@@ -48,18 +50,6 @@ func fdatasync(f *os.File) error {
 	}
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
 // writeFileAtomic writes data to path through a temporary file: write,
 // fsync, rename, fsync the directory. A crash leaves either the old file (or
 // none) or the new one, never a mix. The temporary file is path+".tmp"; any
@@ -85,7 +75,7 @@ func writeFileAtomic(path string, data []byte, sync bool) error {
 		return err
 	}
 	if sync {
-		return syncDir(filepath.Dir(path))
+		return durable.SyncDir(filepath.Dir(path))
 	}
 	return nil
 }

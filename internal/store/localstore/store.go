@@ -33,6 +33,7 @@ import (
 	"github.com/zeebo/blake3"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/store"
 )
 
@@ -221,7 +222,7 @@ func createMarker(marker string, sync bool) error {
 		return fmt.Errorf("%s says %q, want %q", marker, b, markerText)
 	}
 	if sync {
-		return syncDir(filepath.Dir(marker))
+		return durable.SyncDir(filepath.Dir(marker))
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/store"
 )
 
@@ -288,7 +289,7 @@ func (s *Store) createPack() (*pack, error) {
 		err = os.Link(tmp, final)
 		os.Remove(tmp)
 		if err == nil && s.sync {
-			err = syncDir(s.packDir)
+			err = durable.SyncDir(s.packDir)
 		}
 		if err != nil {
 			s.mu.Lock()
@@ -322,7 +323,7 @@ func (s *Store) rotate() error {
 			return err
 		}
 		if s.sync {
-			return syncDir(s.packDir)
+			return durable.SyncDir(s.packDir)
 		}
 		return nil
 	}
