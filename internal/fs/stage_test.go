@@ -41,22 +41,30 @@ func (s *gcOnVerify) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 // them yet), the commit is fenced, the objects are uploaded again from the
 // spool and the file then reads back. Before its commit the file does not
 // exist.
-func TestCommitStagedFencedByGC(t *testing.T) {
-	f := newFixture(t, 3)
-	ctx := context.Background()
+// stageIn stages data (with attributes a) in a new spool, a memory store
+// opened as a volume over f's metadata, and returns the spool and the
+// staged version.
+func stageIn(t *testing.T, f *fixture, data []byte, a fs.Attrs) (*memstore.Store, meta.Version) {
+	t.Helper()
 	spool := memstore.New()
 	sv, err := fs.Open(f.svc, f.vol.Meta, f.master, spool, fs.Options{StoreName: "spool"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sv.Close()
-	data := random(300 << 10) // no chunk twice
-	open := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }
-	a := fs.Attrs{Mode: 0o640, Mtime: time.Unix(1700000000, 0)}
-	ver, _, err := sv.Stage(ctx, open, a)
+	ver, _, err := sv.Stage(context.Background(), func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, a)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return spool, ver
+}
+
+func TestCommitStagedFencedByGC(t *testing.T) {
+	f := newFixture(t, 3)
+	ctx := context.Background()
+	data := random(300 << 10) // no chunk twice
+	a := fs.Attrs{Mode: 0o640, Mtime: time.Unix(1700000000, 0)}
+	spool, ver := stageIn(t, f, data, a)
 	if _, err := f.vol.Meta.Get(ctx, f.root.Ino, "s"); !errors.Is(err, cairn.ErrNotFound) {
 		t.Fatalf("a staged file is visible before its commit: %v", err)
 	}
@@ -116,18 +124,9 @@ func TestCommitStagedFencedByGC(t *testing.T) {
 func TestCommitStagedRespectsLock(t *testing.T) {
 	f := newFixture(t, 3)
 	ctx := context.Background()
-	spool := memstore.New()
-	sv, err := fs.Open(f.svc, f.vol.Meta, f.master, spool, fs.Options{StoreName: "spool"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sv.Close()
 	data := random(40 << 10)
 	a := fs.Attrs{Mode: 0o644, Mtime: time.Unix(1700000000, 0)}
-	ver, _, err := sv.Stage(ctx, func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, a)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spool, ver := stageIn(t, f, data, a)
 	l, err := f.vol.Meta.Lock(ctx, f.root.Ino, "held")
 	if err != nil {
 		t.Fatal(err)
