@@ -782,16 +782,7 @@ func TestQueuedAcrossRemountFollowsPlacement(t *testing.T) {
 		}
 	}
 	// The policy of /placed: a store of its own.
-	cli, _ := countingClient(t, f.etcd)
-	svc, err := meta.New(cli, meta.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { svc.Close() })
-	mv, err := svc.Open(ctx, "v")
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc, mv, _ := f.openMeta(meta.Options{})
 	placedStore := memstore.New()
 	placed, err := fs.Open(svc, mv, f.master, placedStore, fs.Options{})
 	if err != nil {

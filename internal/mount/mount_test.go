@@ -315,17 +315,7 @@ func (f *fixture) start(o mount.Options) {
 func (f *fixture) device(o mount.Options, mo meta.Options) *fixture {
 	t := f.t
 	t.Helper()
-	ctx := context.Background()
-	cli, rpcs := countingClient(t, f.etcd)
-	svc, err := meta.New(cli, mo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { svc.Close() })
-	mv, err := svc.Open(ctx, "v")
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc, mv, rpcs := f.openMeta(mo)
 	vol, err := fs.Open(svc, mv, f.master, f.st, fs.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -339,6 +329,24 @@ func (f *fixture) device(o mount.Options, mo meta.Options) *fixture {
 		}
 	})
 	return d
+}
+
+// openMeta opens volume "v" of f's etcd through a new client of its own
+// (counting its requests), as another process would.
+func (f *fixture) openMeta(mo meta.Options) (*meta.Service, *meta.Vol, *rpcCounter) {
+	t := f.t
+	t.Helper()
+	cli, rpcs := countingClient(t, f.etcd)
+	svc, err := meta.New(cli, mo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close() })
+	mv, err := svc.Open(context.Background(), "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc, mv, rpcs
 }
 
 // waitWatched waits until f's mount has seen every change up to rev
