@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/iotest"
@@ -460,6 +461,15 @@ func TestHasError(t *testing.T) {
 		ids[i], _ = storetest.Blob(uint64(i), 10)
 	}
 	m.fail["head"] = []error{statusErr(403)}
+	// Every HEAD but the refused first takes 5 ms, as over a network:
+	// in memory the 16 workers could ask all 200 before the refusal's
+	// worker (descheduled on a loaded machine) cancels the rest.
+	var heads atomic.Int64
+	m.onHead = func(string) {
+		if heads.Add(1) > 1 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	if _, err := s.Has(bg, ids); !errors.Is(err, cairn.ErrPermission) {
 		t.Fatalf("Has with one refused HEAD: %v, want Permission", err)
 	}
