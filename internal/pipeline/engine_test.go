@@ -865,3 +865,63 @@ func TestReadAheadAt(t *testing.T) {
 		t.Fatalf("canceled: %v, want Canceled", err)
 	}
 }
+
+// failingAt is an atBuffer whose writes fail once more than limit bytes
+// were written.
+type failingAt struct {
+	atBuffer
+	limit, n int
+}
+
+var errDiskFull = errors.New("disk full (test)")
+
+func (f *failingAt) WriteAt(p []byte, off int64) (int, error) {
+	f.mu.Lock()
+	over := f.n+len(p) > f.limit
+	if !over {
+		f.n += len(p)
+	}
+	f.mu.Unlock()
+	if over {
+		return 0, errDiskFull
+	}
+	return f.atBuffer.WriteAt(p, off)
+}
+
+// ReadAheadAt of files of every size (empty, under a page, one chunk,
+// many) with each number of workers gives the file; a write that fails
+// fails the read with an I/O error wrapping its cause, and every byte
+// written before it is the file's own at its offset.
+func TestReadAheadAtSizesAndWriteError(t *testing.T) {
+	st := &slowGets{mapStore: newMapStore()}
+	e := newEngine(t, st, nil)
+	ctx := context.Background()
+	for _, n := range []int{0, 1, 4095, 4097, 64 << 10, 1<<20 + 3} {
+		data := randomBytes(n, uint64(n)+1)
+		refs, _, err := e.WriteBytes(ctx, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ahead := range []int{1, 3, 0, 1 << 20} {
+			var out atBuffer
+			if err := e.ReadAheadAt(ctx, refs, ahead, &out); err != nil || !bytes.Equal(out.b, data) {
+				t.Fatalf("%d bytes, %d chunks, ahead %d: %v (%d bytes back, equal %v)", n, len(refs), ahead, err, len(out.b), bytes.Equal(out.b, data))
+			}
+		}
+		if n < 64<<10 {
+			continue
+		}
+		for _, ahead := range []int{1, 16} {
+			w := &failingAt{limit: n / 2}
+			err := e.ReadAheadAt(ctx, refs, ahead, w)
+			if !errors.Is(err, cairn.ErrIO) || !errors.Is(err, errDiskFull) {
+				t.Fatalf("%d bytes, ahead %d: %v, want an I/O error wrapping %v", n, ahead, err, errDiskFull)
+			}
+			for i, b := range w.b {
+				if b != 0 && b != data[i] {
+					t.Fatalf("%d bytes, ahead %d: byte %d written wrong", n, ahead, i)
+				}
+			}
+		}
+	}
+}
