@@ -662,36 +662,55 @@ func TestPageCacheNotStale(t *testing.T) {
 // TestPageCacheAfterWrite: what a program wrote and closed is read back
 // from the kernel's page cache (the pages it cached as they were written),
 // not through the mount, unless another copy was opened meanwhile; a new
-// version from elsewhere is never served from those pages.
+// version from elsewhere is never served from those pages. With
+// passthrough (the default where the kernel offers it), the kernel reads
+// the copy itself: the mount is asked no read at all, and the new version
+// is still what a new open reads.
 func TestPageCacheAfterWrite(t *testing.T) {
-	f := newFixture(t, mount.Options{})
-	data := randBytes(1 << 20)
-	if err := os.WriteFile(f.path("w"), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// Once the kernel has released the written copy, the next open gets
-	// a fresh copy of the committed version from the disk cache.
-	for deadline := time.Now().Add(10 * time.Second); mount.OpenCopies(f.m) != 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the written copy is still open 10 s after its close")
-		}
-	}
-	reads := mount.ReadCalls(f.m)
-	if got := f.readMount("w"); !bytes.Equal(got, data) {
-		t.Fatal("read after write differs")
-	}
-	if n := mount.ReadCalls(f.m) - reads; n != 0 {
-		t.Errorf("reading back what was just written asked the mount %d reads, want 0 (page cache)", n)
-	}
-	v2 := randBytes(1 << 20)
-	f.put("w", v2)
-	f.waitWatched(f.entry("w").Rev)
-	reads = mount.ReadCalls(f.m)
-	if got := f.readMount("w"); !bytes.Equal(got, v2) {
-		t.Fatal("an open after another writer's commit does not read its version")
-	}
-	if mount.ReadCalls(f.m) == reads {
-		t.Error("the new version was served from the old version's pages")
+	for _, pt := range []mount.Passthrough{mount.PassthroughOff, mount.PassthroughAuto} {
+		t.Run("passthrough="+pt.String(), func(t *testing.T) {
+			f := newFixture(t, mount.Options{Passthrough: pt})
+			on := mount.PassthroughOn(f.m)
+			if pt == mount.PassthroughAuto && !on {
+				t.Skip("passthrough not available here (kernel < 6.9 or not root)")
+			}
+			data := randBytes(1 << 20)
+			if err := os.WriteFile(f.path("w"), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// Once the kernel has released the written copy, the next open gets
+			// a fresh copy of the committed version from the disk cache.
+			for deadline := time.Now().Add(10 * time.Second); mount.OpenCopies(f.m) != 0; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the written copy is still open 10 s after its close")
+				}
+			}
+			reads := mount.ReadCalls(f.m)
+			if got := f.readMount("w"); !bytes.Equal(got, data) {
+				t.Fatal("read after write differs")
+			}
+			if n := mount.ReadCalls(f.m) - reads; n != 0 {
+				t.Errorf("reading back what was just written asked the mount %d reads, want 0 (page cache)", n)
+			}
+			v2 := randBytes(1 << 20)
+			f.put("w", v2)
+			f.waitWatched(f.entry("w").Rev)
+			reads = mount.ReadCalls(f.m)
+			if got := f.readMount("w"); !bytes.Equal(got, v2) {
+				t.Fatal("an open after another writer's commit does not read its version")
+			}
+			switch n := mount.ReadCalls(f.m) - reads; {
+			case on && n != 0:
+				t.Errorf("passthrough: the mount was asked %d reads, want 0", n)
+			case !on && n == 0:
+				t.Error("the new version was served from the old version's pages")
+			}
+			if on {
+				if n := mount.WriteCalls(f.m); n != 0 {
+					t.Errorf("passthrough: the mount was asked %d writes, want 0", n)
+				}
+			}
+		})
 	}
 }
 

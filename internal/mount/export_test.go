@@ -56,3 +56,9 @@ func OpenCopies(m *Mount) int { return len(m.cache.openContents()) }
 
 // ReadCalls returns how many reads the kernel asked of the mount.
 func ReadCalls(m *Mount) int64 { return m.readCalls.Load() }
+
+// PassthroughOn reports whether new opens of the mount use passthrough.
+func PassthroughOn(m *Mount) bool { return m.ptOn() }
+
+// WriteCalls returns how many writes the kernel asked of the mount.
+func WriteCalls(m *Mount) int64 { return m.writeCalls.Load() }

@@ -64,6 +64,13 @@ type content struct {
 	version  bool      // it is (or, if dirty, was fetched from) a version
 	manifest cairn.ID  // that version's manifest
 	attrs    heldAttrs // set while written, for the next save to carry
+	// Passthrough (passthrough.go): ptw is set once a handle that may
+	// write was opened on it: its file, not size/dirty/mtime, says what
+	// the kernel wrote (harvest). sum is the checksum of what the last
+	// commit read of it, if sumOK.
+	ptw   bool
+	sum   uint32
+	sumOK bool
 }
 
 // heldAttrs are the mode, owner and mtime set on a file while this mount
@@ -120,6 +127,7 @@ type handle struct {
 	write   bool
 	append  bool
 	counted bool // in n.handles (an open the kernel made)
+	pt      bool // the kernel reads and writes its copy directly (passthrough.go)
 }
 
 var (
@@ -136,8 +144,19 @@ var (
 // its file was removed.
 func (c *content) local() (int64, time.Time, heldAttrs, bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.size, c.mtime, c.attrs, c.dirty || c.writers > 0 || c.pending > 0 || c.gone
+	size, mtime, attrs, ptw := c.size, c.mtime, c.attrs, c.ptw
+	ok := c.dirty || c.writers > 0 || c.pending > 0 || c.gone
+	c.mu.Unlock()
+	if ok && ptw {
+		// What the kernel wrote to it directly.
+		if s, mt, ok := c.ptLocal(); ok {
+			size = s
+			if !mt.IsZero() {
+				mtime = mt
+			}
+		}
+	}
+	return size, mtime, attrs, ok
 }
 
 // holdAttrs keeps attributes set on n for the save of its open copy, if
@@ -227,6 +246,23 @@ func (c *content) touch(t time.Time) {
 	c.mu.Lock()
 	c.mtime = t
 	c.mu.Unlock()
+}
+
+// touchContent sets c's mtime (utimes while open): after what the kernel
+// wrote to it directly so far, which is older.
+func (m *Mount) touchContent(c *content, t time.Time) syscall.Errno {
+	c.mu.Lock()
+	ptw := c.ptw
+	c.mu.Unlock()
+	if ptw {
+		c.wmu.Lock()
+		defer c.wmu.Unlock()
+		if err := m.harvest(c); err != nil {
+			return m.errno("setattr", "", err)
+		}
+	}
+	c.touch(t)
+	return 0
 }
 
 // file returns the open copy (stable while wmu is held).
@@ -452,14 +488,14 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			return nil, 0, n.m.errno("open for writing", n.path(""), err)
 		}
 	}
-	h, err := n.open(ctx, e, flags)
+	h, err := n.openKernel(ctx, e, flags)
 	if err != nil {
 		if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 			n.unlockWrite(ctx)
 		}
 		return nil, 0, n.m.errno("open", n.path(""), err)
 	}
-	return h, n.opened(h), 0
+	return h.fileHandle(), n.opened(h), 0
 }
 
 // opened records a new handle on c and returns the open flags for the
@@ -544,14 +580,14 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 			return nil, nil, 0, n.m.errno("create", n.path(name), err)
 		}
 	}
-	h, err := cn.open(ctx, e, flags)
+	h, err := cn.openKernel(ctx, e, flags)
 	if err != nil {
 		if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 			cn.unlockWrite(ctx)
 		}
 		return nil, nil, 0, n.m.errno("create", n.path(name), err)
 	}
-	return ch, h, cn.opened(h), 0
+	return ch, h.fileHandle(), cn.opened(h), 0
 }
 
 // truncate cuts a file to size: in h's copy (ftruncate; the commit is at
@@ -635,6 +671,14 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.mu.Lock()
+	ptw := c.ptw
+	c.mu.Unlock()
+	if ptw {
+		if err := n.m.harvest(c); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
 	dirty, size, mtime, held := c.dirty, c.size, c.mtime, c.attrs
 	c.attrs = heldAttrs{}
 	c.mu.Unlock()
@@ -693,7 +737,14 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 	}
 	attrs.Path = volPath(parent, name)
 	f := c.file()
-	open := func() (io.ReadCloser, error) { return io.NopCloser(io.NewSectionReader(f, 0, size)), nil }
+	var sum uint32
+	open := func() (io.ReadCloser, error) {
+		var r io.Reader = io.NewSectionReader(f, 0, size)
+		if ptw {
+			r = summed(r, &sum)
+		}
+		return io.NopCloser(r), nil
+	}
 	epoch := n.m.ents.writing()
 	e, _, err := n.m.vol.WriteFile(ctx, dir, name, open, attrs)
 	n.m.ents.wrote(epoch, e, false)
@@ -707,6 +758,7 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 	n.committed(ctx)
 	c.mu.Lock()
 	c.dirty, c.keep = false, false
+	c.sum, c.sumOK = sum, ptw
 	v := e.Current()
 	c.version, c.manifest = true, v.Manifest
 	c.mu.Unlock()
@@ -732,6 +784,7 @@ func (h *handle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadRes
 }
 
 func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	h.n.m.writeCalls.Add(1)
 	if !h.write {
 		return 0, syscall.EBADF
 	}
@@ -822,7 +875,16 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	if h.write {
 		c.writers--
 	}
-	save := h.write && c.writers == 0 && (c.dirty || c.attrs.any())
+	last := h.write && c.writers == 0
+	ptw := c.ptw
+	c.mu.Unlock()
+	if last && ptw {
+		if err := n.m.settlePT(c); err != nil {
+			n.m.log.Error("passthrough: checking a copy after the last close failed", "path", n.path(""), "err", err)
+		}
+	}
+	c.mu.Lock()
+	save := last && (c.dirty || c.attrs.any())
 	c.mu.Unlock()
 	if save {
 		if err := n.save(ctx, c); err != nil {
@@ -846,4 +908,7 @@ func (h *handle) drop(ctx context.Context) {
 		h.n.closed(h.c)
 	}
 	h.n.release(h.c)
+	if h.pt {
+		h.n.ptClosed()
+	}
 }

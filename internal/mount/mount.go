@@ -81,6 +81,11 @@ type Options struct {
 	// held by another device before failing with EBUSY; zero means
 	// DefaultLockWait.
 	LockWait time.Duration
+	// Passthrough lets the kernel read and write open copies directly
+	// (PassthroughAuto: when the kernel offers it and the mount runs as
+	// root, in blocking mode only; passthrough.go says why it is off by
+	// default).
+	Passthrough Passthrough
 	// QueueDelay holds each queued commit (non-blocking mode) back this
 	// long after its close. Zero: at once. Tests use it to kill a mount
 	// with commits queued.
@@ -98,6 +103,9 @@ type Mount struct {
 	// readCalls counts the reads the kernel asked of this mount (what its
 	// page cache did not serve).
 	readCalls atomic.Int64
+	// writeCalls counts the writes the kernel asked of this mount (none
+	// on a copy the kernel writes directly: passthrough).
+	writeCalls atomic.Int64
 
 	dir      string
 	vol      *fs.Volume
@@ -109,6 +117,9 @@ type Mount struct {
 	cache    *diskCache
 	ents     *entryCache
 	queue    *queue
+	// pt follows the kernel's backing files when passthrough may be used
+	// (nil otherwise; passthrough.go).
+	pt *backing
 
 	// The watch that keeps ents current (watchLoop).
 	stopWatch context.CancelFunc
@@ -252,13 +263,39 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 			Debug:                    o.Debug,
 		},
 	}
-	server, err := gofs.Mount(dir, m.root, opts)
+	var b *backing
+	if o.Passthrough == PassthroughAuto && o.Mode == Blocking {
+		b = &backing{log: m.log, ids: map[int32]*node{}}
+		opts.ServerCallbacks = b
+		// The kernel's limit on stacked file systems under a backing
+		// file: 2 (its most) lets the cache live on an overlay.
+		opts.MaxStackDepth = 2
+		m.pt = b // off (b.on) until the probe below
+	}
+	raw := gofs.NewNodeFS(m.root, opts)
+	if b != nil {
+		raw = &rawFS{RawFileSystem: raw, b: b}
+	}
+	server, err := fuse.NewServer(raw, dir, &opts.MountOptions)
+	if err == nil {
+		go server.Serve()
+		err = server.WaitMount()
+	}
 	if err != nil {
 		m.shutdown()
 		return nil, cairn.E(op, cairn.IO, dir, err)
 	}
 	m.server = server
-	m.log.Info("mounted", "mode", o.Mode.String(), "cache", cache.dir, "cache_size", o.CacheSize)
+	pt := "off"
+	if b != nil {
+		if err := probePassthrough(server, cache.dir); err != nil {
+			m.log.Info("passthrough not available: reads and writes go through the mount", "err", err)
+		} else {
+			b.on.Store(true)
+			pt = "on"
+		}
+	}
+	m.log.Info("mounted", "mode", o.Mode.String(), "passthrough", pt, "cache", cache.dir, "cache_size", o.CacheSize)
 	return m, nil
 }
 

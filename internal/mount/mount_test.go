@@ -253,6 +253,7 @@ func newFixture(t *testing.T, o mount.Options) *fixture {
 	}
 	t.Cleanup(func() { vol.Close() })
 	f := &fixture{t: t, st: st, vol: vol, mnt: t.TempDir(), cache: t.TempDir(), logs: &syncBuf{}, etcd: endpoints, master: master, rpcs: rpcs}
+	o = suiteOptions(o)
 	o.CacheDir = f.cache
 	o.Logger = slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m, err := mount.Start(ctx, vol, f.mnt, o)
@@ -292,6 +293,7 @@ func (f *fixture) mountAgain(o mount.Options) {
 // unmounted at cleanup.
 func (f *fixture) start(o mount.Options) {
 	f.t.Helper()
+	o = suiteOptions(o)
 	o.CacheDir = f.cache
 	o.Logger = slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m, err := mount.Start(context.Background(), f.vol, f.mnt, o)
@@ -413,6 +415,15 @@ func (f *fixture) readMount(rel string) []byte {
 		f.t.Fatalf("read %s through the mount: %v", rel, err)
 	}
 	return b
+}
+
+// suiteOptions applies CAIRN_TEST_PASSTHROUGH=1: every mount of the
+// suite with passthrough unless its test says otherwise.
+func suiteOptions(o mount.Options) mount.Options {
+	if os.Getenv("CAIRN_TEST_PASSTHROUGH") != "" && o.Passthrough == mount.PassthroughOff {
+		o.Passthrough = mount.PassthroughAuto
+	}
+	return o
 }
 
 func randBytes(n int) []byte {

@@ -58,6 +58,16 @@ type node struct {
 	mixed   bool
 	handles map[*content]int // copies with handles of this node, and how many
 
+	// Passthrough (passthrough.go), guarded by mu: pt is the copy the
+	// kernel has as this inode's backing file (reserved by the open that
+	// chose it; cleared once go-fuse lets its registration ptID go), and
+	// ptHandles counts the passthrough handles not yet released here.
+	pt        *content
+	ptID      int32
+	ptHandles int
+	// openMu serializes passthrough opens of the node.
+	openMu sync.Mutex
+
 	// wl is the file's writer lock while this mount writes it (lock.go).
 	wl writerLock
 
@@ -392,7 +402,7 @@ func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 // it reads as mtime.
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	ctx = bg(ctx)
-	h, _ := f.(*handle)
+	h, _ := asHandle(f)
 	if size, ok := in.GetSize(); ok {
 		switch n.typ {
 		case meta.TypeDir:
@@ -413,7 +423,9 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 		c := n.content
 		n.mu.Unlock()
 		if c != nil {
-			c.touch(mtime) // the commit at close keeps it
+			if errno := n.m.touchContent(c, mtime); errno != 0 { // the commit at close keeps it
+				return errno
+			}
 		}
 	}
 	if setMode || setUID || setGID || setMtime {
@@ -697,7 +709,7 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 // Fsync of a directory: every namespace change is already committed in
 // the metadata service when its call returns.
 func (n *node) Fsync(ctx context.Context, f gofs.FileHandle, flags uint32) syscall.Errno {
-	if h, ok := f.(*handle); ok {
+	if h, ok := asHandle(f); ok {
 		return h.Fsync(ctx, flags)
 	}
 	return 0

@@ -1,0 +1,215 @@
+package mount_test
+
+import (
+	"bytes"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/mount"
+)
+
+// ptFixture mounts with passthrough, or skips the test where the kernel
+// or the user cannot have it.
+func ptFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := newFixture(t, mount.Options{Passthrough: mount.PassthroughAuto})
+	if !mount.PassthroughOn(f.m) {
+		t.Skip("passthrough not available here (kernel < 6.9 or not root)")
+	}
+	return f
+}
+
+func versions(f *fixture, rel string) int {
+	f.t.Helper()
+	return len(f.entry(rel).Versions)
+}
+
+// TestPassthroughNewVersionWhileOpen: a descriptor here holds a file open
+// (the kernel's backing file is its copy) while another device commits a
+// new version; a new open here reads the new version, nothing fails, and
+// the old descriptor reads on (the new bytes: its copy was refreshed in
+// place, as passthrough.go documents). Writes through a descriptor opened
+// meanwhile reach the other device at close.
+func TestPassthroughNewVersionWhileOpen(t *testing.T) {
+	f := ptFixture(t)
+	g := f.device(mount.Options{Passthrough: mount.PassthroughAuto}, meta.Options{})
+	v1, v2, v3 := bytes.Repeat([]byte("1"), 300<<10), bytes.Repeat([]byte("2"), 200<<10), randBytes(500<<10)
+	if err := os.WriteFile(f.path("p"), v1, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r1, err := os.Open(f.path("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r1.Close()
+	buf := make([]byte, len(v1))
+	if k, err := r1.ReadAt(buf, 0); k != len(v1) || !bytes.Equal(buf, v1) {
+		t.Fatalf("r1 reads v1: %d bytes, %v", k, err)
+	}
+	g.waitWatched(f.entry("p").Rev)
+	if err := os.WriteFile(g.path("p"), v2, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.waitWatched(f.entry("p").Rev)
+	reads := mount.ReadCalls(f.m)
+	if got := f.readMount("p"); !bytes.Equal(got, v2) {
+		t.Fatalf("an open after the other device's commit reads %d bytes %q..., want v2", len(got), got[:min(8, len(got))])
+	}
+	if k, err := r1.ReadAt(buf, 0); k != len(v2) || !bytes.Equal(buf[:k], v2) {
+		t.Fatalf("the descriptor held open reads %d bytes (%v), want v2's %d", k, err, len(v2))
+	}
+	// A writer here while r1 is still open: the same backing file.
+	w, err := os.OpenFile(f.path("p"), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(v3); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := r1.ReadAt(buf, 0); k != len(v1) || !bytes.Equal(buf, v3[:len(v1)]) {
+		t.Fatalf("the descriptor held open does not read what this mount wrote: %d bytes, %v", k, err)
+	}
+	r1.Close()
+	if n := mount.ReadCalls(f.m) - reads; n != 0 {
+		t.Errorf("the mount was asked %d reads, want 0 (passthrough)", n)
+	}
+	if n := mount.WriteCalls(f.m); n != 0 {
+		t.Errorf("the mount was asked %d writes, want 0 (passthrough)", n)
+	}
+	g.waitWatched(f.entry("p").Rev)
+	if got := g.readMount("p"); !bytes.Equal(got, v3) {
+		t.Fatalf("the other device reads %d bytes, want v3's %d", len(got), len(v3))
+	}
+	f.waitClosed(0)
+	if got := f.readMount("p"); !bytes.Equal(got, v3) {
+		t.Fatal("a new open here does not read v3")
+	}
+}
+
+// TestPassthroughWrites: what the kernel writes to the copy itself is
+// committed at close (size, bytes, mtime), appends land at the end, an
+// open for writing that writes nothing makes no version, fsync works, and
+// a utimes after the writes is the version's mtime.
+func TestPassthroughWrites(t *testing.T) {
+	f := ptFixture(t)
+	data := randBytes(3<<20 + 17)
+	if err := os.WriteFile(f.path("w"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.cat("w"); !bytes.Equal(got, data) {
+		t.Fatalf("committed %d bytes, want %d", len(got), len(data))
+	}
+	n := versions(f, "w")
+	// Open for writing, write nothing (sqlite's reads), close.
+	rw, err := os.OpenFile(f.path("w"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rw.ReadAt(make([]byte, 10), 0); err != nil {
+		t.Fatal(err)
+	}
+	rw.Close()
+	f.waitClosed(0)
+	if got := versions(f, "w"); got != n {
+		t.Errorf("an open for writing without a write made %d versions, want none", got-n)
+	}
+	// Append, fsync, stat while open, utimes, close.
+	a, err := os.OpenFile(f.path("w"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Write([]byte("tail")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := a.Stat(); err != nil || fi.Size() != int64(len(data)+4) {
+		t.Fatalf("stat while open: %v, %v", fi.Size(), err)
+	}
+	mt := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	if err := os.Chtimes(f.path("w"), mt, mt); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want := append(data, "tail"...)
+	if got := f.cat("w"); !bytes.Equal(got, want) {
+		t.Fatalf("after the append: %d bytes, want %d", len(got), len(want))
+	}
+	if e := f.entry("w"); e.Mtime != mt.UnixNano() {
+		t.Errorf("mtime %v, want the utimes' %v", time.Unix(0, e.Mtime).UTC(), mt)
+	}
+	if n := mount.WriteCalls(f.m); n != 0 {
+		t.Errorf("the mount was asked %d writes, want 0 (passthrough)", n)
+	}
+}
+
+// TestPassthroughMappedStoreAfterClose: a store through a shared writable
+// mapping after the descriptor's close, to a page the mapping had already
+// written (so the mtime does not move), is committed when the mapping
+// goes (the last release). It fails with passthrough (the kernel releases
+// the file at the close and the mapping stores into the backing file
+// unseen): the gap that keeps passthrough off by default. Run it with
+// CAIRN_TEST_PT_GAP=1.
+func TestPassthroughMappedStoreAfterClose(t *testing.T) {
+	if os.Getenv("CAIRN_TEST_PT_GAP") == "" {
+		t.Skip("known gap of passthrough (mount.Passthrough): set CAIRN_TEST_PT_GAP=1 to see it")
+	}
+	f := ptFixture(t)
+	fd, err := unix.Open(f.path("m"), unix.O_RDWR|unix.O_CREAT, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Ftruncate(fd, 8192); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(fd, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(mem, "first")
+	if err := unix.Close(fd); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.cat("m"); !bytes.HasPrefix(got, []byte("first")) {
+		t.Fatalf("after the close: %q", got[:8])
+	}
+	copy(mem, "again")
+	if err := unix.Munmap(mem); err != nil {
+		t.Fatal(err)
+	}
+	f.waitClosed(0)
+	got := f.cat("m")
+	if len(got) != 8192 || !bytes.HasPrefix(got, []byte("again")) {
+		t.Fatalf("after the mapping went: %d bytes, %q", len(got), got[:8])
+	}
+}
+
+// TestPassthroughModes: by default, and in non-blocking mode even when
+// asked for, reads and writes go through the mount.
+func TestPassthroughModes(t *testing.T) {
+	for _, o := range []mount.Options{{}, {Mode: mount.NonBlocking, Passthrough: mount.PassthroughAuto}} {
+		if o.Mode == mount.Blocking && os.Getenv("CAIRN_TEST_PASSTHROUGH") != "" {
+			continue // the suite's default is passthrough
+		}
+		f := newFixture(t, o)
+		if mount.PassthroughOn(f.m) {
+			t.Fatalf("%+v: passthrough on", o)
+		}
+		if err := os.WriteFile(f.path("x"), []byte("through the mount"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.readMount("x"); string(got) != "through the mount" || mount.WriteCalls(f.m) == 0 {
+			t.Fatalf("%+v: read %q, %d writes", o, got, mount.WriteCalls(f.m))
+		}
+	}
+}
