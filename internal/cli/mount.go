@@ -37,9 +37,9 @@ const envQueueDelay = "CAIRN_MOUNT_QUEUE_DELAY"
 func (e *env) mountCmds() []*cobra.Command {
 	var foreground, debug bool
 	var attrTimeout time.Duration
-	var cacheSize, mode string
+	var cacheSize, mode, passthrough string
 	m := &cobra.Command{
-		Use:   "mount [--foreground] [--mode blocking|non-blocking] [--cache-size SIZE] VOLUME MOUNTPOINT",
+		Use:   "mount [--foreground] [--mode blocking|non-blocking] [--passthrough auto|off] [--cache-size SIZE] VOLUME MOUNTPOINT",
 		Short: "Mount a volume as a directory (FUSE)",
 		Long: `Mount VOLUME (for example 'home') on the directory MOUNTPOINT, so unmodified
 programs read and write it. It runs in the background (log: $CAIRN_HOME/mount.log)
@@ -97,6 +97,9 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 			if o.Mode, err = mount.ParseMode(mode); err != nil {
 				return withCode(ExitUsage, err)
 			}
+			if o.Passthrough, err = mount.ParsePassthrough(passthrough); err != nil {
+				return withCode(ExitUsage, err)
+			}
 			if cacheSize != "" {
 				if o.CacheSize, err = parseSize(cacheSize); err != nil || o.CacheSize <= 0 {
 					return withCode(ExitUsage, fmt.Errorf("mount: --cache-size %q: want a size such as 512MiB or 4GiB", cacheSize))
@@ -117,6 +120,9 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 			if o.Mode != mount.Blocking {
 				extra = append(extra, "--mode", o.Mode.String())
 			}
+			if o.Passthrough != mount.PassthroughOff {
+				extra = append(extra, "--passthrough", o.Passthrough.String())
+			}
 			return e.mountBackground(cmd.Context(), name, dir, attrTimeout, debug, extra)
 		},
 	}
@@ -124,6 +130,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 	m.Flags().DurationVar(&attrTimeout, "attr-timeout", mount.DefaultAttrTimeout, "how long the kernel caches attributes and names (0: not at all)")
 	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")
 	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them")
+	m.Flags().StringVar(&passthrough, "passthrough", "off", "auto (experimental): the kernel reads and writes open files' local copies itself (FUSE passthrough: Linux 6.9+, root, blocking mode; stores through a writable mapping after its descriptor's close are lost); off: through the mount")
 	m.Flags().StringVar(&cacheSize, "cache-size", "", "bound of the whole-file cache, such as 2GiB (default: a tenth of the free disk, at most 4GiB)")
 
 	var lazy bool
