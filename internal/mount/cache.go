@@ -344,10 +344,10 @@ func (c *diskCache) unref(cc *content) {
 		return
 	}
 	cc.mu.Lock()
-	keep, queued := cc.dirty || cc.keep, cc.frozen
+	keep, queued, held := cc.dirty || cc.keep, cc.frozen, cc.held
 	cc.mu.Unlock()
 	switch {
-	case path == "" || queued:
+	case path == "" || queued || held: // held: settled later (held.go)
 	case keep:
 		c.keepUnsaved(path, cc.ino)
 	default:

@@ -51,8 +51,27 @@ func SetWatchTiming(m *Mount, trust, progress time.Duration) {
 }
 
 // OpenCopies returns how many copies have handles (the kernel sends a
-// release some time after the last close).
-func OpenCopies(m *Mount) int { return len(m.cache.openContents()) }
+// release some time after the last close), or are held (passthrough: a
+// writable mapping may outlive the last close, held.go).
+func OpenCopies(m *Mount) int {
+	open := map[*content]bool{}
+	for _, c := range m.cache.openContents() {
+		open[c] = true
+	}
+	m.heldMu.Lock()
+	for c := range m.held {
+		open[c] = true
+	}
+	m.heldMu.Unlock()
+	return len(open)
+}
+
+// HeldCopies returns how many copies are held (held.go).
+func HeldCopies(m *Mount) int {
+	m.heldMu.Lock()
+	defer m.heldMu.Unlock()
+	return len(m.held)
+}
 
 // ReadCalls returns how many reads the kernel asked of the mount.
 func ReadCalls(m *Mount) int64 { return m.readCalls.Load() }

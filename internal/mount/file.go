@@ -67,10 +67,12 @@ type content struct {
 	// Passthrough (passthrough.go): ptw is set once a handle that may
 	// write was opened on it: its file, not size/dirty/mtime, says what
 	// the kernel wrote (harvest). sum is the checksum of what the last
-	// commit read of it, if sumOK.
+	// commit read of it, if sumOK. held: a writable mapping may still
+	// store into its file after the last writer's release (held.go).
 	ptw   bool
 	sum   uint32
 	sumOK bool
+	held  bool
 }
 
 // heldAttrs are the mode, owner and mtime set on a file while this mount
@@ -430,7 +432,7 @@ func (n *node) release(c *content) {
 	last := c.refs == 1
 	n.m.cache.mu.Unlock()
 	c.mu.Lock()
-	pending := c.pending > 0
+	pending := c.pending > 0 || c.held
 	c.mu.Unlock()
 	if last && n.content == c && !pending {
 		n.content = nil
@@ -451,7 +453,7 @@ func (n *node) forgetClosed(c *content) {
 	closed := c.refs == 0
 	n.m.cache.mu.Unlock()
 	c.mu.Lock()
-	pending := c.pending > 0
+	pending := c.pending > 0 || c.held
 	c.mu.Unlock()
 	if closed && !pending {
 		n.content = nil
@@ -761,9 +763,12 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 	c.sum, c.sumOK = sum, ptw
 	v := e.Current()
 	c.version, c.manifest = true, v.Manifest
+	stillHeld := c.held
 	c.mu.Unlock()
 	if e.Ino == n.ino {
-		n.m.cache.adopt(c, cacheKey{n.ino, v.Manifest})
+		if !stillHeld { // a held copy may still change (held.go)
+			n.m.cache.adopt(c, cacheKey{n.ino, v.Manifest})
+		}
 		n.remember(e)
 	}
 	return nil
@@ -878,7 +883,14 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	last := h.write && c.writers == 0
 	ptw := c.ptw
 	c.mu.Unlock()
+	// Passthrough: a writable mapping may outlive the close (held.go).
+	// Asked before the check and the commit, so that what it stored up
+	// to now is in them.
+	alone := false
 	if last && ptw {
+		if alone = n.m.ptAlone(n, c); !alone {
+			n.m.hold(n, c)
+		}
 		if err := n.m.settlePT(c); err != nil {
 			n.m.log.Error("passthrough: checking a copy after the last close failed", "path", n.path(""), "err", err)
 		}
@@ -893,6 +905,9 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 			c.keep = true
 			c.mu.Unlock()
 		}
+	}
+	if alone {
+		n.m.unhold(n, c) // held after an earlier close: no longer
 	}
 	h.drop(ctx)
 	return 0

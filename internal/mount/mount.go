@@ -120,6 +120,14 @@ type Mount struct {
 	// pt follows the kernel's backing files when passthrough may be used
 	// (nil otherwise; passthrough.go).
 	pt *backing
+	// held are the copies a writable mapping may still store into after
+	// their last writer's release, with their nodes (held.go); the
+	// watcher that settles them runs while passthrough is on.
+	heldMu   sync.Mutex
+	held     map[*content]*node
+	heldKick chan struct{}
+	heldStop chan struct{}
+	heldDone chan struct{}
 
 	// The watch that keeps ents current (watchLoop).
 	stopWatch context.CancelFunc
@@ -200,7 +208,8 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 		o.LockWait = DefaultLockWait
 	}
 	m := &Mount{dir: dir, vol: v, log: o.Logger.With("volume", v.Name(), "mountpoint", dir), mode: o.Mode, lockWait: o.LockWait,
-		ents: newEntryCache(v.Meta), locked: map[*node]struct{}{}}
+		ents: newEntryCache(v.Meta), locked: map[*node]struct{}{},
+		held: map[*content]*node{}, heldKick: make(chan struct{}, 1)}
 	m.idle = sync.NewCond(&m.busyMu)
 	cache, err := openCache(filepath.Join(o.CacheDir, v.Meta.V.ID), o.CacheSize, m.log)
 	if err != nil {
@@ -293,6 +302,8 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 		} else {
 			b.on.Store(true)
 			pt = "on"
+			m.heldStop, m.heldDone = make(chan struct{}), make(chan struct{})
+			go m.watchHeld(m.heldStop, m.heldDone)
 		}
 	}
 	m.log.Info("mounted", "mode", o.Mode.String(), "passthrough", pt, "cache", cache.dir, "cache_size", o.CacheSize)
@@ -438,6 +449,7 @@ func (m *Mount) Wait() {
 			c.mu.Unlock()
 			m.cache.forceClose(c)
 		}
+		m.endHeld()
 		m.shutdown()
 		m.log.Info("unmounted")
 	})

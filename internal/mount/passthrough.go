@@ -55,6 +55,11 @@ import (
 //     dirty do not move the mtime: the last writer's release compares the
 //     copy with a checksum of what the last commit read, and commits again
 //     if they differ.
+//   - A shared writable mapping outlives its descriptor's close: the
+//     kernel moves it onto the backing file, so the last writer's release
+//     comes while it can still store into the copy. A file lease tells
+//     whether one is left; if so the copy is held until it goes, then
+//     committed again if it changed (held.go).
 //   - Non-blocking mode copies a copy its queue owns before the next write
 //     (prepareWrite): a write the mount never sees cannot wait for that,
 //     so that mode never uses passthrough.
@@ -62,15 +67,12 @@ import (
 // Passthrough says whether a mount lets the kernel read and write open
 // copies directly (FUSE passthrough).
 //
-// Off by default, because of one gap found by
-// TestPassthroughMappedStoreAfterClose: the kernel moves a shared mapping
-// of a passthrough file onto the backing file, so the mount's release
-// comes at the close(2) while the mapping can still store into the copy,
-// and nothing tells the mount when it is gone. Stores through a writable
-// mapping after its descriptor's close are then never committed (and
-// land in a copy the cache may already name as the committed version).
-// Without passthrough the mapping holds the file and the release comes
-// after munmap, with its writes.
+// A writable shared mapping of a passthrough file stores into the copy
+// after its descriptor's close (the kernel moves it onto the backing
+// file, so the mount's release comes at the close(2)): such a copy is
+// held until a file lease shows the mapping gone, then committed again
+// if it changed (held.go). Without passthrough the mapping holds the
+// file and the release comes after munmap, with its writes.
 type Passthrough int
 
 const (
@@ -168,9 +170,16 @@ func (b *backing) UnregisterBackingFd(id int32) syscall.Errno {
 	if n != nil {
 		n.mu.Lock()
 		if n.ptID == id {
-			n.pt, n.ptID = nil, 0
+			n.ptID = 0
+			// An open that shared the copy after this release's handle
+			// let go, before go-fuse let the registration go, registers
+			// it again (PassthroughFd): it stays reserved for it.
+			if n.ptHandles == 0 {
+				n.pt = nil
+			}
 		}
 		n.mu.Unlock()
+		n.m.kickHeld() // the kernel let the copy go: a held one may be settled
 	}
 	return errno
 }
@@ -200,6 +209,10 @@ func probePassthrough(s *fuse.Server, dir string) error {
 	}
 	if errno := s.UnregisterBackingFd(id); errno != 0 {
 		return errno
+	}
+	// Leases tell when a writable mapping of a copy is gone (held.go).
+	if free, err := leaseFree(f, unix.F_WRLCK); err != nil || !free {
+		return fmt.Errorf("no file lease on the cache's disk (needed to see writable mappings go): %v", err)
 	}
 	return nil
 }
@@ -329,7 +342,12 @@ func (n *node) share(ctx context.Context, b *content, e *meta.Entry, flags uint3
 	if err := m.cache.ref(b); err != nil {
 		return nil, err
 	}
-	if !b.usable(e) {
+	b.mu.Lock()
+	held := b.held
+	b.mu.Unlock()
+	// A held copy is not refreshed: a mapping may still store into it
+	// (held.go); the new open shares it as it is.
+	if !held && !b.usable(e) {
 		if err := n.retarget(ctx, b, e, trunc); err != nil {
 			m.cache.unref(b)
 			return nil, err
@@ -449,8 +467,10 @@ func (m *Mount) ptWriter(c *content) error {
 	}
 	c.mu.Lock()
 	first := c.writers == 1
-	if first {
-		c.sumOK = false // a new round of writers
+	if first && !c.held {
+		// A new round of writers (a held copy keeps the checksum of its
+		// last commit: a mapping may still store into it unseen).
+		c.sumOK = false
 	}
 	c.mu.Unlock()
 	return m.harvest(c)
