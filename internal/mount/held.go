@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"cairn.dev/cairn/internal/cairn"
 )
 
 // Held copies (passthrough only). The kernel moves a shared mapping of a
@@ -37,8 +39,8 @@ import (
 //     doubling up to 2 s. Granted: if the copy changed since its commit
 //     (its mtime, or the checksum of what the commit read), it is
 //     committed again as a new version, under the writer lock like any
-//     writer's (a commit that fails keeps it in unsaved/, logged); then it
-//     is a clean copy of its version.
+//     writer's (a commit that fails, or a file removed meanwhile, keeps it
+//     in unsaved/, logged); then it is a clean copy of its version.
 //   - An unmount happens once the kernel is done with the mount, mappings
 //     included: it settles held copies as the watcher does, for up to
 //     heldWaitEnd; any still held then are kept in unsaved/ and logged.
@@ -247,7 +249,9 @@ func (m *Mount) settle(ctx context.Context, n *node, c *content) {
 func (n *node) recommit(ctx context.Context, c *content) error {
 	name, p, ok := n.place()
 	if !ok {
-		return n.save(ctx, c) // removed: the commit drops the writes
+		// Removed, or forgotten by the kernel once the mapping went (the
+		// node no longer knows its place): kept, not dropped.
+		return cairn.E("commit", cairn.NotFound, n.path(""), errors.New("the file's place is no longer known (removed?)"))
 	}
 	if err := n.lockForWrite(ctx, p, name); err != nil {
 		return err
