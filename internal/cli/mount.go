@@ -66,6 +66,17 @@ mode is experimental: the model test of the mount still finds, rarely, a file
 whose content or size differs from local disk after a close (earlier versions
 stay in 'cairn versions').
 
+Passthrough (--passthrough auto, the default): the kernel reads and writes open
+files' local copies itself, at local-disk speed (FUSE passthrough: Linux 6.9 or
+later, running as root, blocking mode; elsewise the log says why and the mount
+serves reads and writes itself, as --passthrough off always does). Stores
+through a shared writable mapping (mmap) made after its descriptor's close are
+not seen at the close: the mount holds such a copy until a file lease shows the
+mapping gone, then commits it again as a new version if it changed (logged).
+Meanwhile opens on this device read it; other devices read the version
+committed at the close. A copy still held when the mount ends is kept in the
+cache's unsaved/ directory.
+
 An open for writing takes the file's writer lock, held until the last writer on
 this device has closed and its commit is done; another device's open for writing
 fails meanwhile with "Device or resource busy" (EBUSY), and its mount log names
@@ -120,7 +131,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 			if o.Mode != mount.Blocking {
 				extra = append(extra, "--mode", o.Mode.String())
 			}
-			if o.Passthrough != mount.PassthroughOff {
+			if o.Passthrough != mount.PassthroughAuto {
 				extra = append(extra, "--passthrough", o.Passthrough.String())
 			}
 			return e.mountBackground(cmd.Context(), name, dir, attrTimeout, debug, extra)
@@ -130,7 +141,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 	m.Flags().DurationVar(&attrTimeout, "attr-timeout", mount.DefaultAttrTimeout, "how long the kernel caches attributes and names (0: not at all)")
 	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")
 	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them")
-	m.Flags().StringVar(&passthrough, "passthrough", "off", "auto (experimental): the kernel reads and writes open files' local copies itself (FUSE passthrough: Linux 6.9+, root, blocking mode; stores through a writable mapping after its descriptor's close are lost); off: through the mount")
+	m.Flags().StringVar(&passthrough, "passthrough", "auto", "auto: the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking mode; elsewise the log says why and the mount serves them); off: always through the mount")
 	m.Flags().StringVar(&cacheSize, "cache-size", "", "bound of the whole-file cache, such as 2GiB (default: a tenth of the free disk, at most 4GiB)")
 
 	var lazy bool

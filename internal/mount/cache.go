@@ -31,8 +31,9 @@ import (
 //	clean/<ino>-<manifest>
 //	                a copy of version <manifest> of inode <ino>, exactly
 //	work/<ino>-<random>
-//	                a copy being written: writes not yet committed, or
-//	                the data of a queued commit (non-blocking mode)
+//	                a copy being written: writes not yet committed, the
+//	                data of a queued commit (non-blocking mode), or a
+//	                copy a writable mapping may still store into (held.go)
 //	tmp/            fetches in progress (emptied at start)
 //	queue/          the non-blocking mode's commits not yet done (queue.go)
 //	unsaved/        copies whose writes could not be committed, kept for

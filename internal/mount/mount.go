@@ -82,9 +82,8 @@ type Options struct {
 	// DefaultLockWait.
 	LockWait time.Duration
 	// Passthrough lets the kernel read and write open copies directly
-	// (PassthroughAuto: when the kernel offers it and the mount runs as
-	// root, in blocking mode only; passthrough.go says why it is off by
-	// default).
+	// (PassthroughAuto, the default: when the kernel offers it and the
+	// mount runs as root, in blocking mode only; passthrough.go, held.go).
 	Passthrough Passthrough
 	// QueueDelay holds each queued commit (non-blocking mode) back this
 	// long after its close. Zero: at once. Tests use it to kill a mount
@@ -298,7 +297,7 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 	pt := "off"
 	if b != nil {
 		if err := probePassthrough(server, cache.dir); err != nil {
-			m.log.Info("passthrough not available: reads and writes go through the mount", "err", err)
+			m.log.Info("passthrough not available (it needs Linux 6.9 or later, root, and file leases on the cache's disk): reads and writes go through the mount", "err", err)
 		} else {
 			b.on.Store(true)
 			pt = "on"

@@ -76,29 +76,32 @@ import (
 type Passthrough int
 
 const (
+	// PassthroughAuto (the default) uses passthrough when the kernel
+	// offers it (Linux 6.9 and later), the mount may register backing
+	// files (root) and the cache's disk grants file leases, in blocking
+	// mode; elsewise the mount logs why and serves reads and writes
+	// itself.
+	PassthroughAuto Passthrough = iota
 	// PassthroughOff serves every read and write through the mount.
-	PassthroughOff Passthrough = iota
-	// PassthroughAuto uses passthrough when the kernel offers it and the
-	// mount may register backing files (root), in blocking mode.
-	PassthroughAuto
+	PassthroughOff
 )
 
-// ParsePassthrough reads "auto" or "off".
+// ParsePassthrough reads "auto" or "off" ("": auto).
 func ParsePassthrough(s string) (Passthrough, error) {
 	switch s {
-	case "auto":
+	case "auto", "":
 		return PassthroughAuto, nil
-	case "off", "":
+	case "off":
 		return PassthroughOff, nil
 	}
 	return 0, cairn.E("mount", cairn.Invalid, s, errors.New("passthrough must be auto or off"))
 }
 
 func (p Passthrough) String() string {
-	if p == PassthroughAuto {
-		return "auto"
+	if p == PassthroughOff {
+		return "off"
 	}
-	return "off"
+	return "auto"
 }
 
 // backing is the node bridge's view of the server (its ServerCallbacks):

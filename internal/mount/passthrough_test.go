@@ -242,13 +242,21 @@ func TestPassthroughMappedStoreAfterClose(t *testing.T) {
 	}
 }
 
-// TestPassthroughModes: by default, and in non-blocking mode even when
-// asked for, reads and writes go through the mount.
+// TestPassthroughModes: by default a blocking mount uses passthrough
+// where it can; turned off, and in non-blocking mode even when asked for,
+// reads and writes go through the mount.
 func TestPassthroughModes(t *testing.T) {
-	for _, o := range []mount.Options{{}, {Mode: mount.NonBlocking, Passthrough: mount.PassthroughAuto}} {
-		if o.Mode == mount.Blocking && os.Getenv("CAIRN_TEST_PASSTHROUGH") != "" {
-			continue // the suite's default is passthrough
+	if f := newFixture(t, mount.Options{}); mount.PassthroughOn(f.m) {
+		if err := os.WriteFile(f.path("x"), []byte("through the kernel"), 0o644); err != nil {
+			t.Fatal(err)
 		}
+		if got := f.readMount("x"); string(got) != "through the kernel" || mount.WriteCalls(f.m) != 0 {
+			t.Fatalf("default: read %q, %d writes", got, mount.WriteCalls(f.m))
+		}
+	} else if suiteOptions(mount.Options{}).Passthrough == mount.PassthroughAuto && !strings.Contains(f.logs.String(), "passthrough not available") {
+		t.Errorf("passthrough off by default without a log line saying why:\n%s", f.logs.String())
+	}
+	for _, o := range []mount.Options{{Passthrough: mount.PassthroughOff}, {Mode: mount.NonBlocking, Passthrough: mount.PassthroughAuto}} {
 		f := newFixture(t, o)
 		if mount.PassthroughOn(f.m) {
 			t.Fatalf("%+v: passthrough on", o)
