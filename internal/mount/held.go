@@ -260,6 +260,16 @@ func (n *node) recommit(ctx context.Context, c *content) error {
 	return n.save(ctx, c)
 }
 
+// stopHeldWatch stops the watcher of held copies, if it runs, and waits
+// for it.
+func (m *Mount) stopHeldWatch() {
+	if m.heldStop == nil {
+		return
+	}
+	m.heldStopOnce.Do(func() { close(m.heldStop) })
+	<-m.heldDone
+}
+
 // endHeld, at unmount (the kernel is done with the mount, mappings
 // included), settles the held copies, for up to heldWaitEnd; any still
 // held are kept in unsaved/.
@@ -267,8 +277,7 @@ func (m *Mount) endHeld() {
 	if m.heldStop == nil {
 		return
 	}
-	close(m.heldStop)
-	<-m.heldDone
+	m.stopHeldWatch()
 	ctx := context.Background()
 	for deadline := time.Now().Add(heldWaitEnd); m.settleHeld(ctx) > 0 && time.Now().Before(deadline); {
 		time.Sleep(heldFirst)

@@ -122,11 +122,12 @@ type Mount struct {
 	// held are the copies a writable mapping may still store into after
 	// their last writer's release, with their nodes (held.go); the
 	// watcher that settles them runs while passthrough is on.
-	heldMu   sync.Mutex
-	held     map[*content]*node
-	heldKick chan struct{}
-	heldStop chan struct{}
-	heldDone chan struct{}
+	heldMu       sync.Mutex
+	held         map[*content]*node
+	heldKick     chan struct{}
+	heldStop     chan struct{}
+	heldStopOnce sync.Once
+	heldDone     chan struct{}
 
 	// The watch that keeps ents current (watchLoop).
 	stopWatch context.CancelFunc
@@ -440,6 +441,7 @@ func (m *Mount) Wait() {
 	}
 	m.busyMu.Unlock()
 	m.doneOnce.Do(func() {
+		m.stopHeldWatch() // before the copies it may be settling are closed
 		for _, c := range m.cache.openContents() {
 			c.mu.Lock()
 			if c.dirty {
