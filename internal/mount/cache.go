@@ -213,7 +213,9 @@ func (c *diskCache) lookup(k cacheKey, size int64) (*content, bool) {
 		}
 		c.lru.Remove(cc.elem)
 		cc.elem = nil
-		cc.f = f
+		cc.fmu.Lock()
+		cc.f, cc.ro = f, false
+		cc.fmu.Unlock()
 		c.open[cc] = struct{}{}
 	}
 	cc.refs++
@@ -286,7 +288,9 @@ func (c *diskCache) ref(cc *content) error {
 			c.lru.Remove(cc.elem)
 			cc.elem = nil
 		}
-		cc.f = f
+		cc.fmu.Lock()
+		cc.f, cc.ro = f, false
+		cc.fmu.Unlock()
 		c.open[cc] = struct{}{}
 	}
 	cc.refs++
@@ -327,8 +331,10 @@ func (c *diskCache) unref(cc *content) {
 		return
 	}
 	delete(c.open, cc)
+	cc.fmu.Lock() // a node may still point at it (a held copy: held.go)
 	f := cc.f
 	cc.f = nil
+	cc.fmu.Unlock()
 	cached := cc.cached
 	if cached {
 		cc.elem = c.lru.PushFront(cc)

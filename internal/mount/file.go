@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -33,7 +34,7 @@ import (
 // current in the metadata (blocking mode), or queues that durably
 // (non-blocking mode, queue.go).
 //
-// Locks, in the order they are taken: wmu, node.mu, the cache's mu, mu.
+// Locks, in the order they are taken: wmu, node.mu, the cache's mu, fmu, mu.
 type content struct {
 	ino uint64
 
@@ -44,6 +45,9 @@ type content struct {
 	// a queued commit owns); reads hold it shared.
 	fmu sync.RWMutex
 	f   *os.File // nil while nobody has the copy open
+	// ro: f is open read-only (passthrough, from the last writer's
+	// release: held.go); writable makes it read-write again.
+	ro bool
 
 	// Guarded by the cache's mu.
 	path   string        // where the copy is ("": renamed over, not ours)
@@ -220,13 +224,13 @@ func (n *node) setAttrs(ctx context.Context, a heldAttrs) error {
 }
 
 // usable reports whether a new open of a file whose entry is e may share
-// c: always while c holds writes, writers or queued commits of this mount
-// (the last close wins, as in AFS), otherwise only while c is a copy of
-// e's current version.
+// c: always while c holds writes, writers, queued commits of this mount
+// or a writable mapping (held, held.go) (the last close wins, as in AFS),
+// otherwise only while c is a copy of e's current version.
 func (c *content) usable(e *meta.Entry) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.dirty || c.writers > 0 || c.pending > 0 {
+	if c.dirty || c.writers > 0 || c.pending > 0 || c.held {
 		return true
 	}
 	cur := e.Current()
@@ -274,6 +278,31 @@ func (c *content) file() *os.File {
 	return c.f
 }
 
+// writable, with wmu held, returns the open copy for the mount to write
+// (open read-write again if the last writer's release left it
+// read-only).
+func (c *content) writable() (*os.File, error) {
+	return c.reopen(os.O_RDWR, false)
+}
+
+// reopen, with wmu held, opens c's file again with flag (os.O_RDONLY or
+// os.O_RDWR) unless it is open so, and closes the descriptor it had: a
+// new open file description of the same inode, wherever it was renamed.
+func (c *content) reopen(flag int, ro bool) (*os.File, error) {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	if c.f == nil || c.ro == ro {
+		return c.f, nil
+	}
+	nf, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(c.f.Fd())), flag, 0)
+	if err != nil {
+		return nil, cairn.E("open", cairn.IO, c.ino16(), err)
+	}
+	c.f.Close()
+	c.f, c.ro = nf, ro
+	return nf, nil
+}
+
 // prepareWrite, with c.wmu held, makes c's copy one a write may change: a
 // copy a queued commit owns is copied first, a clean copy leaves the
 // cache's index.
@@ -291,7 +320,7 @@ func (m *Mount) prepareWrite(c *content) error {
 		}
 		c.fmu.Lock()
 		old := c.f
-		c.f = nf
+		c.f, c.ro = nf, false
 		c.fmu.Unlock()
 		old.Close() // the queue reads its own descriptor
 		m.cache.mu.Lock()
@@ -311,7 +340,11 @@ func (m *Mount) truncateContent(c *content, size int64) error {
 	if err := m.prepareWrite(c); err != nil {
 		return err
 	}
-	if err := c.file().Truncate(size); err != nil {
+	f, err := c.writable()
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
 		return cairn.E("truncate", cairn.IO, c.ino16(), err)
 	}
 	c.mu.Lock()
@@ -804,7 +837,11 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 		off = c.size
 		c.mu.Unlock()
 	}
-	k, err := c.file().WriteAt(data, off)
+	f, err := c.writable()
+	if err != nil {
+		return 0, h.n.m.errno("write", h.n.path(""), err)
+	}
+	k, err := f.WriteAt(data, off)
 	c.mu.Lock()
 	if k > 0 {
 		c.dirty, c.mtime = true, time.Now()

@@ -18,32 +18,35 @@ import (
 // mount when it goes. What tells it is a file lease on the copy
 // (fcntl F_SETLEASE, fs/locks.c check_conflicting_open): the kernel
 // grants a read lease only while no open file description of the inode
-// is open for writing, and a write lease only while the one asking is
-// the inode's only open file description. A mapping keeps the file it was
-// made from (here the kernel's backing file of that open) alive, and so
-// its write count, until munmap.
+// is open for writing. A writable mapping keeps the file it was made
+// from (here the kernel's backing file of that open, opened read-write)
+// alive, and so its write count, until munmap. The descriptors the mount
+// itself keeps of a passthrough copy are read-only from then on (content.
+// reopen), and so is the one the kernel has as backing file
+// (PassthroughFd): readers do not count.
 //
 //   - At the release of the last handle that could write a copy, the
-//     mount asks for a write lease on its own descriptor of the copy
-//     (the one the kernel has as backing file: one description). Granted:
-//     no mapping is left, and the release commits as without passthrough.
-//     Refused: a mapping (or a read-only open of the same copy) may still
-//     write, and the copy is held: the release still commits what it
-//     holds, but the copy is not a clean copy of that version (out of the
-//     cache's index, never evicted), and the node keeps it, so a new open
-//     here sees its bytes: it is the file's newest content on this device.
-//   - A watcher asks again, for a read lease from a descriptor of its
-//     own, while nobody has the copy open through the mount (the mount's
-//     own descriptor is then closed, and go-fuse has let the kernel's
-//     registration go: UnregisterBackingFd asks at once): every 10 ms,
-//     doubling up to 2 s. Granted: if the copy changed since its commit
-//     (its mtime, or the checksum of what the commit read), it is
-//     committed again as a new version, under the writer lock like any
-//     writer's (a commit that fails, or a file removed meanwhile, keeps it
-//     in unsaved/, logged); then it is a clean copy of its version.
+//     mount asks for a read lease on its own descriptor (asked again for
+//     up to ptAloneWait: the kernel lets the released open's file go a
+//     moment after the release). Granted: no writer and no writable
+//     mapping is left, and the release commits as without passthrough.
+//     Refused: a mapping may still write, and the copy is held: the
+//     release still commits what it holds, but the copy is not a clean
+//     copy of that version (out of the cache's index, never evicted), and
+//     the node keeps it: a new open here shares it as an open for writing
+//     would (usable), and it is not refreshed in place for another
+//     device's version (share).
+//   - A watcher asks again, from a descriptor of its own, while nobody has
+//     the copy open through the mount: at once when go-fuse lets a backing
+//     registration go, then every 10 ms doubling up to 2 s. Granted: if
+//     the copy changed since its commit (its mtime, or the checksum of
+//     what the commit read), it is committed again as a new version,
+//     under the writer lock like any writer's (a commit that fails, or a
+//     file removed meanwhile, keeps it in unsaved/, logged); then it is a
+//     clean copy of its version.
 //   - An unmount happens once the kernel is done with the mount, mappings
 //     included: it settles held copies as the watcher does, for up to
-//     heldWaitEnd; any still held then are kept in unsaved/ and logged.
+//     heldWaitEnd; any still held are kept in unsaved/ and logged.
 
 const (
 	ptAloneWait = 20 * time.Millisecond
@@ -71,20 +74,23 @@ func leaseFree(f *os.File, typ int) (bool, error) {
 }
 
 // ptAlone, at the last writer's release of c (a passthrough copy), says
-// whether the mount's own descriptor is the copy's only open file
-// description: no mapping can store into it any more.
+// whether no open file description of the copy is open for writing any
+// more (no writable mapping is left): the mount's own descriptor is
+// opened read-only first (as is the one the kernel has: PassthroughFd).
 func (m *Mount) ptAlone(n *node, c *content) bool {
-	c.fmu.RLock()
-	defer c.fmu.RUnlock()
-	if c.f == nil {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	f, err := c.reopen(os.O_RDONLY, true)
+	if err != nil || f == nil {
+		m.log.Error("passthrough: reopening a copy read-only failed; it is held as if mapped", "path", n.path(""), "err", err)
 		return false
 	}
 	// The kernel lets the released open's own file go a moment after
 	// the release (a delayed fput, ~1 ms here): asked again for a while.
-	free, err := leaseFree(c.f, unix.F_WRLCK)
+	free, err := leaseFree(f, unix.F_RDLCK)
 	for t0, wait := time.Now(), 100*time.Microsecond; !free && err == nil && time.Since(t0) < ptAloneWait; wait *= 2 {
 		time.Sleep(wait)
-		free, err = leaseFree(c.f, unix.F_WRLCK)
+		free, err = leaseFree(f, unix.F_RDLCK)
 	}
 	if err != nil {
 		m.log.Error("passthrough: asking for a lease on a copy failed; it is held as if mapped", "path", n.path(""), "err", err)

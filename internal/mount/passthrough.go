@@ -113,9 +113,10 @@ type backing struct {
 	failed atomic.Bool
 	log    interface{ Error(string, ...any) }
 
-	mu   sync.Mutex
-	next *node // whose copy PassthroughFd just gave (go-fuse registers it at once)
-	ids  map[int32]*node
+	mu       sync.Mutex
+	next     *node    // whose copy PassthroughFd just gave (go-fuse registers it at once)
+	nextFile *os.File // the descriptor it gave (the kernel keeps its own reference)
+	ids      map[int32]*node
 }
 
 var _ gofs.ServerCallbacks = (*backing)(nil)
@@ -141,12 +142,15 @@ func (b *backing) InodeNotifyStoreCache(node uint64, off int64, data []byte) fus
 func (b *backing) RegisterBackingFd(m *fuse.BackingMap) (int32, syscall.Errno) {
 	id, errno := b.srv.Load().RegisterBackingFd(m)
 	b.mu.Lock()
-	n := b.next
-	b.next = nil
+	n, nf := b.next, b.nextFile
+	b.next, b.nextFile = nil, nil
 	if errno == 0 && n != nil {
 		b.ids[id] = n
 	}
 	b.mu.Unlock()
+	if nf != nil {
+		nf.Close()
+	}
 	if errno != 0 {
 		// go-fuse now opens every file without passthrough.
 		b.on.Store(false)
@@ -240,11 +244,20 @@ func (p *ptHandle) PassthroughFd() (int, bool) {
 		n.m.log.Error("passthrough: an open's copy is not the inode's backing file (bug); it goes through the mount", "path", n.path(""))
 		return 0, false
 	}
+	// The kernel gets a read-only description of the copy (it opens the
+	// copy anew, with each open's own flags, for the reads and writes of
+	// that open): so that only writers and writable mappings count as
+	// writers of the copy (held.go).
+	rf, err := os.Open("/proc/self/fd/" + strconv.Itoa(int(f.Fd())))
+	if err != nil {
+		n.m.log.Error("passthrough: reopening a copy read-only failed; it goes through the mount", "path", n.path(""), "err", err)
+		return 0, false
+	}
 	b := n.m.pt
 	b.mu.Lock()
-	b.next = n
+	b.next, b.nextFile = n, rf
 	b.mu.Unlock()
-	return int(f.Fd()), true
+	return int(rf.Fd()), true
 }
 
 // asHandle returns the handle behind a file handle of this mount.
@@ -395,7 +408,10 @@ func (n *node) retarget(ctx context.Context, b *content, e *meta.Entry, trunc bo
 	if err := m.cache.detach(b); err != nil {
 		return err
 	}
-	bf := b.file()
+	bf, err := b.writable()
+	if err != nil {
+		return err
+	}
 	var size int64
 	if src != nil {
 		size = cur.Size

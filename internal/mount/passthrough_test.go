@@ -242,6 +242,52 @@ func TestPassthroughMappedStoreAfterClose(t *testing.T) {
 	}
 }
 
+// TestPassthroughReaderNotHeld: a descriptor open for reading at the last
+// writer's release does not make the copy held (held.go: readers are no
+// writers of the copy): the copy is the cache's clean copy of the version
+// at once, and a version committed on another device meanwhile is what a
+// new open here reads.
+func TestPassthroughReaderNotHeld(t *testing.T) {
+	f := ptFixture(t)
+	g := f.device(mount.Options{}, meta.Options{})
+	v1, v2, v3 := randBytes(64<<10), randBytes(80<<10), randBytes(96<<10)
+	if err := os.WriteFile(f.path("r"), v1, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.waitClosed(0)
+	r, err := os.Open(f.path("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := os.WriteFile(f.path("r"), v2, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		if size, _ := mount.CacheStats(f.m); size == int64(len(v2)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			size, _ := mount.CacheStats(f.m)
+			t.Fatalf("the cache holds %d bytes of clean copies, want v2's %d", size, len(v2))
+		}
+	}
+	if n := mount.HeldCopies(f.m); n != 0 {
+		t.Fatalf("%d copies held with only a reader open", n)
+	}
+	g.waitWatched(f.entry("r").Rev)
+	if err := os.WriteFile(g.path("r"), v3, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.waitWatched(f.entry("r").Rev)
+	if got := f.readMount("r"); !bytes.Equal(got, v3) {
+		t.Fatalf("an open here after the other device's commit reads %d bytes, want v3's %d", len(got), len(v3))
+	}
+	if strings.Contains(f.logs.String(), "held until") {
+		t.Errorf("a copy was held:\n%s", f.logs.String())
+	}
+}
+
 // TestPassthroughModes: by default a blocking mount uses passthrough
 // where it can; turned off, and in non-blocking mode even when asked for,
 // reads and writes go through the mount.
