@@ -959,8 +959,13 @@ func (h *handle) drop(ctx context.Context) {
 	if h.counted {
 		h.n.closed(h.c)
 	}
-	h.n.release(h.c)
 	if h.pt {
+		// Before the copy's reference goes: an open that finds the
+		// backing file reserved by a handle still counted here shares
+		// the copy, which must then still be open (release removes a
+		// closed work copy holding nothing to commit). Once uncounted, an
+		// open waits for go-fuse to let the registration go instead.
 		h.n.ptClosed()
 	}
+	h.n.release(h.c)
 }
