@@ -62,16 +62,16 @@ the store. With --mode non-blocking, close returns once the writes are durable o
 local disk and a queue on disk commits them in the background (in order; a mount
 killed or unmounted with commits queued leaves them for the next mount of the
 volume); other devices see the new version once it is committed. Non-blocking
-mode is experimental: the model test of the mount still finds, rarely, a file
-whose content or size differs from local disk after a close (earlier versions
-stay in 'cairn versions').
+mode is experimental (earlier versions stay in 'cairn versions').
 
-Passthrough (--passthrough auto, the default): the kernel reads and writes open
-files' local copies itself, at local-disk speed (FUSE passthrough: Linux 6.9 or
-later, running as root, blocking mode; elsewise the log says why and the mount
-serves reads and writes itself, as --passthrough off always does). Stores
-through a shared writable mapping (mmap) made after its descriptor's close are
-not seen at the close: the mount holds such a copy until a file lease shows the
+Passthrough (--passthrough auto; experimental, off by default): the kernel
+reads and writes open files' local copies itself, at local-disk speed (FUSE
+passthrough: Linux 6.9 or later, running as root, blocking mode, file leases on
+the cache's disk; elsewise the log says why and the mount serves reads and
+writes itself, as --passthrough off, the default, always does). Descriptors
+still open on a file see another device's new version replace its bytes in
+place when this device opens it again. Stores through a shared writable
+mapping (mmap) after its descriptor's close are not seen at the close: the mount holds such a copy until a file lease shows the
 mapping gone, then commits it again as a new version if it changed (logged).
 Meanwhile opens on this device read it; other devices read the version
 committed at the close. A copy still held when the mount ends is kept in the
@@ -131,9 +131,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 			if o.Mode != mount.Blocking {
 				extra = append(extra, "--mode", o.Mode.String())
 			}
-			if o.Passthrough != mount.PassthroughAuto {
-				extra = append(extra, "--passthrough", o.Passthrough.String())
-			}
+			extra = append(extra, "--passthrough", o.Passthrough.String())
 			return e.mountBackground(cmd.Context(), name, dir, attrTimeout, debug, extra)
 		},
 	}
@@ -141,7 +139,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 	m.Flags().DurationVar(&attrTimeout, "attr-timeout", mount.DefaultAttrTimeout, "how long the kernel caches attributes and names (0: not at all)")
 	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")
 	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them")
-	m.Flags().StringVar(&passthrough, "passthrough", "auto", "auto: the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking mode; elsewise the log says why and the mount serves them); off: always through the mount")
+	m.Flags().StringVar(&passthrough, "passthrough", "off", "auto (experimental): the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking mode, file leases on the cache's disk; elsewise the log says why and the mount serves them); off: always through the mount")
 	m.Flags().StringVar(&cacheSize, "cache-size", "", "bound of the whole-file cache, such as 2GiB (default: a tenth of the free disk, at most 4GiB)")
 
 	var lazy bool
