@@ -139,7 +139,7 @@ func openCache(dir string, limit int64, log *slog.Logger) (*diskCache, error) {
 	// Most recently used first: the order the LRU list keeps.
 	sort.Slice(all, func(i, j int) bool { return all[i].mtime.After(all[j].mtime) })
 	for _, f := range all {
-		cc := &content{ino: f.key.ino, size: f.size, version: true, manifest: f.key.manifest, cached: true}
+		cc := &content{ino: f.key.ino, size: f.size, version: true, manifest: f.key.manifest, cached: true, key: f.key}
 		cc.path = c.cleanPath(f.key)
 		c.clean[f.key] = cc
 		cc.elem = c.lru.PushBack(cc)
@@ -254,7 +254,7 @@ func (c *diskCache) insertFetched(f *os.File, k cacheKey, size int64) (*content,
 		os.Remove(f.Name())
 		return nil, cairn.E("open", cairn.IO, p, err)
 	}
-	cc := &content{ino: k.ino, f: f, path: p, refs: 1, size: size, version: true, manifest: k.manifest, cached: true}
+	cc := &content{ino: k.ino, f: f, path: p, refs: 1, size: size, version: true, manifest: k.manifest, cached: true, key: k}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old := c.clean[k]; old != nil {
@@ -410,7 +410,7 @@ func (c *diskCache) adopt(cc *content, k cacheKey) {
 		c.log.Warn("could not keep a committed copy in the cache", "copy", cc.path, "err", err)
 		return
 	}
-	cc.path, cc.cached, cc.named = p, true, false
+	cc.path, cc.cached, cc.named, cc.key = p, true, false, k
 	c.clean[k] = cc
 	c.used += cc.size
 	if cc.refs == 0 {
@@ -433,9 +433,10 @@ func (c *diskCache) unindexLocked(cc *content) {
 	if !cc.cached {
 		return
 	}
-	k := cacheKey{cc.ino, cc.manifest}
-	if c.clean[k] == cc {
-		delete(c.clean, k)
+	// The key it was indexed under: its manifest may have moved on since
+	// (a commit of a copy still indexed).
+	if c.clean[cc.key] == cc {
+		delete(c.clean, cc.key)
 	}
 	if cc.elem != nil {
 		c.lru.Remove(cc.elem)

@@ -52,7 +52,8 @@ type content struct {
 	// Guarded by the cache's mu.
 	path   string        // where the copy is ("": renamed over, not ours)
 	refs   int           // handles open on it, plus a fetch's
-	cached bool          // indexed as the clean copy of (ino, manifest)
+	cached bool          // indexed as the clean copy of key
+	key    cacheKey      // what it is indexed under, while cached
 	elem   *list.Element // its place in the LRU list while cached and closed
 	named  bool          // path's directory entry is durable (fsynced)
 
@@ -796,10 +797,13 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 	c.sum, c.sumOK = sum, ptw
 	v := e.Current()
 	c.version, c.manifest = true, v.Manifest
-	stillHeld := c.held
+	// A held copy may still change (held.go), and so may a passthrough
+	// copy while a writer has it open: the kernel's writes never take it
+	// out of the index (prepareWrite). Adopted once the last goes.
+	adopt := !c.held && (!ptw || c.writers == 0)
 	c.mu.Unlock()
 	if e.Ino == n.ino {
-		if !stillHeld { // a held copy may still change (held.go)
+		if adopt {
 			n.m.cache.adopt(c, cacheKey{n.ino, v.Manifest})
 		}
 		n.remember(e)
@@ -945,6 +949,8 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	}
 	if alone {
 		n.m.unhold(n, c) // held after an earlier close: no longer
+		// The last writer's commits left it out of the index.
+		n.m.adoptClean(n, c)
 	}
 	h.drop(ctx)
 	return 0

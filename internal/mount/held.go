@@ -128,10 +128,23 @@ func (m *Mount) unhold(n *node, c *content) {
 	c.mu.Lock()
 	was := c.held
 	c.held = false
-	clean := !c.dirty && !c.keep && !c.gone && c.version && c.writers == 0 && c.pending == 0
+	c.mu.Unlock()
+	if was {
+		m.adoptClean(n, c)
+	}
+}
+
+// adoptClean makes c the cache's clean copy of its version if it holds
+// nothing else and nothing can write it unseen: no writer (a new one
+// takes it out again under wmu, held here: ptWriter), not held.
+func (m *Mount) adoptClean(n *node, c *content) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.mu.Lock()
+	clean := !c.dirty && !c.keep && !c.gone && !c.held && c.version && c.writers == 0 && c.pending == 0
 	k := cacheKey{c.ino, c.manifest}
 	c.mu.Unlock()
-	if was && clean {
+	if clean && k.ino == n.ino {
 		m.cache.adopt(c, k)
 	}
 }

@@ -2,7 +2,9 @@ package mount_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -313,5 +315,55 @@ func TestPassthroughModes(t *testing.T) {
 		if got := f.readMount("x"); string(got) != "through the mount" || mount.WriteCalls(f.m) == 0 {
 			t.Fatalf("%+v: read %q, %d writes", o, got, mount.WriteCalls(f.m))
 		}
+	}
+}
+
+// TestPassthroughTwoWritersCleanIndex: two descriptors open for writing;
+// the first's close commits v1, the second then writes (the kernel
+// itself) and its close commits v2. The cache must never hold v2's bytes
+// under v1's name (the copy adopted as clean v1 at the first close while
+// the second could still write it).
+func TestPassthroughTwoWritersCleanIndex(t *testing.T) {
+	f := ptFixture(t)
+	if err := os.WriteFile(f.path("q"), bytes.Repeat([]byte("0"), 64<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w1, err := os.OpenFile(f.path("q"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := os.OpenFile(f.path("q"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w1.WriteAt([]byte("AAAA"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := w1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	v1 := f.entry("q").Current().Manifest
+	if _, err := w2.WriteAt([]byte("BBBB"), 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := w2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.waitClosed(0)
+	e := f.entry("q")
+	if e.Current().Manifest == v1 {
+		t.Fatal("the second close made no version")
+	}
+	ps, _ := filepath.Glob(filepath.Join(f.cache, "*", "clean", fmt.Sprintf("%016x-%s", e.Ino, v1)))
+	for _, p := range ps {
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte("BBBB")) {
+			t.Errorf("the cache's clean copy of v1 holds the second writer's bytes (v2's)")
+		}
+	}
+	want := bytes.Repeat([]byte("0"), 64<<10)
+	copy(want, "AAAA")
+	copy(want[100:], "BBBB")
+	if got := f.readMount("q"); !bytes.Equal(got, want) {
+		t.Fatal("the mount does not read v2")
 	}
 }
