@@ -78,6 +78,9 @@ type content struct {
 	sum   uint32
 	sumOK bool
 	held  bool
+	// holdGen counts the holds of it: an end of a hold clears only the
+	// one it settled, not one set again meanwhile (held.go).
+	holdGen uint64
 }
 
 // heldAttrs are the mode, owner and mtime set on a file while this mount
@@ -922,7 +925,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 		c.writers--
 	}
 	last := h.write && c.writers == 0
-	ptw := c.ptw
+	ptw, gen := c.ptw, c.holdGen
 	c.mu.Unlock()
 	// Passthrough: a writable mapping may outlive the close (held.go).
 	// Asked before the check and the commit, so that what it stored up
@@ -948,7 +951,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 		}
 	}
 	if alone {
-		n.m.unhold(n, c) // held after an earlier close: no longer
+		n.m.unhold(n, c, gen) // held after an earlier close: no longer
 		// The last writer's commits left it out of the index.
 		n.m.adoptClean(n, c)
 	}

@@ -105,6 +105,7 @@ func (m *Mount) hold(n *node, c *content) {
 	c.mu.Lock()
 	was := c.held
 	c.held = true
+	c.holdGen++
 	c.mu.Unlock()
 	c.wmu.Unlock()
 	if err != nil {
@@ -118,17 +119,23 @@ func (m *Mount) hold(n *node, c *content) {
 	}
 }
 
-// unhold ends c's hold (nothing can write it unseen any more): a copy of
-// its version it holds no other writes than makes a clean copy of it.
-// The caller has c referenced.
-func (m *Mount) unhold(n *node, c *content) {
+// unhold ends c's hold gen (nothing can write it unseen any more): a
+// copy of its version it holds no other writes than makes a clean copy of
+// it. A hold set again since gen was read (a writer opened, mapped and
+// closed meanwhile) stays. The caller has c referenced.
+func (m *Mount) unhold(n *node, c *content, gen uint64) {
 	m.heldMu.Lock()
-	delete(m.held, c)
-	m.heldMu.Unlock()
 	c.mu.Lock()
+	if c.holdGen != gen {
+		c.mu.Unlock()
+		m.heldMu.Unlock()
+		return
+	}
+	delete(m.held, c)
 	was := c.held
 	c.held = false
 	c.mu.Unlock()
+	m.heldMu.Unlock()
 	if was {
 		m.adoptClean(n, c)
 	}
@@ -200,6 +207,9 @@ func (m *Mount) settleHeld(ctx context.Context) int {
 		m.cache.mu.Lock()
 		open, path := p.c.refs > 0, p.c.path
 		m.cache.mu.Unlock()
+		p.c.mu.Lock()
+		gen := p.c.holdGen // the hold the lease below speaks for
+		p.c.mu.Unlock()
 		if open || path == "" {
 			// Open here again: its last writer's release asks again
 			// (or this watcher, once it is closed).
@@ -214,7 +224,7 @@ func (m *Mount) settleHeld(ctx context.Context) int {
 			left++
 			continue
 		}
-		m.settle(ctx, p.n, p.c)
+		m.settle(ctx, p.n, p.c, gen)
 	}
 	return left
 }
@@ -230,9 +240,9 @@ func pathFree(path string) (bool, error) {
 	return leaseFree(f, unix.F_RDLCK)
 }
 
-// settle ends the hold of c, whose mappings are gone: it commits it
+// settle ends the hold gen of c, whose mappings are gone: it commits it
 // again if it changed since its last commit.
-func (m *Mount) settle(ctx context.Context, n *node, c *content) {
+func (m *Mount) settle(ctx context.Context, n *node, c *content, gen uint64) {
 	if err := m.cache.ref(c); err != nil {
 		m.heldMu.Lock()
 		delete(m.held, c)
@@ -261,7 +271,7 @@ func (m *Mount) settle(ctx context.Context, n *node, c *content) {
 			c.mu.Unlock()
 		}
 	}
-	m.unhold(n, c)
+	m.unhold(n, c, gen)
 }
 
 // recommit commits c as a writer of n would, under the writer lock.
