@@ -358,12 +358,21 @@ func (n *node) share(ctx context.Context, b *content, e *meta.Entry, flags uint3
 	if err := m.cache.ref(b); err != nil {
 		return nil, err
 	}
+	// Judged against the newest entry this mount knows, as acquire does:
+	// e was read before a commit of this mount that may have ended since
+	// (b is then a copy of that newer version, not to be refreshed to e's
+	// older one). A commit clears dirty after it records its entry
+	// (wroteEntry, under n.mu), so one seen here as done is in n.wrote.
+	n.mu.Lock()
+	e = n.fresherLocked(e)
 	b.mu.Lock()
 	held := b.held
 	b.mu.Unlock()
 	// A held copy is not refreshed: a mapping may still store into it
 	// (held.go); the new open shares it as it is.
-	if !held && !b.usable(e) {
+	stale := !held && !b.usable(e)
+	n.mu.Unlock()
+	if stale {
 		if err := n.retarget(ctx, b, e, trunc); err != nil {
 			m.cache.unref(b)
 			return nil, err
