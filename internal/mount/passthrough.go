@@ -239,8 +239,14 @@ func (p *ptHandle) PassthroughFd() (int, bool) {
 	n.mu.Lock()
 	ok := n.pt == h.c
 	n.mu.Unlock()
-	f := h.c.file()
+	// fmu held shared across the reopen: a reopen of the copy (content.
+	// reopen) closes the descriptor it replaces, whose number could then
+	// be another file's.
+	c := h.c
+	c.fmu.RLock()
+	f := c.f
 	if !ok || f == nil {
+		c.fmu.RUnlock()
 		n.m.log.Error("passthrough: an open's copy is not the inode's backing file (bug); it goes through the mount", "path", n.path(""))
 		return 0, false
 	}
@@ -249,6 +255,7 @@ func (p *ptHandle) PassthroughFd() (int, bool) {
 	// that open): so that only writers and writable mappings count as
 	// writers of the copy (held.go).
 	rf, err := os.Open("/proc/self/fd/" + strconv.Itoa(int(f.Fd())))
+	c.fmu.RUnlock()
 	if err != nil {
 		n.m.log.Error("passthrough: reopening a copy read-only failed; it goes through the mount", "path", n.path(""), "err", err)
 		return 0, false
