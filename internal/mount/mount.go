@@ -444,7 +444,17 @@ func (m *Mount) Wait() {
 		m.stopHeldWatch() // before the copies it may be settling are closed
 		for _, c := range m.cache.openContents() {
 			c.mu.Lock()
-			if c.dirty {
+			ptw := c.ptw
+			c.mu.Unlock()
+			var err error
+			if ptw {
+				// The kernel's own writes (passthrough) are only in the
+				// file: taken into c (dirty) before it is judged, as at a
+				// last writer's release.
+				err = m.settlePT(c)
+			}
+			c.mu.Lock()
+			if c.dirty || err != nil {
 				c.keep = true
 			}
 			c.mu.Unlock()

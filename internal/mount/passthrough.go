@@ -597,11 +597,12 @@ func (m *Mount) settlePT(c *content) error {
 	check := !c.dirty && c.sumOK
 	size, want := c.size, c.sum
 	c.mu.Unlock()
-	if !check {
+	f := c.file()
+	if !check || f == nil {
 		return nil
 	}
 	var got uint32
-	if _, err := io.Copy(io.Discard, summed(io.NewSectionReader(c.file(), 0, size), &got)); err != nil {
+	if _, err := io.Copy(io.Discard, summed(io.NewSectionReader(f, 0, size), &got)); err != nil {
 		return cairn.E("close", cairn.IO, c.ino16(), err)
 	}
 	if got != want {
