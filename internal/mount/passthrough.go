@@ -447,7 +447,16 @@ func (n *node) retarget(ctx context.Context, b *content, e *meta.Entry, trunc bo
 		b.mtime = time.Unix(0, cur.Mtime)
 		b.dirty = trunc && cur.Size > 0
 	}
+	armed := b.ptw
+	b.ptw = false
 	b.mu.Unlock()
+	// The refresh moved the file's mtime as a write would: armed again,
+	// so that only the kernel's writes from now on count (harvest).
+	if armed {
+		if err := m.harvest(b); err != nil {
+			return err
+		}
+	}
 	m.log.Debug("passthrough: a copy still open was refreshed to the current version for a new open", "path", n.path(""))
 	return nil
 }

@@ -367,3 +367,58 @@ func TestPassthroughTwoWritersCleanIndex(t *testing.T) {
 		t.Fatal("the mount does not read v2")
 	}
 }
+
+// TestPassthroughRefreshNoSpuriousVersion: a copy written here and still
+// open (a reader) is refreshed in place for another device's version; an
+// open for writing here that writes nothing then makes no version (the
+// refresh's own writes to the copy are not taken for the kernel's).
+func TestPassthroughRefreshNoSpuriousVersion(t *testing.T) {
+	f := ptFixture(t)
+	g := f.device(mount.Options{Passthrough: mount.PassthroughAuto}, meta.Options{})
+	if err := os.WriteFile(f.path("r"), []byte("version one"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := os.Open(f.path("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w, err := os.OpenFile(f.path("r"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt([]byte("VERSION"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g.waitWatched(f.entry("r").Rev)
+	if err := os.WriteFile(g.path("r"), []byte("version two from g"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.waitWatched(f.entry("r").Rev)
+	n, mt := versions(f, "r"), f.entry("r").Mtime
+	time.Sleep(20 * time.Millisecond) // the refresh's mtime differs from g's
+	rw, err := os.OpenFile(f.path("r"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	f.waitClosed(0)
+	if got := versions(f, "r"); got != n {
+		t.Errorf("an open for writing without a write after a refresh made %d versions, want none", got-n)
+	}
+	if e := f.entry("r"); e.Mtime != mt {
+		t.Errorf("an open for writing without a write after a refresh moved the mtime from %v to %v", time.Unix(0, mt), time.Unix(0, e.Mtime))
+	}
+	if !strings.Contains(f.logs.String(), "refreshed") {
+		t.Error("no refresh in place")
+	}
+	if got := f.readMount("r"); string(got) != "version two from g" {
+		t.Fatalf("reads %q", got)
+	}
+}
