@@ -936,7 +936,12 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 			n.m.hold(n, c)
 		}
 		if err := n.m.settlePT(c); err != nil {
+			// As settle does: what the kernel wrote is unknown, so the
+			// copy is saved (or kept), not dropped.
 			n.m.log.Error("passthrough: checking a copy after the last close failed", "path", n.path(""), "err", err)
+			c.mu.Lock()
+			c.dirty = true
+			c.mu.Unlock()
 		}
 	}
 	c.mu.Lock()
