@@ -13,6 +13,17 @@ import (
 	"cairn.dev/cairn/internal/meta"
 )
 
+// newVolRoot is newVol and the volume's root directory.
+func newVolRoot(t *testing.T, keep int) (*meta.Service, *meta.Vol, *meta.Entry) {
+	t.Helper()
+	s, v := newVol(t, keep)
+	root, err := v.Root(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, v, root
+}
+
 func newVol(t *testing.T, keep int) (*meta.Service, *meta.Vol) {
 	t.Helper()
 	cli := etcdtest.New(t)
@@ -294,11 +305,7 @@ func TestConcurrentCommitsAllLand(t *testing.T) {
 // that name into existence) the entry is created without it.
 func TestCreateLocked(t *testing.T) {
 	ctx := context.Background()
-	s, v := newVol(t, 10)
-	root, err := v.Root(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, v, root := newVolRoot(t, 10)
 	other, err := meta.New(s.Client(), meta.Options{LockTTL: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -392,11 +399,7 @@ func TestCreateLocked(t *testing.T) {
 // nothing.
 func TestRenameKnown(t *testing.T) {
 	ctx := context.Background()
-	s, v := newVol(t, 10)
-	root, err := v.Root(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, v, root := newVolRoot(t, 10)
 	a := commit(t, s, v, root, "a", 1, 1)
 	b := commit(t, s, v, root, "b", 2, 2)
 	// Stale source, destination thought absent while present, and
@@ -431,11 +434,7 @@ func TestRenameKnown(t *testing.T) {
 // Exist and changes nothing; with a stale source, Conflict.
 func TestRenameNoReplace(t *testing.T) {
 	ctx := context.Background()
-	s, v := newVol(t, 10)
-	root, err := v.Root(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, v, root := newVolRoot(t, 10)
 	a := commit(t, s, v, root, "a", 1, 1)
 	b := commit(t, s, v, root, "b", 2, 2)
 	if err := v.RenameNoReplace(ctx, root, "a", a, root, "b", "home:/b"); !errors.Is(err, cairn.ErrExist) {
@@ -462,11 +461,7 @@ func TestRenameNoReplace(t *testing.T) {
 // removes nothing; given the current one it removes it to the trash.
 func TestRemoveKnown(t *testing.T) {
 	ctx := context.Background()
-	s, v := newVol(t, 10)
-	root, err := v.Root(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, v, root := newVolRoot(t, 10)
 	old := commit(t, s, v, root, "a", 1, 1)
 	cur := commit(t, s, v, root, "a", 2, 2)
 	if _, err := v.RemoveKnown(ctx, root, "a", "home:/a", false, old); !errors.Is(err, cairn.ErrConflict) {
@@ -532,11 +527,7 @@ func TestCommitKeepAttrs(t *testing.T) {
 // b -> a; the cache still has b) must not pass for a rename onto itself.
 func TestRenameKnownStaleSameIno(t *testing.T) {
 	ctx := context.Background()
-	s, v := newVol(t, 10)
-	root, err := v.Root(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, v, root := newVolRoot(t, 10)
 	b := commit(t, s, v, root, "b", 1, 1)
 	staleB := *b
 	// Another device: b -> a.
