@@ -1,0 +1,111 @@
+package meta
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"cairn.dev/cairn/internal/cairn"
+)
+
+// MaxBatch is the most entries PutBatch takes at once: etcd refuses a
+// transaction with more than 128 compares or 128 operations (its default
+// --max-txn-ops), and each entry brings one compare, plus at most one for
+// its directory.
+const MaxBatch = 64
+
+// NewIno returns a fresh inode number, as Create assigns: for a caller
+// that decides an entry's creation itself and writes it with PutBatch.
+func NewIno() uint64 { return randomIno() }
+
+// BatchPut is one entry of PutBatch. Entry is the whole record to write
+// (its Ctime as given). Entry.Rev says what the name must hold for the
+// write to happen: 0, nothing (a new entry, as Create); otherwise the
+// record at that ModRevision (a change, as Update). Dir is the directory
+// that holds it, as the calls that take a parent want it (its Ino, and
+// where its own record lives): a new entry needs it to exist, unless an
+// earlier entry of the batch makes it.
+type BatchPut struct {
+	Entry Entry
+	Dir   Entry
+}
+
+// PutBatch writes every entry of puts in one transaction, in one write to
+// etcd's log, or none of them: the way a mount that decides creates and
+// attribute changes locally (write-back) commits them in bulk. puts holds
+// at most MaxBatch entries, no name twice. It returns the revision of the
+// write. When a condition does not hold, nothing is written and the error
+// is of Kind Conflict for a batch of several entries (the caller writes
+// them one at a time to learn which); for a single entry it says which:
+// Exist (with the entry that holds the name), NotFound (the directory is
+// gone) or Conflict (the record changed since Rev).
+func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (int64, *Entry, error) {
+	if len(puts) == 0 {
+		return 0, nil, nil
+	}
+	if len(puts) > MaxBatch {
+		return 0, nil, cairn.E("put batch", cairn.Invalid, "", errors.New("too many entries for one transaction"))
+	}
+	made := map[uint64]bool{}
+	seen := map[string]bool{}
+	dirs := map[string]bool{}
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	for i := range puts {
+		p := &puts[i]
+		e := p.Entry
+		k := v.keyOf(&e)
+		if seen[k] {
+			return 0, nil, cairn.E("put batch", cairn.Invalid, e.Name, errors.New("one name twice in a batch"))
+		}
+		seen[k] = true
+		if e.Rev == 0 {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k), "=", 0))
+			if dk := v.keyOf(&p.Dir); !made[p.Dir.Ino] && !dirs[dk] {
+				dirs[dk] = true
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(dk), ">", 0))
+			}
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev))
+		}
+		if e.IsDir() {
+			made[e.Ino] = true
+		}
+		e.Rev = 0
+		b, _ := json.Marshal(e)
+		ops = append(ops, clientv3.OpPut(k, string(b)))
+	}
+	var els []clientv3.Op
+	if len(puts) == 1 {
+		els = []clientv3.Op{clientv3.OpGet(v.keyOf(&puts[0].Entry)), clientv3.OpGet(v.keyOf(&puts[0].Dir), clientv3.WithCountOnly())}
+	}
+	cctx, cancel := v.s.opCtx(ctx)
+	defer cancel()
+	resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Else(els...).Commit()
+	if err != nil {
+		return 0, nil, etcdErr("put batch", puts[0].Entry.Name, err)
+	}
+	if resp.Succeeded {
+		return resp.Header.Revision, nil, nil
+	}
+	if len(puts) > 1 {
+		return 0, nil, cairn.E("put batch", cairn.Conflict, "", errors.New("a name or directory changed concurrently"))
+	}
+	e := &puts[0].Entry
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		if e.Rev != 0 {
+			return 0, nil, cairn.E("put batch", cairn.Conflict, e.Name, errors.New("changed concurrently"))
+		}
+		old, derr := v.decode("put batch", kvs[0].Key, kvs[0].Value, kvs[0].ModRevision)
+		if derr != nil {
+			return 0, nil, derr
+		}
+		return 0, old, cairn.E("put batch", cairn.Exist, e.Name, nil)
+	}
+	if e.Rev != 0 {
+		return 0, nil, cairn.E("put batch", cairn.NotFound, e.Name, errors.New("the entry was removed"))
+	}
+	return 0, nil, cairn.E("put batch", cairn.NotFound, puts[0].Dir.Name, errors.New("parent directory was removed"))
+}
