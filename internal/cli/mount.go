@@ -39,7 +39,7 @@ func (e *env) mountCmds() []*cobra.Command {
 	var attrTimeout time.Duration
 	var cacheSize, mode, passthrough string
 	m := &cobra.Command{
-		Use:   "mount [--foreground] [--mode blocking|non-blocking] [--passthrough auto|off] [--cache-size SIZE] VOLUME MOUNTPOINT",
+		Use:   "mount [--foreground] [--mode blocking|non-blocking|write-back] [--passthrough auto|off] [--cache-size SIZE] VOLUME MOUNTPOINT",
 		Short: "Mount a volume as a directory (FUSE)",
 		Long: `Mount VOLUME (for example 'home') on the directory MOUNTPOINT, so unmodified
 programs read and write it. It runs in the background (log: $CAIRN_HOME/mount.log)
@@ -63,6 +63,16 @@ local disk and a queue on disk commits them in the background (in order; a mount
 killed or unmounted with commits queued leaves them for the next mount of the
 volume); other devices see the new version once it is committed. Non-blocking
 mode is experimental (earlier versions stay in 'cairn versions').
+
+With --mode write-back (experimental), closes are as in non-blocking mode, and
+creates, mkdirs, symlinks and attribute changes this mount can decide alone (a new
+name in a directory whose every entry it knows) return at once and are written to
+the metadata in batches, many per transaction: tar x and git clone wait for no
+round trip per file. Other devices see each change after its batch (normally one
+round trip later); fsync of a file or directory waits for it. A name made here and
+on another device at once is kept under both (this device's as
+NAME.conflict-XXXXXXXX, logged). A mount killed before a batch is written loses
+those changes (its queued file contents are kept).
 
 Passthrough (--passthrough auto; experimental, off by default): the kernel
 reads and writes open files' local copies itself, at local-disk speed (FUSE
@@ -138,7 +148,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 	m.Flags().BoolVar(&foreground, "foreground", false, "stay in the foreground; Ctrl-C or SIGTERM unmounts")
 	m.Flags().DurationVar(&attrTimeout, "attr-timeout", mount.DefaultAttrTimeout, "how long the kernel caches attributes and names (0: not at all)")
 	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")
-	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them")
+	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them; write-back (experimental): as non-blocking, and creates, mkdirs and attribute changes are written in batches")
 	m.Flags().StringVar(&passthrough, "passthrough", "off", "auto (experimental): the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking mode, file leases on the cache's disk; elsewise the log says why and the mount serves them); off: always through the mount")
 	m.Flags().StringVar(&cacheSize, "cache-size", "", "bound of the whole-file cache, such as 2GiB (default: a tenth of the free disk, at most 4GiB)")
 

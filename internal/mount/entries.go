@@ -61,6 +61,11 @@ type entryCache struct {
 	tombs map[ekey]int64
 
 	etcdReads atomic.Int64 // reads that went to etcd (for tests)
+
+	// wb holds the entries a write-back mount made or changed and has
+	// not written yet (writeback.go): get answers from it first. nil in
+	// the other modes.
+	wb *writeBack
 }
 
 func newEntryCache(v *meta.Vol) *entryCache {
@@ -85,6 +90,13 @@ func (c *entryCache) trustedLocked() bool {
 // create of tar or git).
 func (c *entryCache) get(ctx context.Context, parent uint64, name string, fresh bool) (*meta.Entry, error) {
 	k := ekey{parent, name}
+	if c.wb != nil {
+		if e, absent := c.wb.lookup(parent, name); e != nil {
+			return e, nil
+		} else if absent {
+			return nil, cairn.E("lookup", cairn.NotFound, name, nil)
+		}
+	}
 	c.mu.Lock()
 	if !fresh && c.trustedLocked() {
 		if e := c.ents[k]; e != nil {
@@ -110,8 +122,27 @@ func (c *entryCache) get(ctx context.Context, parent uint64, name string, fresh 
 	return e, err
 }
 
-// readDir lists directory ino from etcd and keeps what it read.
+// known returns what the cache may say without asking etcd of name in
+// directory parent: its entry, or that there is none (nil); known is
+// false when only etcd can say.
+func (c *entryCache) known(parent uint64, name string) (e *meta.Entry, known bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.trustedLocked() {
+		return nil, false
+	}
+	if e := c.ents[ekey{parent, name}]; e != nil {
+		return copyEntry(e), true
+	}
+	return nil, c.complete[parent]
+}
+
+// readDir lists directory ino from etcd and keeps what it read (after
+// the pending changes of write-back mode, which the listing must hold).
 func (c *entryCache) readDir(ctx context.Context, ino uint64) ([]meta.Entry, error) {
+	if err := c.wb.flush(ctx); err != nil {
+		return nil, err
+	}
 	c.mu.Lock()
 	epoch := c.epoch
 	c.reads++
@@ -135,11 +166,19 @@ func (c *entryCache) readDir(ctx context.Context, ino uint64) ([]meta.Entry, err
 // emptied since, or the watch reported a change in it meanwhile (which
 // the read may or may not have seen).
 func (c *entryCache) completeLocked(epoch uint64, ino uint64) {
+	c.completeSinceLocked(epoch, ino, 0)
+}
+
+// completeSinceLocked is completeLocked for a directory that did not
+// exist before revision made (its inode is new: made by this mount's
+// write at that revision): a change in it the watch reported at or
+// before made is that write's own, or one it holds.
+func (c *entryCache) completeSinceLocked(epoch uint64, ino uint64, made int64) {
 	if !c.live || epoch != c.epoch {
 		return
 	}
-	for k := range c.tombs {
-		if k.parent == ino {
+	for k, rev := range c.tombs {
+		if k.parent == ino && rev > made {
 			return
 		}
 	}
@@ -212,16 +251,28 @@ func (c *entryCache) wrote(epoch uint64, e *meta.Entry, made bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e != nil {
-		k := ekey{e.Parent, e.Name}
-		if e.Ino == meta.RootIno {
-			k = ekey{}
-		}
-		c.keepLocked(epoch, k, e)
-		if made && e.IsDir() {
-			c.completeLocked(epoch, e.Ino)
-		}
+		c.keepWrittenLocked(epoch, e, made)
 	}
 	c.doneReadLocked()
+}
+
+// keepWritten is wrote for one of several entries a write (begun by one
+// writing) wrote; wrote(epoch, nil, false) ends the write.
+func (c *entryCache) keepWritten(epoch uint64, e *meta.Entry, made bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.keepWrittenLocked(epoch, e, made)
+}
+
+func (c *entryCache) keepWrittenLocked(epoch uint64, e *meta.Entry, made bool) {
+	k := ekey{e.Parent, e.Name}
+	if e.Ino == meta.RootIno {
+		k = ekey{}
+	}
+	c.keepLocked(epoch, k, e)
+	if made && e.IsDir() {
+		c.completeSinceLocked(epoch, e.Ino, e.Rev)
+	}
 }
 
 // forget drops a name this mount just removed or renamed (what a read in

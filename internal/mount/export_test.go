@@ -81,3 +81,26 @@ func PassthroughOn(m *Mount) bool { return m.ptOn() }
 
 // WriteCalls returns how many writes the kernel asked of the mount.
 func WriteCalls(m *Mount) int64 { return m.writeCalls.Load() }
+
+// HoldWriteBack stops the applier of a write-back mount before its next
+// batch until release is called: changes stay pending meanwhile.
+func HoldWriteBack(m *Mount) (release func()) {
+	hold := make(chan struct{})
+	m.wb.mu.Lock()
+	m.wb.hold = hold
+	m.wb.mu.Unlock()
+	return func() {
+		m.wb.mu.Lock()
+		m.wb.hold = nil
+		m.wb.mu.Unlock()
+		close(hold)
+	}
+}
+
+// PendingChanges returns how many namespace changes a write-back mount
+// has not written yet.
+func PendingChanges(m *Mount) int {
+	m.wb.mu.Lock()
+	defer m.wb.mu.Unlock()
+	return len(m.wb.items)
+}

@@ -194,6 +194,13 @@ func (n *node) holdAttrs(a heldAttrs) bool {
 // setAttrs writes a to n's entry now, with a compare-and-swap, read again
 // and retried while a concurrent change wins.
 func (n *node) setAttrs(ctx context.Context, a heldAttrs) error {
+	if e, ok := n.m.wb.setAttrs(n, a); ok {
+		n.remember(e)
+		return nil
+	}
+	if err := n.m.wb.flush(ctx); err != nil {
+		return err
+	}
 	for attempt := 0; ; attempt++ {
 		fresh := attempt > 0
 		e, err := n.readEntry(ctx, fresh)
@@ -603,7 +610,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	ctx = bg(ctx)
 	write := flags&syscall.O_ACCMODE != syscall.O_RDONLY
 	// A new file's writer lock is taken by the create's own transaction.
-	e, l, errno := n.createLocked(ctx, meta.Entry{Name: name, Type: meta.TypeFile, Mode: mode & 07777}, write)
+	e, l, pending, errno := n.createLocked(ctx, meta.Entry{Name: name, Type: meta.TypeFile, Mode: mode & 07777}, write)
 	if errno == syscall.EEXIST && e != nil && flags&syscall.O_EXCL == 0 {
 		errno = 0
 	}
@@ -612,7 +619,9 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	}
 	ch := n.child(ctx, e, out)
 	cn := ch.Operations().(*node)
-	if l != nil {
+	if l != nil || (pending && write) {
+		// A pending new file (write-back) is seen by no other device:
+		// its lock is taken by its commit (commitLock).
 		cn.adoptLock(ctx, l)
 	} else if write {
 		if err := cn.lockForWrite(ctx, n, name); err != nil {
@@ -669,7 +678,7 @@ func (n *node) truncate(ctx context.Context, h *handle, size int64) syscall.Errn
 // save makes c's writes durable as the mode says: committed now
 // (blocking), or on local disk and queued (non-blocking).
 func (n *node) save(ctx context.Context, c *content) error {
-	if n.m.mode == NonBlocking {
+	if n.m.mode != Blocking {
 		return n.enqueue(ctx, c)
 	}
 	n.m.begin()
@@ -897,7 +906,7 @@ func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	p, named := c.path, c.named
 	m.cache.mu.Unlock()
 	if named || p == "" {
-		return 0
+		return h.fsyncEntry(ctx)
 	}
 	if err := durable.SyncDir(filepath.Dir(p)); err != nil {
 		return m.errno("fsync", h.n.path(""), cairn.E("fsync", cairn.IO, p, err))
@@ -907,6 +916,15 @@ func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 		c.named = true
 	}
 	m.cache.mu.Unlock()
+	return h.fsyncEntry(ctx)
+}
+
+// fsyncEntry writes the file's entry, and those before it, if pending
+// (write-back mode): after an fsync the file exists in the metadata.
+func (h *handle) fsyncEntry(ctx context.Context) syscall.Errno {
+	if err := h.n.m.wb.flush(bg(ctx)); err != nil {
+		return h.n.m.errno("fsync", h.n.path(""), err)
+	}
 	return 0
 }
 

@@ -571,7 +571,7 @@ func TestFSX(t *testing.T) {
 	for _, mode := range []struct {
 		name string
 		m    mount.Mode
-	}{{"blocking", mount.Blocking}, {"nonblocking", mount.NonBlocking}} {
+	}{{"blocking", mount.Blocking}, {"nonblocking", mount.NonBlocking}, {"writeback", mount.WriteBack}} {
 		t.Run(mode.name, func(t *testing.T) {
 			if !slices.Contains(strings.Split(modes, ","), mode.name) {
 				t.Skipf("not asked for: -fsx.modes=%s (or CAIRN_FSX_MODES) runs it", mode.name)

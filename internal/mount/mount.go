@@ -74,8 +74,9 @@ type Options struct {
 	// DefaultCacheSize of CacheDir. Copies open or not yet committed are
 	// never evicted and come on top.
 	CacheSize int64
-	// Mode is Blocking (a close commits) or NonBlocking (a close queues
-	// the commit once the writes are durable locally).
+	// Mode is Blocking (a close commits), NonBlocking (a close queues
+	// the commit once the writes are durable locally) or WriteBack (as
+	// NonBlocking, and namespace changes are written in batches).
 	Mode Mode
 	// LockWait is how long an open for writing waits for a writer lock
 	// held by another device before failing with EBUSY; zero means
@@ -116,6 +117,9 @@ type Mount struct {
 	cache    *diskCache
 	ents     *entryCache
 	queue    *queue
+	// wb writes the pending namespace changes of write-back mode (nil
+	// in the other modes; writeback.go).
+	wb *writeBack
 	// pt follows the kernel's backing files when passthrough may be used
 	// (nil otherwise; passthrough.go).
 	pt *backing
@@ -223,6 +227,11 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 	}
 	m.queue = q
 	cache.unsavedLeftovers(queued)
+	if o.Mode == WriteBack {
+		m.wb = newWriteBack(m)
+		m.ents.wb = m.wb
+		go m.wb.run()
+	}
 	// The watch first, then the root: a volume the metadata service
 	// cannot serve fails the mount instead of its first request.
 	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
@@ -313,6 +322,7 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 // shutdown stops what Start started besides the server: the queue (after
 // the commits it can finish), the watch, the cache.
 func (m *Mount) shutdown() {
+	m.wb.stop() // before the queue: its commits may wait for it
 	m.queue.stop()
 	m.unlockAll(context.Background())
 	m.stopWatch()

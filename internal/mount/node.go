@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -80,6 +81,11 @@ type node struct {
 	// after, so while the tree still shows the node where it was (from),
 	// place answers moved instead. Guarded by mu.
 	moved *movedTo
+	// removed: this mount removed the node's name (or renamed another
+	// file over it). A node that has no place without being removed was
+	// let go by the kernel (its caches evicted it): its queued commits
+	// still go where the file is.
+	removed atomic.Bool
 }
 
 // movedTo is a node's place after a rename (or its removal: gone), and
@@ -218,6 +224,9 @@ func (n *node) setMoved(mv *movedTo) {
 	n.mu.Lock()
 	n.moved = mv
 	n.mu.Unlock()
+	if mv.gone {
+		n.removed.Store(true)
+	}
 }
 
 // lockPlaces takes the placeMu of the given nodes (nil ones skipped), in
@@ -468,22 +477,32 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 
 // create adds entry e (a directory, symlink or empty file) to directory n.
 func (n *node) create(ctx context.Context, e meta.Entry) (*meta.Entry, syscall.Errno) {
-	ne, _, errno := n.createLocked(ctx, e, false)
+	ne, _, _, errno := n.createLocked(ctx, e, false)
 	return ne, errno
 }
 
 // createLocked is create that, when locked, also takes the new file's
 // writer lock in the same transaction (meta.Vol.CreateLocked); the lock
-// is nil if it could not be had so.
-func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*meta.Entry, *meta.Lock, syscall.Errno) {
+// is nil if it could not be had so. pending says the create is a pending
+// one of write-back mode (writeback.go): no lock is taken.
+func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*meta.Entry, *meta.Lock, bool, syscall.Errno) {
 	if errno := checkName(e.Name); errno != 0 {
-		return nil, nil, errno
+		return nil, nil, false, errno
 	}
 	dir, errno := n.dirEntry()
 	if errno != 0 {
-		return nil, nil, errno
+		return nil, nil, false, errno
 	}
 	e.UID, e.GID = caller(ctx)
+	if ne, ok, err := n.m.wb.create(n, e); ok {
+		if err != nil {
+			return ne, nil, false, syscall.EEXIST
+		}
+		return ne, nil, true, 0
+	}
+	if err := n.m.wb.flush(ctx); err != nil {
+		return nil, nil, false, n.m.errno("create", n.path(e.Name), err)
+	}
 	var ne *meta.Entry
 	var l *meta.Lock
 	var err error
@@ -499,12 +518,12 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 			if ne != nil {
 				n.m.ents.put(ne)
 			}
-			return ne, nil, syscall.EEXIST
+			return ne, nil, false, syscall.EEXIST
 		}
-		return nil, nil, n.m.errno("create", n.path(e.Name), err)
+		return nil, nil, false, n.m.errno("create", n.path(e.Name), err)
 	}
 	n.m.ents.wrote(epoch, ne, true)
-	return ne, l, 0
+	return ne, l, false, 0
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -566,6 +585,9 @@ func retryConflict(op func() error) error {
 // name is still that entry.
 func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno {
 	ctx = bg(ctx)
+	if err := n.m.wb.flush(ctx); err != nil {
+		return n.m.errno("remove", n.path(name), err)
+	}
 	parent, errno := n.dirEntry()
 	if errno != 0 {
 		return errno
@@ -627,6 +649,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	ctx = bg(ctx)
 	if flags&gofs.RENAME_EXCHANGE != 0 {
 		return syscall.EINVAL
+	}
+	if err := n.m.wb.flush(ctx); err != nil {
+		return n.m.errno("rename", n.path(name), err)
 	}
 	if errno := checkName(newName); errno != 0 {
 		return errno
@@ -706,11 +731,15 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	return 0
 }
 
-// Fsync of a directory: every namespace change is already committed in
-// the metadata service when its call returns.
+// Fsync of a directory: every namespace change is committed in the
+// metadata service when its call returns, or, in write-back mode, once
+// the pending ones are written, which this waits for.
 func (n *node) Fsync(ctx context.Context, f gofs.FileHandle, flags uint32) syscall.Errno {
 	if h, ok := asHandle(f); ok {
 		return h.Fsync(ctx, flags)
+	}
+	if err := n.m.wb.flush(bg(ctx)); err != nil {
+		return n.m.errno("fsync", n.path(""), err)
 	}
 	return 0
 }

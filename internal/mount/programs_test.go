@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
 )
 
@@ -274,9 +275,32 @@ func makeGitRepo(t *testing.T, env []string, files, commits int) string {
 // several commits) into the mount; the work tree equals the source's,
 // git status is clean, git log is the source's, git fsck finds nothing;
 // a commit made on the mount, a gc, and a remount keep it so.
+// programModes are the modes the programs' tests run in: blocking (the
+// default) and write-back, whose pending creates and attribute changes
+// the programs must not see (and another device must see afterwards).
+var programModes = []struct {
+	name string
+	o    mount.Options
+}{{"blocking", mount.Options{}}, {"write-back", mount.Options{Mode: mount.WriteBack}}}
+
+// seenElsewhere checks that another device (a blocking mount of f's
+// volume) sees rel as it is at want, once f's queued commits are done.
+func (f *fixture) seenElsewhere(want, rel string, mtimes bool, skip ...string) {
+	f.t.Helper()
+	f.waitPending(time.Minute)
+	d := f.device(mount.Options{}, meta.Options{})
+	compareTrees(f.t, want, d.path(rel), mtimes, skip...)
+}
+
 func TestProgramGit(t *testing.T) {
+	for _, mode := range programModes {
+		t.Run(mode.name, func(t *testing.T) { testProgramGit(t, mode.o) })
+	}
+}
+
+func testProgramGit(t *testing.T, o mount.Options) {
 	needProgram(t, "git", "git")
-	f := newFixture(t, mount.Options{})
+	f := newFixture(t, o)
 	env := progEnv(t)
 	src := makeGitRepo(t, env, 300, 5)
 	dst := f.path("clone")
@@ -302,6 +326,7 @@ func TestProgramGit(t *testing.T) {
 		t.Fatalf("git log on the mount:\n%s\nin the source:\n%s", got, want)
 	}
 	run(t, dst, env, "", "git", "fsck", "--full", "--strict", "--no-progress")
+	f.seenElsewhere(src, "clone", false, ".git")
 
 	// Work on the mount: change, add, commit; then gc (repacks, removes
 	// loose objects, renames over its lock files) and check again.
@@ -326,7 +351,7 @@ func TestProgramGit(t *testing.T) {
 	// mount shows it now. A remount shows the same (diff-files does not
 	// refresh: it lists every file whose inode, size, mtime or ctime
 	// differ from the index).
-	f.mountAgain(mount.Options{})
+	f.mountAgain(o)
 	if df := run(t, dst, env, "", "git", "diff-files", "--name-only"); df != "" {
 		t.Fatalf("git diff-files after remount (stat data not kept):\n%s", df)
 	}
@@ -383,8 +408,14 @@ func tarSource(t *testing.T, env []string) string {
 // TestProgramTar: tar x of a source tree into the mount gives the same
 // tree, byte for byte, with the same modes and mtimes, as on local disk.
 func TestProgramTar(t *testing.T) {
+	for _, mode := range programModes {
+		t.Run(mode.name, func(t *testing.T) { testProgramTar(t, mode.o) })
+	}
+}
+
+func testProgramTar(t *testing.T, o mount.Options) {
 	needProgram(t, "tar", "tar")
-	f := newFixture(t, mount.Options{})
+	f := newFixture(t, o)
 	env := progEnv(t)
 	tarball := tarSource(t, env)
 	local := t.TempDir()
@@ -402,8 +433,9 @@ func TestProgramTar(t *testing.T) {
 	if out := run(t, f.path("x"), env, "", "tar", "--compare", "-f", tarball); out != "" {
 		t.Fatalf("tar --compare on the mount:\n%s", out)
 	}
+	f.seenElsewhere(local, "x", true)
 	// And after a remount.
-	f.mountAgain(mount.Options{})
+	f.mountAgain(o)
 	compareTrees(t, local, f.path("x"), true)
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
@@ -34,22 +35,33 @@ const (
 	// next mount of the volume finishes it). The writer lock is held until
 	// the commit is done. Other devices see the new version only then.
 	NonBlocking
+	// WriteBack: as NonBlocking for closes, and creates, mkdirs, symlinks
+	// and attribute changes the mount can decide alone are answered at
+	// once and written to the metadata in batches (writeback.go). Other
+	// devices see each after its batch, normally one etcd round trip
+	// later; a killed mount loses the ones not yet written.
+	WriteBack
 )
 
-// ParseMode reads "blocking" or "non-blocking".
+// ParseMode reads "blocking", "non-blocking" or "write-back".
 func ParseMode(s string) (Mode, error) {
 	switch s {
 	case "blocking", "":
 		return Blocking, nil
 	case "non-blocking", "nonblocking":
 		return NonBlocking, nil
+	case "write-back", "writeback":
+		return WriteBack, nil
 	}
-	return 0, cairn.E("mount", cairn.Invalid, s, errors.New("mode must be blocking or non-blocking"))
+	return 0, cairn.E("mount", cairn.Invalid, s, errors.New("mode must be blocking, non-blocking or write-back"))
 }
 
 func (m Mode) String() string {
-	if m == NonBlocking {
+	switch m {
+	case NonBlocking:
 		return "non-blocking"
+	case WriteBack:
+		return "write-back"
 	}
 	return "blocking"
 }
@@ -81,10 +93,27 @@ type queueRecord struct {
 	// queued it does. Version 2; a version 1 record has none, and its
 	// commit writes where the volume does.
 	Path string `json:"path,omitempty"`
+	// CRC32C is the CRC-32C (Castagnoli) of the data, set when neither
+	// the data nor the record was fsynced at the close (write-back mode):
+	// a commit finished by the next mount checks it, so that data a power
+	// loss tore is kept in unsaved/ instead of committed. Version 3.
+	CRC32C *uint32 `json:"crc32c,omitempty"`
 }
 
-// queueVersion is the version of the queue records this mount writes.
-const queueVersion = 2
+// queueVersion is the version of the queue records this mount writes;
+// versions 1 and 2 are read too.
+const queueVersion = 3
+
+// dataCRC returns the CRC-32C of the first size bytes of f (the sum
+// passthrough's summed computes).
+func dataCRC(f *os.File, size int64) (uint32, error) {
+	h := crc32.New(castagnoli)
+	n, err := io.Copy(h, io.NewSectionReader(f, 0, size))
+	if err == nil && n != size {
+		err = io.ErrUnexpectedEOF
+	}
+	return h.Sum32(), err
+}
 
 type job struct {
 	rec queueRecord
@@ -125,7 +154,7 @@ func loadQueue(m *Mount, dir string, delay time.Duration) (*queue, map[string]bo
 		if err == nil {
 			err = json.Unmarshal(b, &rec)
 		}
-		if err == nil && rec.V != 1 && rec.V != queueVersion {
+		if err == nil && (rec.V < 1 || rec.V > queueVersion) {
 			err = fmt.Errorf("format version %d", rec.V)
 		}
 		if err != nil {
@@ -159,7 +188,8 @@ func (q *queue) recordPath(seq uint64) string {
 }
 
 // add writes rec durably (a new file, fsynced, renamed into place, the
-// directory fsynced) and queues it.
+// directory fsynced), or, for a record with a CRC32C (write-back mode),
+// without the fsyncs, and queues it.
 func (q *queue) add(j *job) error {
 	q.mu.Lock()
 	q.seq++
@@ -169,11 +199,17 @@ func (q *queue) add(j *job) error {
 	b, _ := json.Marshal(&j.rec)
 	p := q.recordPath(j.rec.Seq)
 	tmp := p + ".tmp"
-	err := durable.WriteFile(tmp, b, 0o600)
+	sync := j.rec.CRC32C == nil
+	var err error
+	if sync {
+		err = durable.WriteFile(tmp, b, 0o600)
+	} else {
+		err = os.WriteFile(tmp, b, 0o600)
+	}
 	if err == nil {
 		err = os.Rename(tmp, p)
 	}
-	if err == nil {
+	if err == nil && sync {
 		err = durable.SyncDir(q.dir)
 	}
 	if err != nil {
@@ -263,7 +299,7 @@ func permanent(err error) bool {
 		return true
 	}
 	switch cairn.KindOf(err) {
-	case cairn.NotFound, cairn.IsDir, cairn.NotDir, cairn.Exist, cairn.Invalid, cairn.Permission:
+	case cairn.NotFound, cairn.IsDir, cairn.NotDir, cairn.Exist, cairn.Invalid, cairn.Permission, cairn.Corrupt:
 		return true
 	}
 	return false
@@ -282,23 +318,36 @@ func (q *queue) pathOf(j *job) string {
 
 // commit stores and commits one job's data: the node's place and lock
 // for a live job, the recorded place (and a new lock) for one queued
-// before a restart.
+// before a restart, or for a live one whose node the kernel let go.
 func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	m, rec := q.m, &j.rec
+	// The file's own entry, and its directories, may be pending
+	// (write-back mode): written first.
+	if err := m.wb.flush(ctx); err != nil {
+		return nil, err
+	}
 	mtime := time.Unix(0, rec.Mtime)
 	var dir *meta.Entry
 	var name string
 	var attrs fs.Attrs
+	var parent *node
+	recorded := j.n == nil
 	if j.n != nil {
 		// From the place read to the compare-and-swap, no rename or
 		// removal of the file on this mount runs (node.placeMu).
 		j.n.placeMu.Lock()
 		defer j.n.placeMu.Unlock()
-		var parent *node
 		var ok bool
-		if name, parent, ok = j.n.place(); !ok {
+		if name, parent, ok = j.n.place(); !ok && j.n.removed.Load() {
 			return nil, errDropped
+		} else if !ok {
+			// Not removed: the kernel let the node go (it evicted the
+			// file from its caches). The file is where the close
+			// recorded it, unless it moved since: checked below.
+			recorded = true
 		}
+	}
+	if !recorded {
 		var errno syscall.Errno
 		if dir, errno = parent.dirEntry(); errno != 0 {
 			return nil, cairn.E("commit", cairn.NotFound, j.n.path(""), errno)
@@ -315,19 +364,31 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		dir = &meta.Entry{Ino: rec.Dir, Parent: rec.DirParent, Name: rec.DirName, Type: meta.TypeDir}
 		name = rec.Name
 		attrs = fs.Attrs{Mode: rec.Mode, UID: rec.UID, GID: rec.GID, Mtime: mtime}
-		if cur, err := m.ents.get(ctx, rec.Dir, rec.Name, true); err == nil {
+		cur, err := m.ents.get(ctx, rec.Dir, rec.Name, true)
+		if err == nil {
 			attrs.Mode, attrs.UID, attrs.GID = cur.Mode, cur.UID, cur.GID
 		}
-		attrs.Path = rec.Path
-		// The lock the queue held died with the process; wait for it
-		// longer than an open would.
-		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		l, err := m.vol.Meta.Lock(lctx, rec.Dir, rec.Name)
-		cancel()
-		if err != nil {
-			return nil, err
+		if j.n != nil && (err != nil || cur.Ino != rec.Ino) {
+			return nil, cairn.E("commit", cairn.NotFound, q.pathOf(j), errors.New("the file is no longer where it was closed, and this mount no longer knows where it went"))
 		}
-		defer l.Unlock(ctx) // a no-op once the commit released it
+		attrs.Path = rec.Path
+		var l *meta.Lock
+		if j.n != nil {
+			j.n.wl.mu.Lock()
+			l = j.n.wl.lock
+			j.n.wl.mu.Unlock()
+		}
+		if l == nil || l.Lost() {
+			// The lock the queue held died with the process (or was
+			// used up); wait for it longer than an open would.
+			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			l, err = m.vol.Meta.Lock(lctx, rec.Dir, rec.Name)
+			cancel()
+			if err != nil {
+				return nil, err
+			}
+			defer l.Unlock(ctx) // a no-op once the commit released it
+		}
 		attrs.Lock = l
 	}
 	f, err := os.Open(q.dataPath(rec))
@@ -335,6 +396,13 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		return nil, cairn.E("commit", cairn.NotFound, q.dataPath(rec), err)
 	}
 	defer f.Close()
+	if j.n == nil && rec.CRC32C != nil {
+		// Queued without fsync (write-back mode): what a power loss may
+		// have torn is not committed.
+		if sum, err := dataCRC(f, rec.Size); err != nil || sum != *rec.CRC32C {
+			return nil, cairn.E("commit", cairn.Corrupt, q.dataPath(rec), fmt.Errorf("the data queued at a close does not match its checksum (lost with the machine's power?): %v", err))
+		}
+	}
 	open := func() (io.ReadCloser, error) { return io.NopCloser(io.NewSectionReader(f, 0, rec.Size)), nil }
 	// A queued commit sets no attributes of its own (a chmod after the
 	// close went to the entry): it leaves the entry's as they are then.
@@ -345,6 +413,13 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 			j.n.commitFailed()
 		}
 		return nil, err
+	}
+	if recorded && j.n != nil {
+		j.n.wl.mu.Lock()
+		if j.n.wl.lock == attrs.Lock {
+			j.n.wl.lock = nil // used up by the commit
+		}
+		j.n.wl.mu.Unlock()
 	}
 	if j.n != nil {
 		if e.Ino == j.n.ino {
@@ -438,6 +513,22 @@ func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
 	q.mu.Unlock()
 }
 
+// renamed records that this mount gave file ino, in directory dir, the
+// name name (write-back's conflict renames): the place its queued commits
+// go to if the kernel lets its node go (commit). Records on disk keep the
+// name of the close: a commit finished by the next mount that finds
+// another file there keeps its data in unsaved/.
+func (q *queue) renamed(ino, dir uint64, name string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, j := range q.jobs {
+		if j.rec.Ino == ino && j.rec.Dir == dir {
+			j.rec.Name = name
+			j.rec.Path = j.rec.Path[:strings.LastIndexByte(j.rec.Path, '/')+1] + name
+		}
+	}
+}
+
 // queuedBefore reports whether a commit of inode ino queued before the
 // mount started is not done yet. Until it is, the mount shows the file's
 // committed version and refuses to open it for writing (EBUSY): the
@@ -474,7 +565,16 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	if errno != 0 {
 		return errno
 	}
-	if err := c.file().Sync(); err != nil {
+	// Write-back mode makes nothing durable at a close, as a local disk
+	// does not: the record carries the data's checksum instead.
+	var crc *uint32
+	if m.mode == WriteBack {
+		sum, err := dataCRC(c.file(), size)
+		if err != nil {
+			return cairn.E("close", cairn.IO, n.path(""), err)
+		}
+		crc = &sum
+	} else if err := c.file().Sync(); err != nil {
 		return cairn.E("close", cairn.IO, n.path(""), err)
 	}
 	m.cache.mu.Lock()
@@ -483,7 +583,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	if !strings.HasPrefix(data, filepath.Join(m.cache.dir, "work")+"/") {
 		return cairn.E("close", cairn.IO, data, errors.New("a written copy outside work/ (bug)"))
 	}
-	if !named {
+	if !named && crc == nil {
 		if err := durable.SyncDir(filepath.Dir(data)); err != nil {
 			return cairn.E("close", cairn.IO, data, err)
 		}
@@ -495,7 +595,8 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	last := n.last
 	n.mu.Unlock()
 	j := &job{n: n, c: c, rec: queueRecord{Ino: n.ino, Name: name, Dir: dir.Ino, DirParent: dir.Parent, DirName: dir.Name,
-		Path: volPath(parent, name), Data: filepath.Base(data), Size: size, Mtime: mtime.UnixNano(), Mode: last.Mode, UID: last.UID, GID: last.GID}}
+		Path: volPath(parent, name), Data: filepath.Base(data), Size: size, Mtime: mtime.UnixNano(), Mode: last.Mode, UID: last.UID, GID: last.GID,
+		CRC32C: crc}}
 	n.holdLock()
 	c.mu.Lock()
 	c.frozen, c.dirty = true, false

@@ -97,6 +97,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	default:
 		return syscall.EINVAL
 	}
+	if err := n.m.wb.flush(bg(ctx)); err != nil { // the entry first (write-back)
+		return n.m.errno("setxattr", n.path(""), err)
+	}
 	err := n.m.vol.Meta.SetXattr(bg(ctx), n.ino, attr, data, flag)
 	return n.xattrErrno("setxattr", attr, err)
 }
@@ -104,6 +107,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if errno := xattrName(attr); errno != 0 {
 		return errno
+	}
+	if err := n.m.wb.flush(bg(ctx)); err != nil {
+		return n.m.errno("removexattr", n.path(""), err)
 	}
 	return n.xattrErrno("removexattr", attr, n.m.vol.Meta.RemoveXattr(bg(ctx), n.ino, attr))
 }

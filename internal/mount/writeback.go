@@ -1,0 +1,491 @@
+package mount
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/vpath"
+)
+
+// Write-back mode (doc/writeback.md): a create, a mkdir, a symlink or an
+// attribute change the mount can decide on its own is answered at once and
+// written to the metadata later, many in one transaction
+// (meta.Vol.PutBatch), by one applier goroutine. A program that makes
+// thousands of files (tar x, git clone) then waits for no etcd round trip
+// per file. Closes queue their commits as in non-blocking mode.
+//
+// What the mount decides alone: a new name in a directory whose every
+// entry it knows (one it made whose creation is still pending, which no
+// other device can see yet, or one the entry cache holds complete while
+// its watch vouches for it), and attribute changes of an entry it knows.
+// Pending entries answer lookups, stats and opens here (entryCache.get
+// asks the overlay first); nothing else of the mount's writes may pass
+// them, so every other write to the metadata (rename, remove, extended
+// attributes, a lock, a queued commit) and every directory listing read
+// from etcd waits for the pending changes first (flush). So does an fsync
+// of a directory, and the unmount.
+//
+// What another device sees: each change after its batch, normally within
+// one etcd round trip of its call (the applier takes whatever accumulated
+// while its last transaction was on its way). Conflicts: a name created
+// here and on another device at once (possible only in a directory that
+// was already visible) is kept under both: this device's entry is renamed
+// NAME.conflict-XXXXXXXX (its inode number's last 8 hex digits), logged;
+// an attribute change that meets a newer record is made again on it (the
+// last change wins, as on one machine); an entry whose directory was
+// removed elsewhere meanwhile is dropped, logged (files with data keep it:
+// their queued commit fails and keeps the copy in unsaved/).
+//
+// Pending changes live in memory: a killed mount loses the ones not yet
+// applied (its queued commits are not lost: the next mount finishes those
+// whose directory exists, and keeps the others in unsaved/). The window
+// is the applier's lag, one transaction or so.
+
+// wbItem is one pending entry: a new one (made) or a change of one.
+type wbItem struct {
+	e      meta.Entry // the record to write; for a change, e.Rev is the revision it changes
+	parent *node      // the directory that holds it
+	made   bool
+	attrs  heldAttrs // a change: what it sets (made again on a newer record)
+	seq    uint64    // the change's number: flush waits for those before it
+}
+
+type writeBack struct {
+	m *Mount
+
+	mu    sync.Mutex
+	cond  *sync.Cond // broadcast when items are applied or dropped
+	items map[ekey]*wbItem
+	order []ekey // first-pending order: parents before what they hold
+	// fresh are directories made here whose creation is pending: no
+	// other device can see them, so every entry they hold is pending.
+	fresh    map[uint64]bool
+	seq      uint64
+	stopping bool
+	kick     chan struct{}
+	done     chan struct{}
+	// hold, for tests, stops the applier while it is set (holdApplier).
+	hold chan struct{}
+}
+
+func newWriteBack(m *Mount) *writeBack {
+	w := &writeBack{m: m, items: map[ekey]*wbItem{}, fresh: map[uint64]bool{},
+		kick: make(chan struct{}, 1), done: make(chan struct{})}
+	w.cond = sync.NewCond(&w.mu)
+	return w
+}
+
+// lookup answers for name in directory parent from the pending entries:
+// the entry (ok), or known absent (a directory whose creation is pending
+// holds nothing else).
+func (w *writeBack) lookup(parent uint64, name string) (e *meta.Entry, absent bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if it := w.items[ekey{parent, name}]; it != nil {
+		return copyEntry(&it.e), false
+	}
+	return nil, name != "" && w.fresh[parent]
+}
+
+// create makes e (its Ino assigned here) in directory parent pending, if
+// the mount can decide it alone: in write-back mode, a name absent from a
+// directory whose every entry it knows. It returns the entry, or ok false
+// when the create must be made in etcd now; EEXIST with the entry that
+// holds the name.
+func (w *writeBack) create(parent *node, e meta.Entry) (*meta.Entry, bool, error) {
+	if w == nil {
+		return nil, false, nil
+	}
+	if len(e.Name) > vpath.MaxName-len(".conflict-00000000") {
+		return nil, false, nil // no room for a conflict's name: made in etcd now
+	}
+	k := ekey{parent.ino, e.Name}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopping {
+		return nil, false, nil
+	}
+	if it := w.items[k]; it != nil {
+		return copyEntry(&it.e), true, cairn.E("create", cairn.Exist, e.Name, nil)
+	}
+	if !w.fresh[parent.ino] {
+		old, known := w.m.ents.known(parent.ino, e.Name)
+		if !known {
+			return nil, false, nil
+		}
+		if old != nil {
+			return old, true, cairn.E("create", cairn.Exist, e.Name, nil)
+		}
+	}
+	now := time.Now().UnixNano()
+	e.Parent, e.Ino = parent.ino, meta.NewIno()
+	if e.Ctime == 0 {
+		e.Ctime = now
+	}
+	if e.Mtime == 0 {
+		e.Mtime = now
+	}
+	w.seq++
+	w.items[k] = &wbItem{e: e, parent: parent, made: true, seq: w.seq}
+	w.order = append(w.order, k)
+	if e.IsDir() {
+		w.fresh[e.Ino] = true
+	}
+	w.poke()
+	return copyEntry(&e), true, nil
+}
+
+// setAttrs records a on n's entry, pending, if the mount knows the entry
+// (pending itself, or in the entry cache); ok false: written now.
+func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
+	if w == nil || n.IsRoot() {
+		return nil, false
+	}
+	name, p, ok := n.place()
+	if !ok {
+		return nil, false
+	}
+	k := ekey{p.ino, name}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopping {
+		return nil, false
+	}
+	w.seq++
+	if it := w.items[k]; it != nil {
+		if it.e.Ino != n.ino {
+			return nil, false
+		}
+		a.applyTo(&it.e)
+		it.e.Ctime = time.Now().UnixNano()
+		it.attrs = it.attrs.over(a)
+		it.seq = w.seq
+		w.poke()
+		return copyEntry(&it.e), true
+	}
+	e, known := w.m.ents.known(p.ino, name)
+	if !known || e == nil || e.Ino != n.ino || e.Rev == 0 {
+		w.seq--
+		return nil, false
+	}
+	a.applyTo(e)
+	e.Ctime = time.Now().UnixNano()
+	w.items[k] = &wbItem{e: *e, parent: p, attrs: a, seq: w.seq}
+	w.order = append(w.order, k)
+	w.poke()
+	return copyEntry(e), true
+}
+
+func (w *writeBack) poke() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// pending reports whether changes are waiting.
+func (w *writeBack) pending() bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.items) > 0
+}
+
+// flush waits until every change made before it was called is applied
+// (or dropped), or ctx ends.
+func (w *writeBack) flush(ctx context.Context) error {
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.items) == 0 {
+		return nil
+	}
+	target := w.seq
+	stop := context.AfterFunc(ctx, func() {
+		w.mu.Lock()
+		w.cond.Broadcast()
+		w.mu.Unlock()
+	})
+	defer stop()
+	w.poke()
+	for w.waitingLocked(target) {
+		if err := ctx.Err(); err != nil {
+			return cairn.E("flush", cairn.Unavailable, "", err)
+		}
+		w.cond.Wait()
+	}
+	return nil
+}
+
+func (w *writeBack) waitingLocked(target uint64) bool {
+	for _, it := range w.items {
+		if it.seq <= target {
+			return true
+		}
+	}
+	return false
+}
+
+// run applies pending changes until stop.
+func (w *writeBack) run() {
+	defer close(w.done)
+	backoff := 50 * time.Millisecond
+	for {
+		w.mu.Lock()
+		for len(w.items) == 0 && !w.stopping {
+			w.mu.Unlock()
+			<-w.kick
+			w.mu.Lock()
+		}
+		if len(w.items) == 0 {
+			w.mu.Unlock()
+			return
+		}
+		hold := w.hold
+		w.mu.Unlock()
+		if hold != nil {
+			<-hold
+		}
+		if err := w.applyOnce(context.Background()); err != nil {
+			w.m.log.Warn("pending namespace changes not written yet; trying again", "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+	}
+}
+
+// stop applies what is pending (trying for up to 30 s while the metadata
+// service does not answer) and ends the applier.
+func (w *writeBack) stop() {
+	if w == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.flush(ctx); err != nil {
+		w.mu.Lock()
+		for _, it := range w.items {
+			w.m.log.Error("a namespace change could not be written before the unmount: lost", "path", it.parent.path(it.e.Name))
+		}
+		w.mu.Unlock()
+	}
+	w.mu.Lock()
+	w.stopping = true
+	w.items = map[ekey]*wbItem{}
+	w.cond.Broadcast()
+	w.mu.Unlock()
+	w.poke()
+	<-w.done
+}
+
+// batch takes up to meta.MaxBatch pending items in order.
+func (w *writeBack) batch() ([]ekey, []*wbItem, []wbItem) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var keys []ekey
+	var its []*wbItem
+	var snaps []wbItem
+	seen := map[ekey]bool{}
+	for _, k := range w.order {
+		if len(keys) == meta.MaxBatch {
+			break
+		}
+		it := w.items[k]
+		if it == nil || seen[k] {
+			continue // applied already, renamed aside, or pending again
+		}
+		seen[k] = true
+		keys, its, snaps = append(keys, k), append(its, it), append(snaps, *it)
+	}
+	return keys, its, snaps
+}
+
+// applyOnce writes one batch: in one transaction, or, when one of its
+// conditions fails, one item at a time.
+func (w *writeBack) applyOnce(ctx context.Context) error {
+	keys, its, snaps := w.batch()
+	if len(its) == 0 {
+		w.mu.Lock()
+		w.order = w.order[:0]
+		w.mu.Unlock()
+		return nil
+	}
+	puts := make([]meta.BatchPut, 0, len(snaps))
+	var dropped []int
+	for i := range snaps {
+		dir, errno := snaps[i].parent.dirEntry()
+		if errno != 0 {
+			dropped = append(dropped, i)
+			continue
+		}
+		puts = append(puts, meta.BatchPut{Entry: snaps[i].e, Dir: *dir})
+	}
+	for _, i := range dropped {
+		w.m.log.Error("a pending entry's directory is gone: the entry is dropped", "path", snaps[i].parent.path(snaps[i].e.Name))
+		w.finish(keys[i], its[i], snaps[i].seq, 0)
+	}
+	if len(dropped) > 0 {
+		return nil // the rest again, from the order
+	}
+	epoch := w.m.ents.writing()
+	rev, _, err := w.m.vol.Meta.PutBatch(ctx, puts)
+	if err == nil {
+		for i := range snaps {
+			e := snaps[i].e
+			e.Rev = rev
+			w.m.ents.keepWritten(epoch, &e, snaps[i].made)
+		}
+		w.m.ents.wrote(epoch, nil, false)
+		for i := range snaps {
+			w.finish(keys[i], its[i], snaps[i].seq, rev)
+		}
+		return nil
+	}
+	w.m.ents.wrote(epoch, nil, false)
+	if !errors.Is(err, cairn.ErrConflict) && !errors.Is(err, cairn.ErrExist) && !errors.Is(err, cairn.ErrNotFound) {
+		return err
+	}
+	// Learn which: one at a time.
+	for i := range snaps {
+		if err := w.applyOne(ctx, keys[i], its[i], snaps[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyOne writes one item alone, resolving what stood in its way.
+func (w *writeBack) applyOne(ctx context.Context, k ekey, it *wbItem, snap wbItem) error {
+	for attempt := 0; ; attempt++ {
+		dir, errno := snap.parent.dirEntry()
+		if errno != 0 {
+			w.m.log.Error("a pending entry's directory is gone: the entry is dropped", "path", snap.parent.path(snap.e.Name))
+			w.finish(k, it, snap.seq, 0)
+			return nil
+		}
+		epoch := w.m.ents.writing()
+		rev, _, err := w.m.vol.Meta.PutBatch(ctx, []meta.BatchPut{{Entry: snap.e, Dir: *dir}})
+		if err == nil {
+			e := snap.e
+			e.Rev = rev
+			w.m.ents.wrote(epoch, &e, snap.made)
+			w.finish(k, it, snap.seq, rev)
+			return nil
+		}
+		w.m.ents.wrote(epoch, nil, false)
+		switch {
+		case errors.Is(err, cairn.ErrExist) && snap.made && attempt < 5:
+			nk, ok := w.renameAside(k, it)
+			if !ok {
+				return nil
+			}
+			k = nk
+			w.mu.Lock()
+			snap = *it
+			w.mu.Unlock()
+		case errors.Is(err, cairn.ErrConflict) && !snap.made && attempt < 20:
+			// A newer record: the change is made again on it.
+			cur, gerr := w.m.vol.Meta.Get(ctx, k.parent, k.name)
+			if gerr != nil || cur.Ino != snap.e.Ino {
+				w.m.log.Warn("an attribute change met an entry removed or replaced elsewhere: dropped", "path", snap.parent.path(k.name))
+				w.finish(k, it, snap.seq, 0)
+				return nil
+			}
+			w.mu.Lock()
+			it.e.Rev = cur.Rev
+			a := it.attrs
+			n := *cur
+			a.applyTo(&n)
+			n.Ctime = it.e.Ctime
+			it.e = n
+			snap = *it
+			w.mu.Unlock()
+		case errors.Is(err, cairn.ErrNotFound):
+			w.m.log.Error("a pending entry could not be written: its directory (or itself) was removed on another device; dropped", "path", snap.parent.path(k.name))
+			w.finish(k, it, snap.seq, 0)
+			return nil
+		case errors.Is(err, cairn.ErrExist), errors.Is(err, cairn.ErrConflict):
+			w.m.log.Error("a pending entry could not be written after several tries; dropped", "path", snap.parent.path(k.name), "err", err)
+			w.finish(k, it, snap.seq, 0)
+			return nil
+		default:
+			return err
+		}
+	}
+}
+
+// renameAside gives a pending new entry whose name was taken on another
+// device meanwhile a name of its own, here too.
+func (w *writeBack) renameAside(k ekey, it *wbItem) (ekey, bool) {
+	newName := fmt.Sprintf("%s.conflict-%08x", k.name, uint32(it.e.Ino))
+	nk := ekey{k.parent, newName}
+	w.mu.Lock()
+	if w.items[nk] != nil || w.items[k] != it {
+		w.mu.Unlock()
+		w.m.log.Error("a pending entry's name was taken on another device and no other name is free: dropped", "path", it.parent.path(k.name))
+		w.finish(k, it, it.seq, 0)
+		return k, false
+	}
+	delete(w.items, k)
+	it.e.Name = newName
+	w.items[nk] = it
+	w.order = append(w.order, nk)
+	parent := it.parent
+	w.mu.Unlock()
+	w.m.log.Warn("a name made here was made on another device at the same time: this device's entry is renamed", "path", parent.path(k.name), "now", newName)
+	w.m.ents.forget(k.parent, k.name)
+	w.m.queue.renamed(it.e.Ino, k.parent, newName)
+	if ch := parent.GetChild(k.name); ch != nil && ch.StableAttr().Ino == it.e.Ino {
+		parent.MvChild(k.name, parent.EmbeddedInode(), newName, true)
+	}
+	// Not from here: the kernel may hold the directory locked while it
+	// waits for a request that waits for this apply.
+	go func() {
+		parent.NotifyEntry(k.name)
+		parent.NotifyEntry(newName)
+	}()
+	return nk, true
+}
+
+// finish ends item it (pending under k, as snapshot seq): applied at rev,
+// or dropped (rev 0). A change made to it since the snapshot stays
+// pending, now as a change of the record written.
+func (w *writeBack) finish(k ekey, it *wbItem, seq uint64, rev int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.items[k] == it {
+		if it.e.IsDir() {
+			delete(w.fresh, it.e.Ino) // visible now, or never
+		}
+		if rev != 0 && it.seq > seq {
+			it.made, it.e.Rev = false, rev
+		} else {
+			delete(w.items, k)
+		}
+	}
+	if len(w.items) == 0 {
+		w.order = w.order[:0]
+	} else if len(w.order) > 2*len(w.items)+64 {
+		seen := map[ekey]bool{}
+		kept := w.order[:0]
+		for _, ok := range w.order {
+			if w.items[ok] != nil && !seen[ok] {
+				seen[ok] = true
+				kept = append(kept, ok)
+			}
+		}
+		w.order = kept
+	}
+	w.cond.Broadcast()
+}

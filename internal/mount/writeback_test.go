@@ -1,0 +1,278 @@
+package mount_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/mount"
+)
+
+// syncDir fsyncs directory rel of the mount: in write-back mode it
+// returns once the changes pending before it are written.
+func (f *fixture) syncDir(rel string) {
+	f.t.Helper()
+	d, err := os.Open(f.path(rel))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		f.t.Fatalf("fsync %s: %v", rel, err)
+	}
+}
+
+// TestWriteBackBatches: in write-back mode, directories, empty files,
+// symlinks and their attribute changes are answered at once and written
+// in a few transactions, not one (or three) per entry; after an fsync of
+// the directory the metadata holds every one, with its last attributes.
+func TestWriteBackBatches(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack})
+	before := f.rpcs.snapshot()
+	const dirs, files = 8, 40
+	for i := range dirs {
+		d := fmt.Sprintf("d%d", i)
+		if err := os.Mkdir(f.path(d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for j := range files {
+			p := f.path(fmt.Sprintf("%s/f%d", d, j))
+			w, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+			if err := os.Chmod(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Symlink("f0", f.path(d+"/link")); err != nil {
+			t.Fatal(err)
+		}
+		// What this mount shows at once.
+		if fi, err := os.Lstat(f.path(d + "/f1")); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("stat of a pending file: %v, %v", fi, err)
+		}
+		if _, err := os.OpenFile(f.path(d+"/f1"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644); !os.IsExist(err) {
+			t.Fatalf("O_EXCL create of a pending name: %v, want EEXIST", err)
+		}
+	}
+	if err := os.Chtimes(f.path("d3"), time.Unix(1e9, 0), time.Unix(1e9, 0)); err != nil {
+		t.Fatal(err)
+	}
+	f.syncDir("")
+	after := f.rpcs.snapshot()
+	entries := dirs * (files + 2)
+	txns := after["Txn"] - before["Txn"]
+	t.Logf("%d entries (and %d chmods) in %d transactions, %d reads", entries, dirs*files, txns, after["Range"]-before["Range"])
+	if txns > int64(entries/2) { // blocking mode: one per entry and one per chmod
+		t.Fatalf("%d transactions for %d entries: not batched", txns, entries)
+	}
+	for i := range dirs {
+		ents, err := f.vol.Meta.ReadDir(context.Background(), f.entry(fmt.Sprintf("d%d", i)).Ino)
+		if err != nil || len(ents) != files+1 {
+			t.Fatalf("d%d holds %d entries in the metadata (%v), want %d", i, len(ents), err, files+1)
+		}
+		for _, e := range ents {
+			if e.Type == meta.TypeFile && e.Mode != 0o600 {
+				t.Fatalf("d%d/%s has mode %o in the metadata, want 600", i, e.Name, e.Mode)
+			}
+			if e.Type == meta.TypeSymlink && e.Target != "f0" {
+				t.Fatalf("d%d/link targets %q", i, e.Target)
+			}
+		}
+	}
+	if e := f.entry("d3"); e.Mtime != time.Unix(1e9, 0).UnixNano() {
+		t.Fatalf("d3's mtime in the metadata: %v", time.Unix(0, e.Mtime))
+	}
+	// Another device sees them.
+	d := f.device(mount.Options{}, meta.Options{})
+	if target, err := os.Readlink(d.path("d7/link")); err != nil || target != "f0" {
+		t.Fatalf("the other device reads d7/link: %q, %v", target, err)
+	}
+}
+
+// TestWriteBackFiles: files written in write-back mode read back here at
+// once, and reach the metadata and another device; renames and removals
+// of pending entries (which wait for them) keep the right ones.
+func TestWriteBackFiles(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack})
+	if err := os.MkdirAll(f.path("a/b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]byte{}
+	for i := range 20 {
+		rel := fmt.Sprintf("a/b/f%d", i)
+		want[rel] = bytes.Repeat([]byte{byte('a' + i)}, 1000*i+1)
+		if err := os.WriteFile(f.path(rel), want[rel], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An editor's save: a temporary file renamed over the original.
+	if err := os.WriteFile(f.path("a/b/f3.tmp"), []byte("saved"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(f.path("a/b/f3.tmp"), f.path("a/b/f3")); err != nil {
+		t.Fatal(err)
+	}
+	want["a/b/f3"] = []byte("saved")
+	if err := os.Remove(f.path("a/b/f4")); err != nil {
+		t.Fatal(err)
+	}
+	delete(want, "a/b/f4")
+	if err := os.Mkdir(f.path("a/c"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(f.path("a/c"), f.path("a/d")); err != nil {
+		t.Fatal(err)
+	}
+	for rel, b := range want {
+		if got := f.readMount(rel); !bytes.Equal(got, b) {
+			t.Fatalf("%s reads %d bytes here, want %d", rel, len(got), len(b))
+		}
+	}
+	f.waitPending(time.Minute)
+	if n := mount.PendingChanges(f.m); n != 0 {
+		t.Fatalf("%d changes still pending after the queue emptied", n)
+	}
+	for rel, b := range want {
+		if got := f.cat(rel); !bytes.Equal(got, b) {
+			t.Fatalf("%s in the metadata: %d bytes, want %d", rel, len(got), len(b))
+		}
+	}
+	if e := f.entry("a/d"); e.Mode != 0o700 || !e.IsDir() {
+		t.Fatalf("a/d: %+v", e)
+	}
+	for _, gone := range []string{"a/b/f4", "a/b/f3.tmp", "a/c"} {
+		if _, err := f.vol.Meta.Lookup(context.Background(), strings.Split(gone, "/")); err == nil {
+			t.Fatalf("%s is in the metadata", gone)
+		}
+	}
+}
+
+// TestWriteBackConflict: a name made here while pending and made on
+// another device meanwhile is kept under both names; the content written
+// here goes with this device's entry.
+func TestWriteBackConflict(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack})
+	d := f.device(mount.Options{}, meta.Options{})
+	if _, err := os.ReadDir(f.mnt); err != nil { // the root's listing: complete here
+		t.Fatal(err)
+	}
+	release := mount.HoldWriteBack(f.m)
+	if err := os.WriteFile(f.path("x"), []byte("from the write-back device"), 0o644); err != nil {
+		release()
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.path("x"), []byte("from the other device"), 0o644); err != nil {
+		release()
+		t.Fatal(err)
+	}
+	release()
+	f.waitPending(time.Minute)
+	if got := string(f.cat("x")); got != "from the other device" {
+		t.Fatalf("x in the metadata: %q", got)
+	}
+	root, err := f.vol.Meta.ReadDir(context.Background(), meta.RootIno)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var aside string
+	for _, e := range root {
+		if strings.HasPrefix(e.Name, "x.conflict-") {
+			aside = e.Name
+		}
+	}
+	if aside == "" {
+		t.Fatalf("no x.conflict-* in the root: %v", root)
+	}
+	if got := string(f.cat(aside)); got != "from the write-back device" {
+		t.Fatalf("%s in the metadata: %q", aside, got)
+	}
+	if got := string(f.readMount(aside)); got != "from the write-back device" {
+		t.Fatalf("%s read here: %q", aside, got)
+	}
+	if !strings.Contains(f.logs.String(), "made on another device at the same time") {
+		t.Fatal("the conflict was not logged")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for string(f.readMount("x")) != "from the other device" {
+		if time.Now().After(deadline) {
+			t.Fatalf("x read here: %q, want the other device's", f.readMount("x"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestWriteBackQueueChecksum: a close in write-back mode fsyncs nothing;
+// the queued record carries the data's checksum, and the next mount
+// commits what matches it and keeps what does not (torn by a power loss)
+// in unsaved/ instead.
+func TestWriteBackQueueChecksum(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack})
+	f.st.fail.Store(true) // commits stay queued
+	good, bad := []byte("kept as written"), bytes.Repeat([]byte("torn "), 1000)
+	if err := os.WriteFile(f.path("good"), good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.path("bad"), bad, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	f.m.Wait()
+	records, _ := filepath.Glob(filepath.Join(f.cache, "*", "queue", "*.json"))
+	if len(records) != 2 {
+		t.Fatalf("queue records: %v", records)
+	}
+	for _, r := range records {
+		b, err := os.ReadFile(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), `"crc32c":`) || !strings.Contains(string(b), `"v":3`) {
+			t.Fatalf("record %s: %s", r, b)
+		}
+		if !strings.Contains(string(b), `"name":"bad"`) {
+			continue
+		}
+		var data string
+		for _, field := range strings.Split(string(b), ",") {
+			if strings.HasPrefix(field, `"data":`) {
+				data = strings.Trim(strings.TrimPrefix(field, `"data":`), `"`)
+			}
+		}
+		p := filepath.Join(filepath.Dir(filepath.Dir(r)), "work", data)
+		torn, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		torn[100] ^= 0xff
+		if err := os.WriteFile(p, torn, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.st.fail.Store(false)
+	f.start(mount.Options{Mode: mount.WriteBack})
+	f.waitPending(time.Minute)
+	if got := f.cat("good"); !bytes.Equal(got, good) {
+		t.Fatalf("good after the remount: %q", got)
+	}
+	if e := f.entry("bad"); len(e.Versions) != 0 {
+		t.Fatalf("the torn data was committed: %+v", e.Versions)
+	}
+	unsaved, _ := filepath.Glob(filepath.Join(f.cache, "*", "unsaved", "*"))
+	if len(unsaved) != 1 {
+		t.Fatalf("unsaved/ holds %v, want the torn copy", unsaved)
+	}
+	if !strings.Contains(f.logs.String(), "does not match its checksum") {
+		t.Fatal("the torn copy was not logged")
+	}
+}
