@@ -46,6 +46,11 @@ import (
 // whose directory exists, and keeps the others in unsaved/). The window
 // is the applier's lag, one transaction or so.
 
+// maxPending bounds the pending changes (while the metadata service does
+// not answer, say): past it, creates are made in etcd at once, after the
+// pending ones.
+const maxPending = 50_000
+
 // wbItem is one pending entry: a new one (made) or a change of one.
 type wbItem struct {
 	e      meta.Entry // the record to write; for a change, e.Rev is the revision it changes
@@ -107,7 +112,7 @@ func (w *writeBack) create(parent *node, e meta.Entry) (*meta.Entry, bool, error
 	k := ekey{parent.ino, e.Name}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.stopping {
+	if w.stopping || len(w.items) >= maxPending {
 		return nil, false, nil
 	}
 	if it := w.items[k]; it != nil {
@@ -169,7 +174,7 @@ func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
 		return copyEntry(&it.e), true
 	}
 	e, known := w.m.ents.known(p.ino, name)
-	if !known || e == nil || e.Ino != n.ino || e.Rev == 0 {
+	if !known || e == nil || e.Ino != n.ino || e.Rev == 0 || len(w.items) >= maxPending {
 		w.seq--
 		return nil, false
 	}
