@@ -31,7 +31,7 @@ var (
 	fsxOps    = flag.Int("fsx.ops", 0, "TestFSX: operations per run (default 300; env CAIRN_FSX_OPS; a long run: 20000)")
 	fsxMaxLen = flag.Int("fsx.maxlen", 0, "TestFSX: largest file size in bytes (default 256 KiB; env CAIRN_FSX_MAXLEN)")
 	fsxVerbos = flag.Bool("fsx.verbose", false, "TestFSX: log every operation")
-	fsxModes  = flag.String("fsx.modes", "", "TestFSX: mount modes to run, comma-separated (default blocking; env CAIRN_FSX_MODES; blocking,nonblocking)")
+	fsxModes  = flag.String("fsx.modes", "", "TestFSX: mount modes to run, comma-separated (default blocking,writeback; env CAIRN_FSX_MODES; blocking,nonblocking,writeback)")
 )
 
 // fsxParam is a flag's value, else the environment variable's, else def.
@@ -549,7 +549,8 @@ func (x *fsx) step() {
 //
 //	go test ./internal/mount -run TestFSX -v -timeout 2h -fsx.ops=20000
 //
-// Non-blocking mode runs only when asked for (-fsx.modes=nonblocking).
+// Blocking and write-back modes run by default; non-blocking only when
+// asked for (-fsx.modes=nonblocking).
 // Before commits were ordered with renames (node.placeMu) and left
 // attributes set after the close alone (KeepAttrs), 6 runs in 20 of 1,000
 // operations diverged; after, about 1 in 40 (seed 1166302: 8 runs in 60),
@@ -566,7 +567,7 @@ func TestFSX(t *testing.T) {
 		modes = os.Getenv("CAIRN_FSX_MODES")
 	}
 	if modes == "" {
-		modes = "blocking"
+		modes = "blocking,writeback"
 	}
 	for _, mode := range []struct {
 		name string
