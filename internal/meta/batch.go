@@ -6,15 +6,17 @@ import (
 	"errors"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"cairn.dev/cairn/internal/cairn"
 )
 
 // MaxBatch is the most entries PutBatch takes at once: etcd refuses a
 // transaction with more than 128 compares or 128 operations (its default
-// --max-txn-ops), and each entry brings one compare, plus at most one for
-// its directory.
-const MaxBatch = 64
+// --max-txn-ops), and each entry brings up to three compares (its name,
+// its directory, its writer lock) and two operations (its record, its
+// lock).
+const MaxBatch = 42
 
 // NewIno returns a fresh inode number, as Create assigns: for a caller
 // that decides an entry's creation itself and writes it with PutBatch.
@@ -26,39 +28,63 @@ func NewIno() uint64 { return randomIno() }
 // record at that ModRevision (a change, as Update). Dir is the directory
 // that holds it, as the calls that take a parent want it (its Ino, and
 // where its own record lives): a new entry needs it to exist, unless an
-// earlier entry of the batch makes it.
+// earlier entry of the batch makes it. Lock asks for a new file's writer
+// lock in the same transaction, as CreateLocked takes it.
 type BatchPut struct {
 	Entry Entry
 	Dir   Entry
+	Lock  bool
+}
+
+// BatchResult is what PutBatch wrote: at revision Rev, with the writer
+// locks asked for (Locks[i] for puts[i]; nil where none was asked or one
+// could not be had at once, as with CreateLocked). Old is, for a single
+// entry refused with Exist, the entry that holds the name.
+type BatchResult struct {
+	Rev   int64
+	Locks []*Lock
+	Old   *Entry
 }
 
 // PutBatch writes every entry of puts in one transaction, in one write to
 // etcd's log, or none of them: the way a mount that decides creates and
 // attribute changes locally (write-back) commits them in bulk. puts holds
-// at most MaxBatch entries, no name twice. It returns the revision of the
-// write. When a condition does not hold, nothing is written and the error
-// is of Kind Conflict for a batch of several entries (the caller writes
-// them one at a time to learn which); for a single entry it says which:
-// Exist (with the entry that holds the name), NotFound (the directory is
-// gone) or Conflict (the record changed since Rev).
-func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (int64, *Entry, error) {
+// at most MaxBatch entries, no name twice. When a condition does not hold,
+// nothing is written and the error is of Kind Conflict for a batch of
+// several entries (the caller writes them one at a time to learn which);
+// for a single entry it says which: Exist (Old is the entry that holds the
+// name), NotFound (the directory, or the entry changed, is gone), Conflict
+// (the record changed since Rev) or, for a new file whose lock was asked
+// for, ErrLocked (another writer holds the name's lock: write it without).
+func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error) {
+	var res BatchResult
 	if len(puts) == 0 {
-		return 0, nil, nil
+		return res, nil
 	}
 	if len(puts) > MaxBatch {
-		return 0, nil, cairn.E("put batch", cairn.Invalid, "", errors.New("too many entries for one transaction"))
+		return res, cairn.E("put batch", cairn.Invalid, "", errors.New("too many entries for one transaction"))
 	}
 	made := map[uint64]bool{}
 	seen := map[string]bool{}
 	dirs := map[string]bool{}
 	var cmps []clientv3.Cmp
 	var ops []clientv3.Op
+	var releases []func()
+	lockKeys := make([]string, len(puts))
+	defer func() {
+		if res.Rev == 0 {
+			for _, rel := range releases {
+				rel()
+			}
+		}
+	}()
+	var sess *concurrency.Session
 	for i := range puts {
 		p := &puts[i]
 		e := p.Entry
 		k := v.keyOf(&e)
 		if seen[k] {
-			return 0, nil, cairn.E("put batch", cairn.Invalid, e.Name, errors.New("one name twice in a batch"))
+			return res, cairn.E("put batch", cairn.Invalid, e.Name, errors.New("one name twice in a batch"))
 		}
 		seen[k] = true
 		if e.Rev == 0 {
@@ -69,6 +95,21 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (int64, *Entry, err
 			}
 		} else {
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev))
+		}
+		if p.Lock && e.Rev == 0 && e.Type == TypeFile {
+			lk := v.lockKey(e.Parent, e.Name)
+			if rel, ok := v.s.local.tryLock(lk); ok {
+				releases = append(releases, rel)
+				if sess == nil {
+					var err error
+					if sess, err = v.s.sess(ctx); err != nil {
+						return res, err
+					}
+				}
+				lockKeys[i] = lk
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lk), "=", 0))
+				ops = append(ops, clientv3.OpPut(lk, lockHolder(), clientv3.WithLease(sess.Lease())))
+			}
 		}
 		if e.IsDir() {
 			made[e.Ino] = true
@@ -85,27 +126,40 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (int64, *Entry, err
 	defer cancel()
 	resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Else(els...).Commit()
 	if err != nil {
-		return 0, nil, etcdErr("put batch", puts[0].Entry.Name, err)
+		return res, etcdErr("put batch", puts[0].Entry.Name, err)
 	}
 	if resp.Succeeded {
-		return resp.Header.Revision, nil, nil
+		res.Rev = resp.Header.Revision
+		res.Locks = make([]*Lock, len(puts))
+		r := 0
+		for i, lk := range lockKeys {
+			if lk != "" {
+				res.Locks[i] = &Lock{s: v.s, key: lk, rev: res.Rev, sess: sess, release: releases[r]}
+				r++
+			}
+		}
+		return res, nil
 	}
 	if len(puts) > 1 {
-		return 0, nil, cairn.E("put batch", cairn.Conflict, "", errors.New("a name or directory changed concurrently"))
+		return res, cairn.E("put batch", cairn.Conflict, "", errors.New("a name or directory changed concurrently"))
 	}
 	e := &puts[0].Entry
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		if e.Rev != 0 {
-			return 0, nil, cairn.E("put batch", cairn.Conflict, e.Name, errors.New("changed concurrently"))
-		}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	dirThere := resp.Responses[1].GetResponseRange().Count > 0
+	switch {
+	case len(kvs) > 0 && e.Rev == 0:
 		old, derr := v.decode("put batch", kvs[0].Key, kvs[0].Value, kvs[0].ModRevision)
 		if derr != nil {
-			return 0, nil, derr
+			return res, derr
 		}
-		return 0, old, cairn.E("put batch", cairn.Exist, e.Name, nil)
+		res.Old = old
+		return res, cairn.E("put batch", cairn.Exist, e.Name, nil)
+	case len(kvs) > 0:
+		return res, cairn.E("put batch", cairn.Conflict, e.Name, errors.New("changed concurrently"))
+	case e.Rev != 0:
+		return res, cairn.E("put batch", cairn.NotFound, e.Name, errors.New("the entry was removed"))
+	case !dirThere:
+		return res, cairn.E("put batch", cairn.NotFound, puts[0].Dir.Name, errors.New("parent directory was removed"))
 	}
-	if e.Rev != 0 {
-		return 0, nil, cairn.E("put batch", cairn.NotFound, e.Name, errors.New("the entry was removed"))
-	}
-	return 0, nil, cairn.E("put batch", cairn.NotFound, puts[0].Dir.Name, errors.New("parent directory was removed"))
+	return res, cairn.E("put batch", cairn.Conflict, e.Name, ErrLocked)
 }

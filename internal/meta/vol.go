@@ -396,6 +396,10 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 // Update replaces an entry's attributes (mode, uid, gid, mtime, target)
 // with a compare-and-swap on the revision it was read at.
 func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
+	if e.Rev == 0 {
+		// ModRevision 0 would also match a name with no record at all.
+		return nil, cairn.E("update", cairn.Invalid, e.Name, errors.New("an entry not read from the metadata (no revision)"))
+	}
 	n := *e
 	n.Ctime = time.Now().UnixNano()
 	b, _ := json.Marshal(n)

@@ -697,7 +697,9 @@ func (n *node) commitAttrs(ctx context.Context, parent *node, name string, mtime
 	switch cur, err := n.m.ents.get(ctx, parent.ino, name, false); {
 	case err == nil:
 		attrs.Mode, attrs.UID, attrs.GID = cur.Mode, cur.UID, cur.GID
-		attrs.Cur = cur // a file just created is not read again (fs.Attrs.Cur)
+		if cur.Rev != 0 { // not a pending entry (write-back), which etcd does not have yet
+			attrs.Cur = cur // a file just created is not read again (fs.Attrs.Cur)
+		}
 		if cur.Ino != n.ino {
 			n.m.log.Warn("file replaced elsewhere while open here: the last close wins", "path", n.path(""))
 		}

@@ -31,6 +31,11 @@ type writerLock struct {
 	mu   sync.Mutex
 	refs int        // write handles and queued commits of the file
 	lock *meta.Lock // nil: not held now (used up by a commit, or lost)
+	// taking is set while a write-back batch that publishes the new file
+	// takes its lock (writeback.go); closed once it is done. An open for
+	// writing meanwhile waits for it instead of asking for the lock
+	// itself (the batch holds it, in this process).
+	taking chan struct{}
 }
 
 // takeLock waits up to LockWait for the writer lock on name in dir.
@@ -55,6 +60,12 @@ func (n *node) lockForWrite(ctx context.Context, dir *node, name string) error {
 	wl := &n.wl
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
+	for wl.lock == nil && wl.taking != nil {
+		ch := wl.taking
+		wl.mu.Unlock()
+		<-ch
+		wl.mu.Lock()
+	}
 	if wl.lock == nil || wl.lock.Lost() {
 		l, err := n.takeLock(ctx, dir, name)
 		if err != nil {

@@ -494,7 +494,7 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 		return nil, nil, false, errno
 	}
 	e.UID, e.GID = caller(ctx)
-	if ne, ok, err := n.m.wb.create(n, e); ok {
+	if ne, ok, err := n.m.wb.create(n, dir, e); ok {
 		if err != nil {
 			return ne, nil, false, syscall.EEXIST
 		}
@@ -580,13 +580,31 @@ func retryConflict(op func() error) error {
 	return err
 }
 
+// flushFor waits for the pending changes (write-back mode) before op on
+// name in n. If writing them gave the entry the kernel meant another name
+// (a conflict's rename), the call fails with ESTALE: the kernel looks the
+// name up again instead of acting on the other device's entry.
+func (n *node) flushFor(op, name string) syscall.Errno {
+	if n.m.wb == nil {
+		return 0
+	}
+	kid := n.kid(name)
+	if err := n.m.wb.flush(context.Background()); err != nil {
+		return n.m.errno(op, n.path(name), err)
+	}
+	if kid != nil && n.kid(name) != kid {
+		return syscall.ESTALE
+	}
+	return 0
+}
+
 // remove moves name to the trash after checking its type, on the entry
 // it removes: the compare-and-swap of the removal holds only while the
 // name is still that entry.
 func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno {
 	ctx = bg(ctx)
-	if err := n.m.wb.flush(ctx); err != nil {
-		return n.m.errno("remove", n.path(name), err)
+	if errno := n.flushFor("remove", name); errno != 0 {
+		return errno
 	}
 	parent, errno := n.dirEntry()
 	if errno != 0 {
@@ -650,8 +668,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if flags&gofs.RENAME_EXCHANGE != 0 {
 		return syscall.EINVAL
 	}
-	if err := n.m.wb.flush(ctx); err != nil {
-		return n.m.errno("rename", n.path(name), err)
+	if errno := n.flushFor("rename", name); errno != 0 {
+		return errno
 	}
 	if errno := checkName(newName); errno != 0 {
 		return errno

@@ -287,6 +287,7 @@ var programModes = []struct {
 // volume) sees rel as it is at want, once f's queued commits are done.
 func (f *fixture) seenElsewhere(want, rel string, mtimes bool, skip ...string) {
 	f.t.Helper()
+	f.syncDir("") // the changes pending in write-back mode
 	f.waitPending(time.Minute)
 	d := f.device(mount.Options{}, meta.Options{})
 	compareTrees(f.t, want, d.path(rel), mtimes, skip...)

@@ -165,7 +165,13 @@ func loadQueue(m *Mount, dir string, delay time.Duration) (*queue, map[string]bo
 		p := q.dataPath(&rec)
 		if _, err := os.Stat(p); err != nil {
 			// The commit was done and its copy kept in the cache, but
-			// the record's removal did not reach the disk.
+			// the record's removal did not reach the disk. A record
+			// written without fsync (write-back) may instead have lost
+			// its data with the machine's power: said, as it cannot be
+			// told apart.
+			if rec.CRC32C != nil {
+				m.log.Warn("a queued commit's data is gone: committed before a crash, or lost with the machine's power; its record is dropped", "record", name, "ino", fmt.Sprintf("%016x", rec.Ino), "path", rec.Path)
+			}
 			os.Remove(name)
 			continue
 		}
@@ -187,19 +193,14 @@ func (q *queue) recordPath(seq uint64) string {
 	return filepath.Join(q.dir, fmt.Sprintf("%016x.json", seq))
 }
 
-// add writes rec durably (a new file, fsynced, renamed into place, the
-// directory fsynced), or, for a record with a CRC32C (write-back mode),
-// without the fsyncs, and queues it.
-func (q *queue) add(j *job) error {
-	q.mu.Lock()
-	q.seq++
-	j.rec.Seq = q.seq
-	q.mu.Unlock()
-	j.rec.V, j.rec.Queued = queueVersion, time.Now().UnixNano()
-	b, _ := json.Marshal(&j.rec)
-	p := q.recordPath(j.rec.Seq)
+// write writes rec to its file: durably (a new file, fsynced, renamed
+// into place, the directory fsynced), or, for a record with a CRC32C
+// (write-back mode), the same without the fsyncs.
+func (q *queue) write(rec *queueRecord) error {
+	b, _ := json.Marshal(rec)
+	p := q.recordPath(rec.Seq)
 	tmp := p + ".tmp"
-	sync := j.rec.CRC32C == nil
+	sync := rec.CRC32C == nil
 	var err error
 	if sync {
 		err = durable.WriteFile(tmp, b, 0o600)
@@ -215,6 +216,24 @@ func (q *queue) add(j *job) error {
 	if err != nil {
 		os.Remove(tmp)
 		return cairn.E("queue commit", cairn.IO, p, err)
+	}
+	return nil
+}
+
+// add writes rec durably (a new file, fsynced, renamed into place, the
+// directory fsynced), or, for a record with a CRC32C (write-back mode),
+// without the fsyncs, and queues it.
+func (q *queue) add(j *job) error {
+	q.mu.Lock()
+	q.seq++
+	j.rec.Seq = q.seq
+	q.mu.Unlock()
+	j.rec.V, j.rec.Queued = queueVersion, time.Now().UnixNano()
+	if j.rec.CRC32C == nil {
+		j.rec.V = 2 // what version 2 readers take: all it has
+	}
+	if err := q.write(&j.rec); err != nil {
+		return err
 	}
 	q.mu.Lock()
 	q.jobs = append(q.jobs, j)
@@ -515,16 +534,22 @@ func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
 
 // renamed records that this mount gave file ino, in directory dir, the
 // name name (write-back's conflict renames): the place its queued commits
-// go to if the kernel lets its node go (commit). Records on disk keep the
-// name of the close: a commit finished by the next mount that finds
-// another file there keeps its data in unsaved/.
+// go to if the kernel lets its node go, or the next mount finishes them.
+// The records are written again (as at their close: without fsync when
+// they have a checksum; a record a crash leaves with the old name commits
+// onto what holds that name then, as a record of a file replaced
+// elsewhere does).
 func (q *queue) renamed(ino, dir uint64, name string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, j := range q.jobs {
-		if j.rec.Ino == ino && j.rec.Dir == dir {
-			j.rec.Name = name
-			j.rec.Path = j.rec.Path[:strings.LastIndexByte(j.rec.Path, '/')+1] + name
+		if j.rec.Ino != ino || j.rec.Dir != dir {
+			continue
+		}
+		j.rec.Name = name
+		j.rec.Path = j.rec.Path[:strings.LastIndexByte(j.rec.Path, '/')+1] + name
+		if err := q.write(&j.rec); err != nil {
+			q.m.log.Warn("could not write a queued commit's record again with the file's new name", "record", q.recordPath(j.rec.Seq), "err", err)
 		}
 	}
 }

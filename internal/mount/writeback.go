@@ -12,7 +12,7 @@ import (
 	"cairn.dev/cairn/internal/vpath"
 )
 
-// Write-back mode (doc/writeback.md): a create, a mkdir, a symlink or an
+// Write-back mode (doc/format.md, "Write-back mode"): a create, a mkdir, a symlink or an
 // attribute change the mount can decide on its own is answered at once and
 // written to the metadata later, many in one transaction
 // (meta.Vol.PutBatch), by one applier goroutine. A program that makes
@@ -32,7 +32,9 @@ import (
 //
 // What another device sees: each change after its batch, normally within
 // one etcd round trip of its call (the applier takes whatever accumulated
-// while its last transaction was on its way). Conflicts: a name created
+// while its last transaction was on its way). A new file open for writing
+// here gets its writer lock in its batch's transaction, so once another
+// device can see it, it cannot open it for writing before the commit. Conflicts: a name created
 // here and on another device at once (possible only in a directory that
 // was already visible) is kept under both: this device's entry is renamed
 // NAME.conflict-XXXXXXXX (its inode number's last 8 hex digits), logged;
@@ -51,22 +53,33 @@ import (
 // pending ones.
 const maxPending = 50_000
 
+// flushTimeout bounds a wait for the pending changes (flush) of a call
+// that has no deadline of its own: past it the call fails (EIO) instead
+// of hanging while the metadata service does not answer.
+const flushTimeout = 30 * time.Second
+
 // wbItem is one pending entry: a new one (made) or a change of one.
 type wbItem struct {
 	e      meta.Entry // the record to write; for a change, e.Rev is the revision it changes
 	parent *node      // the directory that holds it
-	made   bool
-	attrs  heldAttrs // a change: what it sets (made again on a newer record)
-	seq    uint64    // the change's number: flush waits for those before it
+	// dir is where the directory's own record was when the item was
+	// made: used if the kernel lets the parent's node go meanwhile.
+	dir  meta.Entry
+	made bool
+	// attrs are what the changes since the last snapshot set (made again
+	// on a newer record, should the write meet one).
+	attrs heldAttrs
+	first uint64 // the number of its oldest change not yet written: flush waits for it
+	seq   uint64 // the number of its newest change
 }
 
 type writeBack struct {
 	m *Mount
 
 	mu    sync.Mutex
-	cond  *sync.Cond // broadcast when items are applied or dropped
+	cond  *sync.Cond // broadcast when items are written or dropped
 	items map[ekey]*wbItem
-	order []ekey // first-pending order: parents before what they hold
+	order []ekey // first-pending order: directories before what they hold
 	// fresh are directories made here whose creation is pending: no
 	// other device can see them, so every entry they hold is pending.
 	fresh    map[uint64]bool
@@ -74,7 +87,7 @@ type writeBack struct {
 	stopping bool
 	kick     chan struct{}
 	done     chan struct{}
-	// hold, for tests, stops the applier while it is set (holdApplier).
+	// hold, for tests, stops the applier while it is set (HoldWriteBack).
 	hold chan struct{}
 }
 
@@ -86,8 +99,8 @@ func newWriteBack(m *Mount) *writeBack {
 }
 
 // lookup answers for name in directory parent from the pending entries:
-// the entry (ok), or known absent (a directory whose creation is pending
-// holds nothing else).
+// the entry, or known absent (a directory whose creation is pending holds
+// nothing else).
 func (w *writeBack) lookup(parent uint64, name string) (e *meta.Entry, absent bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -102,7 +115,7 @@ func (w *writeBack) lookup(parent uint64, name string) (e *meta.Entry, absent bo
 // directory whose every entry it knows. It returns the entry, or ok false
 // when the create must be made in etcd now; EEXIST with the entry that
 // holds the name.
-func (w *writeBack) create(parent *node, e meta.Entry) (*meta.Entry, bool, error) {
+func (w *writeBack) create(parent *node, dir *meta.Entry, e meta.Entry) (*meta.Entry, bool, error) {
 	if w == nil {
 		return nil, false, nil
 	}
@@ -136,7 +149,7 @@ func (w *writeBack) create(parent *node, e meta.Entry) (*meta.Entry, bool, error
 		e.Mtime = now
 	}
 	w.seq++
-	w.items[k] = &wbItem{e: e, parent: parent, made: true, seq: w.seq}
+	w.items[k] = &wbItem{e: e, parent: parent, dir: *dir, made: true, first: w.seq, seq: w.seq}
 	w.order = append(w.order, k)
 	if e.IsDir() {
 		w.fresh[e.Ino] = true
@@ -155,17 +168,21 @@ func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
 	if !ok {
 		return nil, false
 	}
+	dir, errno := p.dirEntry()
+	if errno != 0 {
+		return nil, false
+	}
 	k := ekey{p.ino, name}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopping {
 		return nil, false
 	}
-	w.seq++
 	if it := w.items[k]; it != nil {
 		if it.e.Ino != n.ino {
 			return nil, false
 		}
+		w.seq++
 		a.applyTo(&it.e)
 		it.e.Ctime = time.Now().UnixNano()
 		it.attrs = it.attrs.over(a)
@@ -175,12 +192,16 @@ func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
 	}
 	e, known := w.m.ents.known(p.ino, name)
 	if !known || e == nil || e.Ino != n.ino || e.Rev == 0 || len(w.items) >= maxPending {
-		w.seq--
 		return nil, false
 	}
+	was := *e
 	a.applyTo(e)
+	if e.Mode == was.Mode && e.UID == was.UID && e.GID == was.GID && e.Mtime == was.Mtime {
+		return e, true // nothing changes (tar's chown to the owner it has)
+	}
 	e.Ctime = time.Now().UnixNano()
-	w.items[k] = &wbItem{e: *e, parent: p, attrs: a, seq: w.seq}
+	w.seq++
+	w.items[k] = &wbItem{e: *e, parent: p, dir: *dir, attrs: a, first: w.seq, seq: w.seq}
 	w.order = append(w.order, k)
 	w.poke()
 	return copyEntry(e), true
@@ -193,18 +214,8 @@ func (w *writeBack) poke() {
 	}
 }
 
-// pending reports whether changes are waiting.
-func (w *writeBack) pending() bool {
-	if w == nil {
-		return false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.items) > 0
-}
-
-// flush waits until every change made before it was called is applied
-// (or dropped), or ctx ends.
+// flush waits until every change made before it was called is written
+// (or dropped), or ctx ends; a ctx without a deadline gets flushTimeout.
 func (w *writeBack) flush(ctx context.Context) error {
 	if w == nil {
 		return nil
@@ -213,6 +224,11 @@ func (w *writeBack) flush(ctx context.Context) error {
 	defer w.mu.Unlock()
 	if len(w.items) == 0 {
 		return nil
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, flushTimeout)
+		defer cancel()
 	}
 	target := w.seq
 	stop := context.AfterFunc(ctx, func() {
@@ -224,7 +240,7 @@ func (w *writeBack) flush(ctx context.Context) error {
 	w.poke()
 	for w.waitingLocked(target) {
 		if err := ctx.Err(); err != nil {
-			return cairn.E("flush", cairn.Unavailable, "", err)
+			return cairn.E("flush", cairn.Unavailable, w.m.vol.Name(), fmt.Errorf("namespace changes made on this device are not written to the metadata service yet: %w", err))
 		}
 		w.cond.Wait()
 	}
@@ -233,7 +249,7 @@ func (w *writeBack) flush(ctx context.Context) error {
 
 func (w *writeBack) waitingLocked(target uint64) bool {
 	for _, it := range w.items {
-		if it.seq <= target {
+		if it.first <= target {
 			return true
 		}
 	}
@@ -260,7 +276,11 @@ func (w *writeBack) run() {
 		if hold != nil {
 			<-hold
 		}
-		if err := w.applyOnce(context.Background()); err != nil {
+		err := w.applyOnce(context.Background())
+		w.mu.Lock()
+		w.cond.Broadcast()
+		w.mu.Unlock()
+		if err != nil {
 			w.m.log.Warn("pending namespace changes not written yet; trying again", "err", err, "retry_in", backoff)
 			time.Sleep(backoff)
 			backoff = min(2*backoff, 5*time.Second)
@@ -294,76 +314,158 @@ func (w *writeBack) stop() {
 	<-w.done
 }
 
-// batch takes up to meta.MaxBatch pending items in order.
-func (w *writeBack) batch() ([]ekey, []*wbItem, []wbItem) {
+// snapshot is an item as a batch writes it.
+type snapshot struct {
+	k    ekey
+	it   *wbItem
+	snap wbItem
+	node *node // a new file's node while it has writers: its lock comes with the batch
+}
+
+// batch takes up to meta.MaxBatch pending items in order. The attribute
+// changes each carries move to its snapshot (unbatch puts them back).
+func (w *writeBack) batch() []snapshot {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var keys []ekey
-	var its []*wbItem
-	var snaps []wbItem
+	var out []snapshot
 	seen := map[ekey]bool{}
 	for _, k := range w.order {
-		if len(keys) == meta.MaxBatch {
+		if len(out) == meta.MaxBatch {
 			break
 		}
 		it := w.items[k]
 		if it == nil || seen[k] {
-			continue // applied already, renamed aside, or pending again
+			continue // written already, renamed aside, or pending again
 		}
 		seen[k] = true
-		keys, its, snaps = append(keys, k), append(its, it), append(snaps, *it)
+		out = append(out, snapshot{k: k, it: it, snap: *it})
+		it.attrs = heldAttrs{}
 	}
-	return keys, its, snaps
+	return out
+}
+
+// unbatch gives the items of a batch not written back the attribute
+// changes their snapshots took.
+func (w *writeBack) unbatch(ss []snapshot) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range ss {
+		if w.items[ss[i].k] == ss[i].it {
+			ss[i].it.attrs = ss[i].snap.attrs.over(ss[i].it.attrs)
+		}
+	}
+}
+
+// dirOf is where a snapshot's directory's record is: the directory node's
+// place, or, if the kernel let the node go (not removed here), where it
+// was when the item was made. ok false: removed here.
+func dirOf(s *wbItem) (*meta.Entry, bool) {
+	if d, errno := s.parent.dirEntry(); errno == 0 {
+		return d, true
+	}
+	if s.parent.removed.Load() {
+		return nil, false
+	}
+	d := s.dir
+	return &d, true
+}
+
+// writers returns the node of a new file s while it has writers here.
+func writers(s *wbItem) *node {
+	if !s.made || s.e.Type != meta.TypeFile {
+		return nil
+	}
+	n := s.parent.kid(s.e.Name)
+	if n == nil || n.ino != s.e.Ino {
+		return nil
+	}
+	n.wl.mu.Lock()
+	defer n.wl.mu.Unlock()
+	if n.wl.refs == 0 || n.wl.lock != nil || n.wl.taking != nil {
+		return nil
+	}
+	n.wl.taking = make(chan struct{})
+	return n
+}
+
+// adopt ends the taking of node n's lock by a batch (writers): gives n
+// the writer lock l the batch took (nil: none), or lets l go if n no
+// longer needs it. A second call is a no-op.
+func (w *writeBack) adopt(n *node, l *meta.Lock) {
+	n.wl.mu.Lock()
+	ch := n.wl.taking
+	n.wl.taking = nil
+	take := l != nil && n.wl.refs > 0 && n.wl.lock == nil
+	if take {
+		n.wl.lock = l
+	}
+	n.wl.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
+	if l != nil && !take {
+		l.Unlock(context.Background())
+	}
 }
 
 // applyOnce writes one batch: in one transaction, or, when one of its
 // conditions fails, one item at a time.
 func (w *writeBack) applyOnce(ctx context.Context) error {
-	keys, its, snaps := w.batch()
-	if len(its) == 0 {
+	ss := w.batch()
+	if len(ss) == 0 {
 		w.mu.Lock()
 		w.order = w.order[:0]
 		w.mu.Unlock()
 		return nil
 	}
-	puts := make([]meta.BatchPut, 0, len(snaps))
-	var dropped []int
-	for i := range snaps {
-		dir, errno := snaps[i].parent.dirEntry()
-		if errno != 0 {
-			dropped = append(dropped, i)
-			continue
+	defer func() {
+		for i := range ss {
+			if ss[i].node != nil {
+				w.adopt(ss[i].node, nil) // those not given their lock
+			}
 		}
-		puts = append(puts, meta.BatchPut{Entry: snaps[i].e, Dir: *dir})
-	}
-	for _, i := range dropped {
-		w.m.log.Error("a pending entry's directory is gone: the entry is dropped", "path", snaps[i].parent.path(snaps[i].e.Name))
-		w.finish(keys[i], its[i], snaps[i].seq, 0)
-	}
-	if len(dropped) > 0 {
-		return nil // the rest again, from the order
+	}()
+	puts := make([]meta.BatchPut, 0, len(ss))
+	for i := range ss {
+		dir, ok := dirOf(&ss[i].snap)
+		if !ok {
+			// Its directory was removed here after the item was made
+			// (the removal waited for the batch before it): nothing to
+			// write. The others go in the next batch.
+			w.m.log.Error("a pending entry's directory was removed: the entry is dropped", "path", ss[i].snap.parent.path(ss[i].snap.e.Name))
+			w.unbatch(ss)
+			w.finish(ss[i].k, ss[i].it, ss[i].snap.seq, 0)
+			return nil
+		}
+		ss[i].node = writers(&ss[i].snap)
+		puts = append(puts, meta.BatchPut{Entry: ss[i].snap.e, Dir: *dir, Lock: ss[i].node != nil})
 	}
 	epoch := w.m.ents.writing()
-	rev, _, err := w.m.vol.Meta.PutBatch(ctx, puts)
+	res, err := w.m.vol.Meta.PutBatch(ctx, puts)
 	if err == nil {
-		for i := range snaps {
-			e := snaps[i].e
-			e.Rev = rev
-			w.m.ents.keepWritten(epoch, &e, snaps[i].made)
+		for i := range ss {
+			e := ss[i].snap.e
+			e.Rev = res.Rev
+			w.m.ents.keepWritten(epoch, &e, ss[i].snap.made)
 		}
 		w.m.ents.wrote(epoch, nil, false)
-		for i := range snaps {
-			w.finish(keys[i], its[i], snaps[i].seq, rev)
+		for i := range ss {
+			if ss[i].node != nil {
+				w.adopt(ss[i].node, res.Locks[i])
+			}
+			w.finish(ss[i].k, ss[i].it, ss[i].snap.seq, res.Rev)
 		}
 		return nil
 	}
 	w.m.ents.wrote(epoch, nil, false)
 	if !errors.Is(err, cairn.ErrConflict) && !errors.Is(err, cairn.ErrExist) && !errors.Is(err, cairn.ErrNotFound) {
+		w.unbatch(ss)
 		return err
 	}
 	// Learn which: one at a time.
-	for i := range snaps {
-		if err := w.applyOne(ctx, keys[i], its[i], snaps[i]); err != nil {
+	for i := range ss {
+		if err := w.applyOne(ctx, &ss[i]); err != nil {
+			w.unbatch(ss[i:])
 			return err
 		}
 	}
@@ -371,34 +473,44 @@ func (w *writeBack) applyOnce(ctx context.Context) error {
 }
 
 // applyOne writes one item alone, resolving what stood in its way.
-func (w *writeBack) applyOne(ctx context.Context, k ekey, it *wbItem, snap wbItem) error {
+func (w *writeBack) applyOne(ctx context.Context, s *snapshot) error {
+	k, it, snap := s.k, s.it, s.snap
+	lock := s.node != nil
 	for attempt := 0; ; attempt++ {
-		dir, errno := snap.parent.dirEntry()
-		if errno != 0 {
-			w.m.log.Error("a pending entry's directory is gone: the entry is dropped", "path", snap.parent.path(snap.e.Name))
+		dir, ok := dirOf(&snap)
+		if !ok {
+			w.m.log.Error("a pending entry's directory was removed: the entry is dropped", "path", snap.parent.path(snap.e.Name))
 			w.finish(k, it, snap.seq, 0)
 			return nil
 		}
 		epoch := w.m.ents.writing()
-		rev, _, err := w.m.vol.Meta.PutBatch(ctx, []meta.BatchPut{{Entry: snap.e, Dir: *dir}})
+		res, err := w.m.vol.Meta.PutBatch(ctx, []meta.BatchPut{{Entry: snap.e, Dir: *dir, Lock: lock}})
 		if err == nil {
 			e := snap.e
-			e.Rev = rev
+			e.Rev = res.Rev
 			w.m.ents.wrote(epoch, &e, snap.made)
-			w.finish(k, it, snap.seq, rev)
+			if s.node != nil {
+				w.adopt(s.node, res.Locks[0])
+			}
+			w.finish(k, it, snap.seq, res.Rev)
 			return nil
 		}
 		w.m.ents.wrote(epoch, nil, false)
 		switch {
+		case errors.Is(err, cairn.ErrExist) && res.Old != nil && res.Old.Ino == snap.e.Ino:
+			// Written already: by a transaction whose answer was lost.
+			w.m.ents.put(res.Old)
+			w.finish(k, it, snap.seq, res.Old.Rev)
+			return nil
 		case errors.Is(err, cairn.ErrExist) && snap.made && attempt < 5:
 			nk, ok := w.renameAside(k, it)
 			if !ok {
 				return nil
 			}
 			k = nk
-			w.mu.Lock()
-			snap = *it
-			w.mu.Unlock()
+			snap.e.Name = nk.name
+		case errors.Is(err, meta.ErrLocked) && lock:
+			lock = false // a writer elsewhere makes the file by its commit: ours comes at our commit
 		case errors.Is(err, cairn.ErrConflict) && !snap.made && attempt < 20:
 			// A newer record: the change is made again on it.
 			cur, gerr := w.m.vol.Meta.Get(ctx, k.parent, k.name)
@@ -407,15 +519,14 @@ func (w *writeBack) applyOne(ctx context.Context, k ekey, it *wbItem, snap wbIte
 				w.finish(k, it, snap.seq, 0)
 				return nil
 			}
-			w.mu.Lock()
-			it.e.Rev = cur.Rev
-			a := it.attrs
 			n := *cur
-			a.applyTo(&n)
-			n.Ctime = it.e.Ctime
-			it.e = n
-			snap = *it
-			w.mu.Unlock()
+			snap.attrs.applyTo(&n)
+			n.Ctime = snap.e.Ctime
+			snap.e = n
+		case errors.Is(err, cairn.ErrNotFound) && w.pendingDir(snap.e.Parent):
+			// Its directory is pending itself (behind it after a
+			// conflict's rename): tried again after it.
+			return err
 		case errors.Is(err, cairn.ErrNotFound):
 			w.m.log.Error("a pending entry could not be written: its directory (or itself) was removed on another device; dropped", "path", snap.parent.path(k.name))
 			w.finish(k, it, snap.seq, 0)
@@ -428,6 +539,13 @@ func (w *writeBack) applyOne(ctx context.Context, k ekey, it *wbItem, snap wbIte
 			return err
 		}
 	}
+}
+
+// pendingDir reports whether directory ino's creation is pending.
+func (w *writeBack) pendingDir(ino uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fresh[ino]
 }
 
 // renameAside gives a pending new entry whose name was taken on another
@@ -445,7 +563,18 @@ func (w *writeBack) renameAside(k ekey, it *wbItem) (ekey, bool) {
 	delete(w.items, k)
 	it.e.Name = newName
 	w.items[nk] = it
-	w.order = append(w.order, nk)
+	for i, ok := range w.order {
+		if ok == k {
+			w.order[i] = nk // in place: before what it holds
+		}
+	}
+	if it.e.IsDir() {
+		for _, c := range w.items {
+			if c.e.Parent == it.e.Ino {
+				c.dir.Name = newName
+			}
+		}
+	}
 	parent := it.parent
 	w.mu.Unlock()
 	w.m.log.Warn("a name made here was made on another device at the same time: this device's entry is renamed", "path", parent.path(k.name), "now", newName)
@@ -463,7 +592,7 @@ func (w *writeBack) renameAside(k ekey, it *wbItem) (ekey, bool) {
 	return nk, true
 }
 
-// finish ends item it (pending under k, as snapshot seq): applied at rev,
+// finish ends item it (pending under k, as snapshot seq): written at rev,
 // or dropped (rev 0). A change made to it since the snapshot stays
 // pending, now as a change of the record written.
 func (w *writeBack) finish(k ekey, it *wbItem, seq uint64, rev int64) {
@@ -474,7 +603,7 @@ func (w *writeBack) finish(k ekey, it *wbItem, seq uint64, rev int64) {
 			delete(w.fresh, it.e.Ino) // visible now, or never
 		}
 		if rev != 0 && it.seq > seq {
-			it.made, it.e.Rev = false, rev
+			it.made, it.e.Rev, it.first = false, rev, seq+1
 		} else {
 			delete(w.items, k)
 		}
@@ -492,5 +621,4 @@ func (w *writeBack) finish(k ekey, it *wbItem, seq uint64, rev int64) {
 		}
 		w.order = kept
 	}
-	w.cond.Broadcast()
 }
