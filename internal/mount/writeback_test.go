@@ -276,3 +276,62 @@ func TestWriteBackQueueChecksum(t *testing.T) {
 		t.Fatal("the torn copy was not logged")
 	}
 }
+
+// TestWriteBackWriterLock: a new file open for writing here gets its
+// writer lock in the batch that makes it visible: another device cannot
+// open it for writing until the commit of its close.
+func TestWriteBackWriterLock(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack})
+	d := f.device(mount.Options{LockWait: 200 * time.Millisecond}, meta.Options{})
+	w, err := os.OpenFile(f.path("f"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.WriteString("first"); err != nil {
+		t.Fatal(err)
+	}
+	f.syncDir("") // written: visible to the other device
+	f.entry("f")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := os.Stat(d.path("f"))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the other device does not see f: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if x, err := os.OpenFile(d.path("f"), os.O_WRONLY, 0); err == nil {
+		x.Close()
+		t.Fatal("the other device opened for writing a file open for writing here")
+	} else if !strings.Contains(err.Error(), "busy") {
+		t.Fatalf("the other device's open for writing: %v, want EBUSY", err)
+	}
+	// A second writer here shares the lock.
+	w2, err := os.OpenFile(f.path("f"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatalf("a second writer on this device: %v", err)
+	}
+	w2.WriteString(" second")
+	w2.Close()
+	w.Close()
+	f.waitPending(time.Minute)
+	if got := string(f.cat("f")); got != "first second" {
+		t.Fatalf("f after the closes: %q", got)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		x, err := os.OpenFile(d.path("f"), os.O_WRONLY|os.O_APPEND, 0)
+		if err == nil {
+			x.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the other device still cannot write f after the commit: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
