@@ -14,15 +14,7 @@ import (
 func TestPutBatch(t *testing.T) {
 	ctx := context.Background()
 	s, v, root := newVolRoot(t, 3)
-	other, err := meta.New(s.Client(), meta.Options{LockTTL: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	ov, err := other.Open(ctx, "home")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ov := otherProcess(t, s)
 	dir := meta.Entry{Name: "d", Parent: root.Ino, Ino: meta.NewIno(), Type: meta.TypeDir, Mode: 0o755}
 	dirRef := meta.Entry{Name: "d", Parent: root.Ino, Ino: dir.Ino, Type: meta.TypeDir}
 	file := meta.Entry{Name: "f", Parent: dir.Ino, Ino: meta.NewIno(), Type: meta.TypeFile, Mode: 0o644}

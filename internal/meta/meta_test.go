@@ -24,6 +24,22 @@ func newVolRoot(t *testing.T, keep int) (*meta.Service, *meta.Vol, *meta.Entry) 
 	return s, v, root
 }
 
+// otherProcess opens volume "home" of s's etcd through a Service of its
+// own (its own lease and writer locks), as another process would.
+func otherProcess(t *testing.T, s *meta.Service) *meta.Vol {
+	t.Helper()
+	other, err := meta.New(s.Client(), meta.Options{LockTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	ov, err := other.Open(context.Background(), "home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ov
+}
+
 func newVol(t *testing.T, keep int) (*meta.Service, *meta.Vol) {
 	t.Helper()
 	cli := etcdtest.New(t)
@@ -306,15 +322,7 @@ func TestConcurrentCommitsAllLand(t *testing.T) {
 func TestCreateLocked(t *testing.T) {
 	ctx := context.Background()
 	s, v, root := newVolRoot(t, 10)
-	other, err := meta.New(s.Client(), meta.Options{LockTTL: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	ov, err := other.Open(ctx, "home")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ov := otherProcess(t, s)
 	locked := func(name string) bool {
 		t.Helper()
 		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
