@@ -282,7 +282,10 @@ func (m *Mount) touchContent(c *content, t time.Time) syscall.Errno {
 	return 0
 }
 
-// file returns the open copy (stable while wmu is held).
+// file returns the open copy: stable while wmu is held by a caller with
+// a reference to c (the last reference's release closes it without wmu:
+// cache.unref). Without one, use it only through the *os.File (which
+// keeps its descriptor until its own calls end), never by its number.
 func (c *content) file() *os.File {
 	c.fmu.RLock()
 	defer c.fmu.RUnlock()

@@ -534,8 +534,17 @@ func isSentinel(t time.Time) bool {
 // its last byte, as the reset here does: each write is either wholly
 // before it (seen now, and in what the caller reads next) or moves the
 // mtime again after it.
+//
+// c.fmu is held shared throughout: a caller without a reference to c (a
+// utime by path: Setattr) may harvest while the last reference goes,
+// which closes c's file without wmu (cache.unref). Its descriptor's
+// number must stay c's until the arming through /proc/self/fd is done
+// (else the arming fails with ENOENT, or arms another file that got the
+// number); closed before, there is nothing to harvest.
 func (m *Mount) harvest(c *content) error {
-	f := c.file()
+	c.fmu.RLock()
+	defer c.fmu.RUnlock()
+	f := c.f
 	if f == nil {
 		return nil // closed: nothing can write it
 	}

@@ -1,0 +1,101 @@
+package mount
+
+import (
+	"cmp"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+)
+
+// TestHarvestWhileClosing: harvest (from a utime by path, which holds no
+// reference to the copy: git clone's copy of each file, cp -p) runs while
+// the copy's last reference goes (the kernel's release after the close),
+// which closes its file. It neither fails (it failed with ENOENT: the
+// descriptor's number was gone when the copy's mtime was armed through
+// /proc/self/fd) nor arms another file that got the descriptor's number.
+func TestHarvestWhileClosing(t *testing.T) {
+	dir := t.TempDir()
+	cache, err := openCache(dir, 1<<30, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.close()
+	m := &Mount{cache: cache}
+	c, err := cache.newWork(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.f.WriteString("committed"); err != nil {
+		t.Fatal(err)
+	}
+	// A clean copy: its last reference closes its file and keeps it, a
+	// new one opens it again.
+	k := cacheKey{1, cairn.ID{1}}
+	c.size, c.version, c.manifest, c.ptw = 9, true, k.manifest, true
+	cache.adopt(c, k)
+	if !c.cached {
+		t.Fatal("the copy was not adopted")
+	}
+	// Opened right after each close, it gets the number the copy had.
+	other := filepath.Join(dir, "other")
+	if err := os.WriteFile(other, []byte("another file"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	was := time.Unix(1_500_000_000, 0)
+	if err := os.Chtimes(other, was, was); err != nil {
+		t.Fatal(err)
+	}
+
+	const rounds = 20000
+	done := make(chan error, 1)
+	go func() {
+		for range rounds {
+			cache.unref(c) // the release: closes the file
+			if f, err := os.Open(other); err == nil {
+				f.Close()
+			}
+			if err := cache.ref(c); err != nil { // the next open
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	// Every harvest until the closes are done; another file armed is
+	// seen by its mtime, and set back.
+	var fails, armed, harvests int
+	var first error
+	for finished := false; !finished; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			finished = true
+		default:
+		}
+		c.wmu.Lock()
+		err := m.harvest(c)
+		c.wmu.Unlock()
+		harvests++
+		if err != nil {
+			fails++
+			first = cmp.Or(first, err)
+		}
+		if fi, err := os.Stat(other); err != nil {
+			t.Fatal(err)
+		} else if !fi.ModTime().Equal(was) {
+			armed++
+			os.Chtimes(other, was, was)
+		}
+	}
+	if fails > 0 || armed > 0 {
+		t.Fatalf("%d harvests while the copy was closed and opened %d times: %d failed (first: %v), %d armed another file", harvests, rounds, fails, first, armed)
+	}
+	t.Logf("%d harvests while the copy was closed and opened %d times", harvests, rounds)
+}
