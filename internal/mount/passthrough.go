@@ -324,8 +324,17 @@ func (n *node) openPT(ctx context.Context, e *meta.Entry, flags uint32) (*handle
 		time.Sleep(200 * time.Microsecond)
 		n.mu.Lock()
 	}
+	// A copy shared is referenced here, under n.mu, with the handle
+	// counted: a handle on it still counted has not let its reference go
+	// (drop uncounts it first), so the copy is still open. Referenced
+	// after n.mu, the release could close it meanwhile (and remove it:
+	// a work copy holding nothing), and the open fail with ENOENT.
 	b := n.pt
 	if b != nil {
+		if err := n.m.cache.ref(b); err != nil {
+			n.mu.Unlock()
+			return nil, err
+		}
 		n.ptHandles++
 	}
 	n.mu.Unlock()
@@ -357,14 +366,13 @@ func (n *node) openPT(ctx context.Context, e *meta.Entry, flags uint32) (*handle
 	return h, nil
 }
 
-// share opens a handle on b, the kernel's backing file of n.
+// share opens a handle on b, the kernel's backing file of n, which the
+// caller has referenced for it (the reference is the handle's, or let go
+// if share fails).
 func (n *node) share(ctx context.Context, b *content, e *meta.Entry, flags uint32) (*handle, error) {
 	m := n.m
 	write := flags&syscall.O_ACCMODE != syscall.O_RDONLY
 	trunc := write && flags&syscall.O_TRUNC != 0
-	if err := m.cache.ref(b); err != nil {
-		return nil, err
-	}
 	// Judged against the newest entry this mount knows, as acquire does:
 	// e was read before a commit of this mount that may have ended since
 	// (b is then a copy of that newer version, not to be refreshed to e's

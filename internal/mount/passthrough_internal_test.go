@@ -2,14 +2,17 @@ package mount
 
 import (
 	"cmp"
+	"context"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/meta"
 )
 
 // TestHarvestWhileClosing: harvest (from a utime by path, which holds no
@@ -98,4 +101,63 @@ func TestHarvestWhileClosing(t *testing.T) {
 		t.Fatalf("%d harvests while the copy was closed and opened %d times: %d failed (first: %v), %d armed another file", harvests, rounds, fails, first, armed)
 	}
 	t.Logf("%d harvests while the copy was closed and opened %d times", harvests, rounds)
+}
+
+// TestOpenPTWhileReleasing: an open that shares the kernel's backing copy
+// of a file while the copy's last handle is released (an empty file
+// just created and closed: its work copy, holding nothing, is removed
+// at its last reference) gets it open, or, once it is let go, a copy of
+// its own; it never fails.
+func TestOpenPTWhileReleasing(t *testing.T) {
+	dir := t.TempDir()
+	cache, err := openCache(dir, 1<<30, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.close()
+	m := &Mount{cache: cache}
+	ctx := context.Background()
+	e := &meta.Entry{Ino: 1, Type: meta.TypeFile}
+	const rounds = 20000
+	var fails int
+	var first error
+	for range rounds {
+		n := &node{m: m, ino: 1, typ: meta.TypeFile}
+		c, err := cache.newWork(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The handle that created it, registered as the inode's backing
+		// file, is being released.
+		n.pt, n.ptHandles, n.ptID, n.content = c, 1, 7, c
+		released := &handle{n: n, c: c, pt: true}
+		start, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			<-start
+			released.drop(ctx)
+			// go-fuse then lets the registration go (backing.
+			// UnregisterBackingFd).
+			n.mu.Lock()
+			if n.ptID = 0; n.ptHandles == 0 {
+				n.pt = nil
+			}
+			n.mu.Unlock()
+			close(done)
+		}()
+		close(start)
+		h, err := n.openPT(ctx, e, syscall.O_RDONLY)
+		<-done
+		if err != nil {
+			fails++
+			first = cmp.Or(first, err)
+			continue
+		}
+		if h.c.file() == nil {
+			t.Fatal("the open got a closed copy")
+		}
+		h.drop(ctx)
+	}
+	if fails > 0 {
+		t.Fatalf("%d of %d opens failed (first: %v)", fails, rounds, first)
+	}
 }
