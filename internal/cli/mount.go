@@ -74,11 +74,11 @@ on another device at once is kept under both (this device's as
 NAME.conflict-XXXXXXXX, logged). A mount killed before a batch is written loses
 those changes (its queued file contents are kept).
 
-Passthrough (--passthrough auto; experimental, off by default): the kernel
-reads and writes open files' local copies itself, at local-disk speed (FUSE
-passthrough: Linux 6.9 or later, running as root, blocking mode, file leases on
-the cache's disk; elsewise the log says why and the mount serves reads and
-writes itself, as --passthrough off, the default, always does). Descriptors
+Passthrough (--passthrough auto, the default): the kernel reads and writes open
+files' local copies itself, at local-disk speed (FUSE passthrough: Linux 6.9 or
+later, running as root, blocking mode, file leases on the cache's disk;
+elsewise the log says why and the mount serves reads and writes itself, as
+--passthrough off always does). Descriptors
 still open on a file see another device's new version replace its bytes in
 place when this device opens it again. Stores through a shared writable
 mapping (mmap) after its descriptor's close are not seen at the close: the mount holds such a copy until a file lease shows the
@@ -149,7 +149,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 	m.Flags().DurationVar(&attrTimeout, "attr-timeout", mount.DefaultAttrTimeout, "how long the kernel caches attributes and names (0: not at all)")
 	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")
 	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them; write-back (experimental): as non-blocking, and creates, mkdirs and attribute changes are written in batches")
-	m.Flags().StringVar(&passthrough, "passthrough", "off", "auto (experimental): the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking mode, file leases on the cache's disk; elsewise the log says why and the mount serves them); off: always through the mount")
+	m.Flags().StringVar(&passthrough, "passthrough", "auto", "auto: the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking mode, file leases on the cache's disk; elsewise the log says why and the mount serves them); off: always through the mount")
 	m.Flags().StringVar(&cacheSize, "cache-size", "", "bound of the whole-file cache, such as 2GiB (default: a tenth of the free disk, at most 4GiB)")
 
 	var lazy bool

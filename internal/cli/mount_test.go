@@ -485,3 +485,45 @@ func TestMountPolicy(t *testing.T) {
 	r.ok("umount", mnt)
 	waitExit(t, exited, out)
 }
+
+// TestMountPassthroughDefault: 'cairn mount' asks for FUSE passthrough
+// unless told --passthrough off. Its log (--verbose) says passthrough=on,
+// or, where the kernel or the user cannot have it, why not (only a mount
+// that asked for it says so); with --passthrough off it says
+// passthrough=off and gives no reason. Each mount serves a file written
+// through it to 'cairn cat'.
+func TestMountPassthroughDefault(t *testing.T) {
+	skipWithoutFUSE(t)
+	r := newRealm(t)
+	mnt := mountPoint(t)
+	for _, tc := range []struct {
+		flags []string
+		asks  bool
+	}{
+		{nil, true},
+		{[]string{"--passthrough", "off"}, false},
+		{[]string{"--passthrough", "auto"}, true},
+	} {
+		_, exited, out := r.foregroundWith(mnt, nil, append([]string{"--verbose"}, tc.flags...)...)
+		want := fmt.Sprintf("through a mount with %q\n", tc.flags)
+		if err := os.WriteFile(filepath.Join(mnt, "f"), []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := r.ok("cat", "home:/f"); got != want {
+			t.Fatalf("flags %q: cairn cat after close: %q", tc.flags, got)
+		}
+		r.ok("umount", mnt)
+		waitExit(t, exited, out)
+		log := out.String()
+		on, why := strings.Contains(log, "passthrough=on"), strings.Contains(log, "passthrough not available")
+		switch {
+		case tc.asks && !on && !why:
+			t.Fatalf("flags %q: the mount did not ask for passthrough:\n%s", tc.flags, log)
+		case !tc.asks && (on || why || !strings.Contains(log, "passthrough=off")):
+			t.Fatalf("flags %q: the mount asked for passthrough:\n%s", tc.flags, log)
+		}
+		if tc.flags == nil && why {
+			t.Logf("passthrough not available here; the default asked for it:\n%s", log)
+		}
+	}
+}
