@@ -104,3 +104,16 @@ func PendingChanges(m *Mount) int {
 	defer m.wb.mu.Unlock()
 	return len(m.wb.items)
 }
+
+// ForgetRoot asks the kernel to drop its entry for name in the root
+// (FUSE_NOTIFY_INVAL_ENTRY) and reports whether the kernel then let the
+// node go (it is no longer in go-fuse's tree) within wait.
+func ForgetRoot(m *Mount, name string, wait time.Duration) bool {
+	m.root.NotifyEntry(name)
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if m.root.GetChild(name) == nil {
+			return true
+		}
+	}
+	return false
+}

@@ -11,7 +11,7 @@ import (
 // commit) is not cleared by that settle's end.
 func TestUnholdKeepsNewerHold(t *testing.T) {
 	m := &Mount{cache: &diskCache{}, held: map[*content]*node{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	n := &node{}
+	n := &node{nodeState: &nodeState{}}
 	c := &content{held: true, holdGen: 1}
 	m.held[c] = n
 	gen := c.holdGen // the settle reads its hold

@@ -38,6 +38,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"weak"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -140,6 +141,10 @@ type Mount struct {
 	curWatch  *meta.EntryWatch
 	watchHold chan struct{} // tests: hold a new watch until closed
 
+	// states are the inodes' node states (node.go, stateFor).
+	statesMu sync.Mutex
+	states   map[uint64]weak.Pointer[nodeState]
+
 	// locked are the nodes holding writer-lock references (lock.go).
 	lockedMu sync.Mutex
 	locked   map[*node]struct{}
@@ -212,7 +217,7 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 		o.LockWait = DefaultLockWait
 	}
 	m := &Mount{dir: dir, vol: v, log: o.Logger.With("volume", v.Name(), "mountpoint", dir), mode: o.Mode, lockWait: o.LockWait,
-		ents: newEntryCache(v.Meta), locked: map[*node]struct{}{},
+		ents: newEntryCache(v.Meta), locked: map[*node]struct{}{}, states: map[uint64]weak.Pointer[nodeState]{},
 		held: map[*content]*node{}, heldKick: make(chan struct{}, 1)}
 	m.idle = sync.NewCond(&m.busyMu)
 	cache, err := openCache(filepath.Join(o.CacheDir, v.Meta.V.ID), o.CacheSize, m.log)
@@ -249,7 +254,7 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 		m.shutdown()
 		return nil, err
 	}
-	m.root = &node{m: m, ino: meta.RootIno, typ: meta.TypeDir}
+	m.root = &node{m: m, ino: meta.RootIno, typ: meta.TypeDir, nodeState: m.stateFor(meta.RootIno)}
 	m.root.remember(rootEnt)
 	timeout := o.AttrTimeout
 	opts := &gofs.Options{

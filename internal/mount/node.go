@@ -4,12 +4,14 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"weak"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -36,6 +38,21 @@ type node struct {
 	ino uint64
 	typ meta.Type
 
+	// The file's state on this mount, shared by every node of its inode
+	// (nodeState, Mount.stateFor): the kernel can let a node go (evict it
+	// from its caches) while a queued commit or a pending change still
+	// needs what it held, and looks the file up again as a new node.
+	*nodeState
+
+	// moved is where a rename or removal on this mount put the node, set
+	// before the call returns: go-fuse moves the node in its tree only
+	// after, so while the tree still shows the node where it was (from),
+	// place answers moved instead. Guarded by mu.
+	moved *movedTo
+}
+
+// nodeState is what the nodes of one inode share (node).
+type nodeState struct {
 	mu sync.Mutex
 	// content is the open copy of a regular file that new opens share
 	// (file.go); nil when no handle is open.
@@ -57,7 +74,7 @@ type node struct {
 	// meanwhile (mixed: their reads may have filled the page cache).
 	served  *content
 	mixed   bool
-	handles map[*content]int // copies with handles of this node, and how many
+	handles map[*content]int // copies with handles of this inode, and how many
 
 	// Passthrough (passthrough.go), guarded by mu: pt is the copy the
 	// kernel has as this inode's backing file (reserved by the open that
@@ -66,7 +83,7 @@ type node struct {
 	pt        *content
 	ptID      int32
 	ptHandles int
-	// openMu serializes passthrough opens of the node.
+	// openMu serializes passthrough opens of the inode.
 	openMu sync.Mutex
 
 	// wl is the file's writer lock while this mount writes it (lock.go).
@@ -76,16 +93,38 @@ type node struct {
 	// metadata's compare-and-swap) with renames and removals of it on
 	// this mount: a commit never writes under a name the file just left.
 	placeMu sync.Mutex
-	// moved is where a rename or removal on this mount put the node, set
-	// before the call returns: go-fuse moves the node in its tree only
-	// after, so while the tree still shows the node where it was (from),
-	// place answers moved instead. Guarded by mu.
-	moved *movedTo
-	// removed: this mount removed the node's name (or renamed another
+	// removed: this mount removed the file's name (or renamed another
 	// file over it). A node that has no place without being removed was
 	// let go by the kernel (its caches evicted it): its queued commits
 	// still go where the file is.
 	removed atomic.Bool
+}
+
+// stateFor returns the state of inode ino's nodes: the one a node of it
+// still referenced (by an open handle, a queued commit, a pending change)
+// has, else a new one. Entries go once nothing references their state.
+func (m *Mount) stateFor(ino uint64) *nodeState {
+	m.statesMu.Lock()
+	defer m.statesMu.Unlock()
+	if p, ok := m.states[ino]; ok {
+		if st := p.Value(); st != nil {
+			return st
+		}
+	}
+	st := &nodeState{}
+	m.states[ino] = weak.Make(st)
+	runtime.AddCleanup(st, m.dropState, ino)
+	return st
+}
+
+// dropState forgets inode ino's state once it was collected (and not
+// replaced since).
+func (m *Mount) dropState(ino uint64) {
+	m.statesMu.Lock()
+	defer m.statesMu.Unlock()
+	if p, ok := m.states[ino]; ok && p.Value() == nil {
+		delete(m.states, ino)
+	}
 }
 
 // movedTo is a node's place after a rename (or its removal: gone), and
@@ -234,7 +273,7 @@ func (n *node) setMoved(mv *movedTo) {
 func lockPlaces(nodes ...*node) func() {
 	var held []*node
 	for _, x := range nodes {
-		if x != nil && !slices.Contains(held, x) {
+		if x != nil && !slices.ContainsFunc(held, func(h *node) bool { return h.nodeState == x.nodeState }) {
 			held = append(held, x)
 		}
 	}
@@ -366,7 +405,7 @@ func (n *node) child(ctx context.Context, e *meta.Entry, out *fuse.EntryOut) *go
 		cn.fill(e, &out.Attr)
 		return ch
 	}
-	cn := &node{m: n.m, ino: e.Ino, typ: e.Type}
+	cn := &node{m: n.m, ino: e.Ino, typ: e.Type, nodeState: n.m.stateFor(e.Ino)}
 	cn.remember(e)
 	cn.fill(e, &out.Attr)
 	return n.NewInode(ctx, cn, gofs.StableAttr{Mode: typeMode(e.Type), Ino: e.Ino})

@@ -122,7 +122,7 @@ func TestOpenPTWhileReleasing(t *testing.T) {
 	var fails int
 	var first error
 	for range rounds {
-		n := &node{m: m, ino: 1, typ: meta.TypeFile}
+		n := &node{m: m, ino: 1, typ: meta.TypeFile, nodeState: &nodeState{}}
 		c, err := cache.newWork(1)
 		if err != nil {
 			t.Fatal(err)
