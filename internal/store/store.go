@@ -204,3 +204,12 @@ func Sequential(ctx context.Context) bool {
 	q, _ := ctx.Value(sequentialKey{}).(bool)
 	return q
 }
+
+// RangeFiller is an optional ability of a RangeReader: GetRangeInto reads
+// len(dst) bytes of the stored object id from byte off into dst, as
+// GetRange would return them (not verified; the same errors), so that a
+// caller reading many ranges can reuse its buffers (packstore's
+// read-ahead spans).
+type RangeFiller interface {
+	GetRangeInto(ctx context.Context, id cairn.ID, off int64, dst []byte) error
+}

@@ -205,6 +205,9 @@ func (s *Store) Keep(ctx context.Context, id cairn.ID, data []byte) {
 // otherwise from the backing store (verified, then cached). Errors of the
 // backing store are returned as they are, Kind kept.
 func (s *Store) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	// A fetch is shared by concurrent Gets and inserted into the cache
+	// after it returns: the backing store must not lend (store.LoanNote).
+	ctx = store.WithoutLoans(ctx)
 	if err := store.CtxErr(ctx, "get", id.String()); err != nil {
 		return nil, err
 	}

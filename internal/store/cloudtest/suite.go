@@ -125,6 +125,23 @@ func testRequests(t *testing.T, s *objstore.Store) {
 			t.Fatalf("GetRange past the end: %v, want Invalid", err)
 		}
 	})
+	step("GetRangeInto", objstore.Requests{Get: 1}, func() {
+		dst := make([]byte, 900)
+		must(t, s.GetRangeInto(bg, b, 100, dst))
+		if string(dst) != string(db[100:1000]) {
+			t.Fatal("GetRangeInto read other bytes")
+		}
+	})
+	step("GetRangeInto past the end", objstore.Requests{Get: 1}, func() {
+		if err := s.GetRangeInto(bg, b, 1999, make([]byte, 2)); !errors.Is(err, cairn.ErrInvalid) {
+			t.Fatalf("GetRangeInto past the end: %v, want Invalid", err)
+		}
+	})
+	step("GetRangeInto missing", objstore.Requests{Get: 1}, func() {
+		if err := s.GetRangeInto(bg, missing, 0, make([]byte, 2)); !errors.Is(err, cairn.ErrNotFound) {
+			t.Fatalf("GetRangeInto of a missing object: %v, want NotFound", err)
+		}
+	})
 	step("GetRange of nothing", objstore.Requests{Head: 1}, func() {
 		if _, err := s.GetRange(bg, missing, 0, 0); !errors.Is(err, cairn.ErrNotFound) {
 			t.Fatalf("GetRange of 0 bytes of a missing object: %v, want NotFound", err)
@@ -153,7 +170,7 @@ func testRequests(t *testing.T, s *objstore.Store) {
 		}
 	})
 	step("Delete", objstore.Requests{Delete: 1}, func() { must(t, s.Delete(bg, a)) })
-	if m := s.Requests().Map(); m["PUT"] != 2 || m["GET"] != 4 || m["HEAD"] != 4 || m["LIST"] != 2 || m["DELETE"] != 1 {
+	if m := s.Requests().Map(); m["PUT"] != 2 || m["GET"] != 7 || m["HEAD"] != 4 || m["LIST"] != 2 || m["DELETE"] != 1 {
 		t.Errorf("Requests().Map() = %v", m)
 	}
 }

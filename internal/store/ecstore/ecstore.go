@@ -449,6 +449,9 @@ func (s *Store) join(op string, om *objMap, shards [][]byte) ([]byte, error) {
 // Get returns the object; see the package comment.
 func (s *Store) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	const op = "get"
+	// Shards are joined into new bytes, and a repair may keep them
+	// after Get returns: no member lends (store.LoanNote).
+	ctx = store.WithoutLoans(ctx)
 	if err := store.CtxErr(ctx, op, id.String()); err != nil {
 		return nil, err
 	}

@@ -80,6 +80,17 @@ type Bucket interface {
 	Close() error
 }
 
+// RangeFillBucket is an optional ability of a Bucket: GetRangeInto reads
+// exactly len(dst) > 0 bytes of the object from byte off into dst (one
+// ranged GET, as GetRange). A reply that announces fewer bytes (the range
+// reaches past the end) fails with Kind Invalid, one cut short of what it
+// announced with io.ErrUnexpectedEOF (Kind IO, retried: ReadBodyInto);
+// other errors as GetRange's. Store.GetRangeInto uses it; without it, it
+// copies what GetRange returns.
+type RangeFillBucket interface {
+	GetRangeInto(ctx context.Context, key string, off int64, dst []byte) error
+}
+
 // Options tune a Store. The zero value takes the defaults.
 type Options struct {
 	// Attempts is how many times a request is tried in all when it fails
@@ -224,6 +235,31 @@ func ReadBody(r io.Reader, size, limit int64, key string) ([]byte, error) {
 		return nil, fmt.Errorf("read %d bytes of %d: %w", buf.Len(), size, io.ErrUnexpectedEOF)
 	}
 	return buf.Bytes(), nil
+}
+
+// ReadBodyInto reads a reply's body into dst for a backend's
+// GetRangeInto: size is what the reply announced (-1 if nothing). A reply
+// announcing another length than len(dst) fails with Kind Invalid, one
+// with fewer bytes than announced with io.ErrUnexpectedEOF, one with more
+// with io.ErrUnexpectedEOF too (as ReadBody).
+func ReadBodyInto(r io.Reader, size int64, dst []byte, key string) error {
+	if size >= 0 && size != int64(len(dst)) {
+		return cairn.E("get range", cairn.Invalid, key, fmt.Errorf("reply of %d bytes for a range of %d", size, len(dst)))
+	}
+	if n, err := io.ReadFull(r, dst); err != nil {
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return fmt.Errorf("read %d bytes of %d: %w", n, len(dst), io.ErrUnexpectedEOF)
+		}
+		return err
+	}
+	var one [1]byte
+	switch n, err := io.ReadFull(r, one[:]); {
+	case n > 0:
+		return fmt.Errorf("read more than the %d bytes asked for: %w", len(dst), io.ErrUnexpectedEOF)
+	case err != io.EOF:
+		return err
+	}
+	return nil
 }
 
 // path names an object in errors: the store's URL and the object's ID.
@@ -386,6 +422,34 @@ func (s *Store) GetRange(ctx context.Context, id cairn.ID, off, n int64) ([]byte
 		return nil, cairn.E("get range", cairn.Invalid, path, fmt.Errorf("range [%d, %d) reaches past the object's end (%d bytes read)", off, off+n, len(data)))
 	}
 	return data, nil
+}
+
+// GetRangeInto reads len(dst) bytes of the object from byte off into dst
+// (store.RangeFiller): one ranged GET, read straight into dst when the
+// bucket can (RangeFillBucket), else GetRange's bytes copied. As
+// GetRange, the bytes are not checked; a range reaching past the object's
+// end fails with Kind Invalid, a missing object with NotFound. On error
+// dst may hold anything.
+func (s *Store) GetRangeInto(ctx context.Context, id cairn.ID, off int64, dst []byte) error {
+	fb, ok := s.b.(RangeFillBucket)
+	if !ok || len(dst) == 0 {
+		data, err := s.GetRange(ctx, id, off, int64(len(dst)))
+		if err == nil {
+			copy(dst, data)
+		}
+		return err
+	}
+	path := s.path(id)
+	if err := s.begin(ctx, "get range", path); err != nil {
+		return err
+	}
+	if off < 0 || len(dst) > MaxObject {
+		return cairn.E("get range", cairn.Invalid, path, fmt.Errorf("range of %d bytes at %d", len(dst), off))
+	}
+	key := Key(s.prefix, id)
+	return s.retry(ctx, "get range", path, func() error {
+		return fb.GetRangeInto(ctx, key, off, dst)
+	})
 }
 
 // Has sends one HEAD request per distinct ID, Options.HasWorkers at a time.

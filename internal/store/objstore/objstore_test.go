@@ -1,6 +1,7 @@
 package objstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -582,6 +583,90 @@ func TestReadBody(t *testing.T) {
 			}
 		case err != nil || string(got) != string(tc.body):
 			t.Errorf("%s: %q, %v", tc.name, got, err)
+		}
+	}
+}
+
+func TestReadBodyInto(t *testing.T) {
+	body := []byte("0123456789")
+	for _, tc := range []struct {
+		name        string
+		body        []byte
+		size        int64
+		dst         int
+		wantEOF     bool // fails with io.ErrUnexpectedEOF
+		wantInvalid bool
+	}{
+		{"announced", body, 10, 10, false, false},
+		{"unannounced", body, -1, 10, false, false},
+		{"short", body[:7], 10, 10, true, false},
+		{"short, unannounced", body[:7], -1, 10, true, false},
+		{"long", body, 7, 7, true, false},
+		{"long, unannounced", body, -1, 7, true, false},
+		{"announces less than asked", body[:7], 7, 10, false, true},
+		{"announces more than asked", body, 10, 7, false, true},
+	} {
+		dst := make([]byte, tc.dst)
+		err := ReadBodyInto(iotest.OneByteReader(strings.NewReader(string(tc.body))), tc.size, dst, "k")
+		switch {
+		case tc.wantEOF:
+			if !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Errorf("%s: %v, want io.ErrUnexpectedEOF", tc.name, err)
+			}
+		case tc.wantInvalid:
+			if !errors.Is(err, cairn.ErrInvalid) {
+				t.Errorf("%s: %v, want Invalid", tc.name, err)
+			}
+		case err != nil || string(dst) != string(tc.body):
+			t.Errorf("%s: %q, %v", tc.name, dst, err)
+		}
+	}
+}
+
+// fillBucket is a memBucket that reads ranges into the caller's buffer
+// (RangeFillBucket), through ReadBodyInto as a backend does.
+type fillBucket struct{ *memBucket }
+
+func (f fillBucket) GetRangeInto(ctx context.Context, key string, off int64, dst []byte) error {
+	b, err := f.GetRange(ctx, key, off, int64(len(dst)))
+	if err != nil {
+		return err
+	}
+	return ReadBodyInto(bytes.NewReader(b), int64(len(b)), dst, key)
+}
+
+// GetRangeInto reads into the caller's buffer, with one GET, retried as
+// GetRange; without RangeFillBucket the bucket's GetRange is copied.
+func TestGetRangeInto(t *testing.T) {
+	for _, fill := range []bool{false, true} {
+		m := newMem()
+		var b Bucket = m
+		if fill {
+			b = fillBucket{m}
+		}
+		s := New("mem://bucket/p", "p", b, m.n, quick)
+		id, data := storetest.Blob(1, 1000)
+		if err := s.Put(bg, id, data); err != nil {
+			t.Fatal(err)
+		}
+		before := s.Requests()
+		dst := make([]byte, 20)
+		if err := s.GetRangeInto(bg, id, 10, dst); err != nil || string(dst) != string(data[10:30]) {
+			t.Fatalf("fill %t: GetRangeInto: %v", fill, err)
+		}
+		if r := s.Requests().Sub(before); r != (Requests{Get: 1}) {
+			t.Errorf("fill %t: GetRangeInto of 20 bytes: requests %v, want one GET", fill, r)
+		}
+		m.fail["get"] = []error{statusErr(503)}
+		if err := s.GetRangeInto(bg, id, 0, dst[:5]); err != nil || string(dst[:5]) != string(data[:5]) {
+			t.Fatalf("fill %t: GetRangeInto after a 503: %v", fill, err)
+		}
+		if err := s.GetRangeInto(bg, id, 990, dst); !errors.Is(err, cairn.ErrInvalid) {
+			t.Errorf("fill %t: GetRangeInto past the end: %v, want Invalid", fill, err)
+		}
+		missing, _ := storetest.Blob(2, 10)
+		if err := s.GetRangeInto(bg, missing, 0, dst); !errors.Is(err, cairn.ErrNotFound) {
+			t.Errorf("fill %t: GetRangeInto of a missing object: %v, want NotFound", fill, err)
 		}
 	}
 }

@@ -252,6 +252,9 @@ type badCopy struct {
 // good copy.
 func (s *Store) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	const op = "get"
+	// rebuild writes the copy to other members after Get returns: no
+	// member lends it (store.LoanNote).
+	ctx = store.WithoutLoans(ctx)
 	if err := store.CtxErr(ctx, op, id.String()); err != nil {
 		return nil, err
 	}

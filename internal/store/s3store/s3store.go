@@ -245,6 +245,27 @@ func (b *bucket) GetRange(ctx context.Context, key string, off, n int64) ([]byte
 	return b.read(ctx, key, opts, n)
 }
 
+// GetRangeInto reads len(dst) bytes of key from off straight into dst
+// (objstore.RangeFillBucket): no buffer is allocated per read.
+func (b *bucket) GetRangeInto(ctx context.Context, key string, off int64, dst []byte) error {
+	var opts minio.GetObjectOptions
+	if err := opts.SetRange(off, off+int64(len(dst))-1); err != nil {
+		return cairn.E("get range", cairn.Invalid, key, err)
+	}
+	rc, _, h, err := minio.Core{Client: b.c}.GetObject(ctx, b.name, key, opts)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	size := int64(-1)
+	if cl := h.Get("Content-Length"); cl != "" {
+		if size, err = strconv.ParseInt(cl, 10, 64); err != nil || size < 0 {
+			return fmt.Errorf("bad Content-Length %q", cl)
+		}
+	}
+	return objstore.ReadBodyInto(rc, size, dst, key)
+}
+
 // read sends one GET and reads the body: at most limit bytes, and all the
 // bytes the reply announced.
 func (b *bucket) read(ctx context.Context, key string, opts minio.GetObjectOptions, limit int64) ([]byte, error) {
