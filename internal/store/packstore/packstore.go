@@ -244,6 +244,7 @@ type Store struct {
 	raMu    sync.Mutex // guards ra
 	ra      readAhead
 	bgReads sync.WaitGroup // background span reads (readSpans); Close waits
+	spans   *spanPool      // span buffers for reuse (readahead.go)
 
 	delMu  sync.RWMutex  // Delete (shared) against Repack (exclusive)
 	refSem chan struct{} // one refresh at a time
@@ -301,6 +302,7 @@ func New(ctx context.Context, backing cairn.Store, opts Options) (*Store, error)
 		pending: map[cairn.ID]*batch{},
 	}
 	s.rr, _ = backing.(store.RangeReader)
+	s.spans = &spanPool{size: max(opts.ReadAhead, 0), maxFree: max(4, 2*opts.ReadAheadSpans)}
 	s.life, s.cancel = context.WithCancel(context.Background())
 	if opts.Dir != "" {
 		d, err := openDisk(opts.Dir)
@@ -620,7 +622,7 @@ func (s *Store) get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	gone := false
 	for _, r := range refs {
 		o := r.p.objs[r.i]
-		data, err := s.readObject(ctx, r)
+		data, giveBack, err := s.readObject(ctx, r)
 		switch cairn.KindOf(err) {
 		case cairn.Other:
 			if err != nil {
@@ -628,7 +630,13 @@ func (s *Store) get(ctx context.Context, id cairn.ID) ([]byte, error) {
 			}
 			if sum256(data) == id {
 				store.NoteVerified(ctx, id, data)
+				if giveBack != nil {
+					store.Lend(ctx, data, giveBack) // readObject lends only when ctx takes loans
+				}
 				return data, nil
+			}
+			if giveBack != nil {
+				giveBack()
 			}
 			err = errors.New("data does not hash to its ID")
 		case cairn.NotFound:
@@ -905,6 +913,7 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.cancel()
 	s.bgReads.Wait()
+	s.spans.close()
 	if e := s.backing.Close(); err == nil {
 		err = e
 	}

@@ -376,6 +376,105 @@ func TestReadAheadBytesBelongToCaller(t *testing.T) {
 	}
 }
 
+// fillRanges is a shared backing store that reads ranges into the
+// caller's buffer (store.RangeFiller), as a cloud store does, counting the
+// reads and the distinct buffers filled.
+type fillRanges struct {
+	*shared
+	mu    sync.Mutex
+	fills int
+	bufs  map[*byte]bool
+}
+
+func (f *fillRanges) GetRangeInto(ctx context.Context, id cairn.ID, off int64, dst []byte) error {
+	b, err := f.GetRange(ctx, id, off, int64(len(dst)))
+	if err != nil {
+		return err
+	}
+	copy(dst, b)
+	f.mu.Lock()
+	f.fills++
+	f.bufs[&dst[0]] = true
+	f.mu.Unlock()
+	return nil
+}
+
+// A reader that takes loans (the pipeline) gets the objects of read-ahead
+// spans lent: it may overwrite them (in-place decryption), and once it
+// gives them back their span's buffer serves later spans, so a long read
+// in order fills a few buffers over and over. Objects handed to a reader
+// that takes no loans are never overwritten by later reads.
+func TestReadAheadLends(t *testing.T) {
+	backing := &fillRanges{shared: newShared(), bufs: map[*byte]bool{}}
+	w := open(t, backing, packstore.Options{})
+	// 4,000 objects of 16 KiB: 4 packs of 16 MiB, 16 spans of 4 MiB.
+	ids, data := blobs(60000, 4000, 16<<10)
+	putPacked(t, w, ids, data)
+	w.Close()
+
+	r := open(t, backing, packstore.Options{})
+	var next, lent atomic.Int64
+	var wg sync.WaitGroup
+	seq := store.WithSequential(bg)
+	for range 128 { // as the pipeline's read-ahead asks
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(ids) {
+					return
+				}
+				ctx, note := store.WithLoanNote(seq)
+				got, err := r.Get(ctx, ids[i])
+				if err != nil || !bytes.Equal(got, data[i]) {
+					t.Errorf("object %d: %v", i, err)
+					return
+				}
+				giveBack := note.Take(got)
+				if giveBack == nil {
+					continue
+				}
+				lent.Add(1)
+				for j := range got {
+					got[j] ^= 0xff
+				}
+				giveBack()
+				giveBack() // a second call does nothing
+			}
+		})
+	}
+	wg.Wait()
+	r.Close()
+	backing.mu.Lock()
+	fills, bufs := backing.fills, len(backing.bufs)
+	backing.mu.Unlock()
+	t.Logf("%d of %d objects lent; %d span reads into %d buffers", lent.Load(), len(ids), fills, bufs)
+	if lent.Load() < int64(len(ids))*9/10 {
+		t.Errorf("%d of %d objects lent, want nearly all", lent.Load(), len(ids))
+	}
+	if fills < 16 || bufs > fills/2 {
+		t.Errorf("%d span reads into %d buffers, want at least 16 reads into at most half as many buffers", fills, bufs)
+	}
+
+	// No loans: what a Get returned stays the caller's, untouched by the
+	// reads after it.
+	backing.bufs = map[*byte]bool{}
+	r = open(t, backing, packstore.Options{})
+	defer r.Close()
+	kept := make([][]byte, len(ids))
+	for i := range ids {
+		got, err := r.Get(seq, ids[i])
+		if err != nil || !bytes.Equal(got, data[i]) {
+			t.Fatalf("object %d: %v", i, err)
+		}
+		kept[i] = got
+	}
+	for i := range ids {
+		if !bytes.Equal(kept[i], data[i]) {
+			t.Fatalf("object %d changed after later reads", i)
+		}
+	}
+}
+
 // slowRanges is a shared backing store whose ranged reads take a while,
 // counting the most in flight at once and the bytes read.
 type slowRanges struct {

@@ -30,10 +30,21 @@ package packstore
 // does with them touches no other object. Those bytes are never handed out
 // again: a second Get of the same object while the span lives reads it
 // alone.
+//
+// A span's buffer is reused for a later span (Store.spans, spanbuf.go) when the
+// backing store can read into a given buffer (store.RangeFiller) and every
+// object handed out of it was lent (store.Lend) and given back: a 1 GiB
+// get through the pipeline then touches a few spans' worth of memory
+// instead of 1 GiB of fresh heap. The span is recycled once it is out of
+// the read-ahead list, its read is over, and no Get uses it (users: Gets
+// waiting on it or taking from it, and loans not given back yet). An
+// object handed to a Get that cannot give it back keeps the buffer from
+// reuse (the garbage collector frees it).
 
 import (
 	"context"
 	"slices"
+	"sync"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/store"
@@ -52,6 +63,13 @@ type span struct {
 	done     chan struct{}
 	data     []byte
 	err      error
+
+	// Reuse of the buffer (see the package comment above), under raMu.
+	buf     *spanBuf // from Store.spans; nil: not to be reused
+	users   int      // Gets waiting on or taking from it, loans out
+	read    bool     // the read is over (data or err set)
+	dropped bool     // out of readAhead.spans
+	keep    bool     // bytes went to a Get that gives nothing back
 }
 
 // readAhead is the state of span reads. Guarded by Store.raMu.
@@ -69,15 +87,21 @@ const seqWindow = 16
 // readObject returns the bytes of object r.i of pack r.p: from a span
 // covering it, or by a span read when the pack is read sequentially, or by
 // a ranged read of the object alone.
-func (s *Store) readObject(ctx context.Context, r ref) ([]byte, error) {
+//
+// giveBack is nil unless the bytes were lent (see the package comment):
+// the caller then either hands them on with store.Lend or, if it does not
+// return them, calls giveBack itself.
+func (s *Store) readObject(ctx context.Context, r ref) (data []byte, giveBack func(), err error) {
 	o := r.p.objs[r.i]
 	ra := int64(s.opts.ReadAhead)
 	if ra <= 0 || s.rr == nil || o.n >= ra {
-		return s.readRange(ctx, r.p.id, o.off, o.n)
+		data, err := s.readRange(ctx, r.p.id, o.off, o.n)
+		return data, nil, err
 	}
 	s.raMu.Lock()
 	if sp := s.ra.covering(r.p.id, o.off, o.n); sp != nil {
 		ahead := s.aheadLocked(sp, o.off)
+		sp.users++
 		s.raMu.Unlock()
 		s.readSpans(ahead)
 		return s.fromSpan(ctx, sp, r)
@@ -105,7 +129,8 @@ func (s *Store) readObject(ctx context.Context, r ref) ([]byte, error) {
 	case store.Sequential(ctx):
 	default:
 		s.raMu.Unlock()
-		return s.readRange(ctx, r.p.id, o.off, o.n)
+		data, err := s.readRange(ctx, r.p.id, o.off, o.n)
+		return data, nil, err
 	}
 	sp := s.spanLocked(r.p, first)
 	var before []*span
@@ -113,12 +138,13 @@ func (s *Store) readObject(ctx context.Context, r ref) ([]byte, error) {
 		before = append(before, sp)
 		sp = s.spanLocked(r.p, r.i)
 	}
+	sp.users++
 	s.raMu.Unlock()
 	s.readSpans(before)
-	sp.data, sp.err = s.readRange(ctx, r.p.id, sp.off, sp.end-sp.off)
-	s.spanRead(sp)
+	s.readSpan(ctx, sp)
 	if sp.err != nil {
-		return nil, sp.err
+		s.unuse(sp)
+		return nil, nil, sp.err
 	}
 	return s.fromSpan(ctx, sp, r)
 }
@@ -154,19 +180,67 @@ func (s *Store) spanLocked(p *pack, i int) *span {
 	s.ra.bytes += end - o.off
 	hold := ra * int64(max(4, 2*s.opts.ReadAheadSpans))
 	for s.ra.bytes > hold && len(s.ra.spans) > 1 {
-		s.ra.drop(s.ra.spans[0])
+		s.dropLocked(s.ra.spans[0])
 	}
 	return sp
 }
 
-// spanRead publishes the result of sp's read.
-func (s *Store) spanRead(sp *span) {
-	close(sp.done)
-	if sp.err != nil {
-		s.raMu.Lock()
-		s.ra.drop(sp)
-		s.raMu.Unlock()
+// readSpan reads sp's bytes and publishes them: into a buffer of
+// Store.spans when the backing store can fill one, else into the fresh
+// bytes a ranged read returns.
+func (s *Store) readSpan(ctx context.Context, sp *span) {
+	n := sp.end - sp.off
+	if f, ok := s.rr.(store.RangeFiller); ok && n <= int64(s.opts.ReadAhead) {
+		buf := s.spans.get()
+		s.nRange.Add(1)
+		if err := f.GetRangeInto(ctx, sp.pack, sp.off, buf.b[:n]); err != nil {
+			s.spans.put(buf) // seen by no one
+			sp.err = err
+		} else {
+			sp.data, sp.buf = buf.b[:n:n], buf
+		}
+	} else {
+		sp.data, sp.err = s.readRange(ctx, sp.pack, sp.off, n)
 	}
+	s.raMu.Lock()
+	sp.read = true
+	if sp.err != nil {
+		s.dropLocked(sp)
+	}
+	s.recycleLocked(sp)
+	s.raMu.Unlock()
+	close(sp.done)
+}
+
+// dropLocked takes sp out of the read-ahead list (Gets already holding it
+// still use its bytes).
+func (s *Store) dropLocked(sp *span) {
+	s.ra.drop(sp)
+	sp.dropped = true
+	s.recycleLocked(sp)
+}
+
+// unuse ends one use of sp (a Get that waited on it, or a loan).
+func (s *Store) unuse(sp *span) {
+	s.raMu.Lock()
+	s.unuseLocked(sp)
+	s.raMu.Unlock()
+}
+
+func (s *Store) unuseLocked(sp *span) {
+	sp.users--
+	s.recycleLocked(sp)
+}
+
+// recycleLocked gives sp's buffer back to Store.spans once nothing can
+// touch it any more.
+func (s *Store) recycleLocked(sp *span) {
+	if sp.buf == nil || sp.keep || !sp.read || !sp.dropped || sp.users > 0 {
+		return
+	}
+	b := sp.buf
+	sp.buf, sp.data = nil, nil
+	s.spans.put(b)
 }
 
 // aheadLocked is called when a Get finds its object at off in sp: once the
@@ -202,40 +276,46 @@ func (s *Store) aheadLocked(sp *span, off int64) []*span {
 // a Get's: they serve the Gets to come).
 func (s *Store) readSpans(spans []*span) {
 	for _, sp := range spans {
-		s.bgReads.Go(func() {
-			sp.data, sp.err = s.readRange(s.life, sp.pack, sp.off, sp.end-sp.off)
-			s.spanRead(sp)
-		})
+		s.bgReads.Go(func() { s.readSpan(s.life, sp) })
 	}
 }
 
 // fromSpan waits for sp and returns object r's bytes in it (see the
 // package comment above: not copied, handed out once); if the span's read
 // failed, or the object was taken from it already, it reads the object
-// alone.
-func (s *Store) fromSpan(ctx context.Context, sp *span, r ref) ([]byte, error) {
+// alone. The caller counted itself in sp.users; fromSpan ends that use,
+// or turns it into a loan that giveBack ends (non-nil when ctx takes
+// loans and sp's buffer is to be reused).
+func (s *Store) fromSpan(ctx context.Context, sp *span, r ref) (data []byte, giveBack func(), err error) {
 	select {
 	case <-sp.done:
 	case <-ctx.Done():
-		return nil, store.CtxErr(ctx, "get", "")
+		s.unuse(sp)
+		return nil, nil, store.CtxErr(ctx, "get", "")
 	}
 	o := r.p.objs[r.i]
-	if sp.err != nil {
-		return s.readRange(ctx, r.p.id, o.off, o.n)
-	}
 	s.raMu.Lock()
 	k := r.i - sp.first
-	if sp.taken[k] {
+	if sp.err != nil || sp.taken[k] {
+		s.unuseLocked(sp)
 		s.raMu.Unlock()
-		return s.readRange(ctx, r.p.id, o.off, o.n)
+		data, err := s.readRange(ctx, r.p.id, o.off, o.n)
+		return data, nil, err
 	}
 	sp.taken[k] = true
 	if sp.left--; sp.left <= 0 {
-		s.ra.drop(sp)
+		s.dropLocked(sp)
+	}
+	lo, hi := o.off-sp.off, o.off-sp.off+o.n
+	data = sp.data[lo:hi:hi]
+	if sp.buf != nil && store.CanLend(ctx) {
+		giveBack = sync.OnceFunc(func() { s.unuse(sp) })
+	} else {
+		sp.keep = true
+		s.unuseLocked(sp)
 	}
 	s.raMu.Unlock()
-	lo, hi := o.off-sp.off, o.off-sp.off+o.n
-	return sp.data[lo:hi:hi], nil
+	return data, giveBack, nil
 }
 
 // covering returns a span of pack that holds [off, off+n), or nil.
