@@ -152,8 +152,9 @@ type span struct {
 // fetch is one chunk being fetched and decoded.
 type fetch struct {
 	span
-	plain        []byte // the decoded chunk, aliasing inner or out
+	plain        []byte // the decoded chunk, aliasing inner, outer or the stored bytes
 	inner, outer *[]byte
+	giveBack     func() // non-nil: the stored bytes were lent (store.LoanNote)
 	err          error
 	done         chan struct{}
 }
@@ -161,7 +162,10 @@ type fetch struct {
 func (f *fetch) release() {
 	putBuf(f.inner)
 	putBuf(f.outer)
-	f.inner, f.outer, f.plain = nil, nil, nil
+	if f.giveBack != nil {
+		f.giveBack()
+	}
+	f.inner, f.outer, f.plain, f.giveBack = nil, nil, nil, nil
 }
 
 func (e *Engine) read(parent context.Context, spans []span, ahead int, w io.Writer) error {
@@ -230,9 +234,14 @@ func (e *Engine) fetch(ctx context.Context, f *fetch) {
 	}
 	// A store that checks what it returns against the ID notes it, and
 	// the chunk is then not hashed a second time here (the AEAD tag is
-	// still checked).
+	// still checked). A store that lends the bytes (a cloud pack's
+	// read-ahead span) gets them back at release, and reuses the memory.
 	gctx, note := store.WithVerifyNote(ctx)
+	gctx, loans := store.WithLoanNote(gctx)
 	stored, err := e.st.Get(gctx, f.ref.ID)
+	if err == nil {
+		f.giveBack = loans.Take(stored)
+	}
 	if baseDone != nil {
 		<-baseDone
 	}
@@ -252,8 +261,15 @@ func (e *Engine) fetch(ctx context.Context, f *fetch) {
 		f.err = cairn.E("read chunk", cairn.Corrupt, id, errors.New("truncated"))
 		return
 	}
-	f.inner = getBuf(len(stored) - Overhead + 1)
-	bufs := decodeBufs{inner: *f.inner, base: base, verified: note.Verified(f.ref.ID, stored)}
+	bufs := decodeBufs{base: base, verified: note.Verified(f.ref.ID, stored)}
+	if f.giveBack != nil {
+		// Lent bytes are this reader's alone until given back: decrypt
+		// in place (no buffer to fill, no memory touched for it).
+		bufs.inner = stored[hdrSize:]
+	} else {
+		f.inner = getBuf(len(stored) - Overhead + 1)
+		bufs.inner = *f.inner
+	}
 	if f.ref.Size <= manifest.MaxChunkSize && len(stored)-Overhead < int(f.ref.Size) {
 		// Compressed: decompress into a second buffer.
 		f.outer = getBuf(int(f.ref.Size))
