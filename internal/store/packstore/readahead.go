@@ -61,7 +61,7 @@ type span struct {
 	taken    []bool // per object from first: handed to a Get already
 	ahead    bool   // the spans after it were started (aheadLocked)
 	done     chan struct{}
-	data     []byte
+	data     []byte // set with err under raMu by readSpan, before done is closed
 	err      error
 
 	// Reuse of the buffer (see the package comment above), under raMu.
@@ -100,8 +100,8 @@ func (s *Store) readObject(ctx context.Context, r ref) (data []byte, giveBack fu
 	}
 	s.raMu.Lock()
 	if sp := s.ra.covering(r.p.id, o.off, o.n); sp != nil {
+		sp.users++ // before aheadLocked: the spans it adds may push sp out
 		ahead := s.aheadLocked(sp, o.off)
-		sp.users++
 		s.raMu.Unlock()
 		s.readSpans(ahead)
 		return s.fromSpan(ctx, sp, r)
@@ -190,21 +190,26 @@ func (s *Store) spanLocked(p *pack, i int) *span {
 // bytes a ranged read returns.
 func (s *Store) readSpan(ctx context.Context, sp *span) {
 	n := sp.end - sp.off
+	var (
+		data []byte
+		buf  *spanBuf
+		err  error
+	)
 	if f, ok := s.rr.(store.RangeFiller); ok && n <= int64(s.opts.ReadAhead) {
-		buf := s.spans.get()
+		buf = s.spans.get()
 		s.nRange.Add(1)
-		if err := f.GetRangeInto(ctx, sp.pack, sp.off, buf.b[:n]); err != nil {
+		if err = f.GetRangeInto(ctx, sp.pack, sp.off, buf.b[:n]); err != nil {
 			s.spans.put(buf) // seen by no one
-			sp.err = err
+			buf = nil
 		} else {
-			sp.data, sp.buf = buf.b[:n:n], buf
+			data = buf.b[:n:n]
 		}
 	} else {
-		sp.data, sp.err = s.readRange(ctx, sp.pack, sp.off, n)
+		data, err = s.readRange(ctx, sp.pack, sp.off, n)
 	}
 	s.raMu.Lock()
-	sp.read = true
-	if sp.err != nil {
+	sp.data, sp.buf, sp.err, sp.read = data, buf, err, true
+	if err != nil {
 		s.dropLocked(sp)
 	}
 	s.recycleLocked(sp)
@@ -235,7 +240,7 @@ func (s *Store) unuseLocked(sp *span) {
 // recycleLocked gives sp's buffer back to Store.spans once nothing can
 // touch it any more.
 func (s *Store) recycleLocked(sp *span) {
-	if sp.buf == nil || sp.keep || !sp.read || !sp.dropped || sp.users > 0 {
+	if !sp.read || sp.buf == nil || sp.keep || !sp.dropped || sp.users > 0 {
 		return
 	}
 	b := sp.buf
