@@ -102,6 +102,12 @@ reqs_delta() {
 		}' "$1" "$2"
 }
 snap() { { echo "_ 0"; minio_reqs; } >"$1" || die "reading MinIO metrics failed"; }
+# minio_cpu: MinIO's CPU seconds so far (user + system, /proc/PID/stat); the timed
+# commands share the machine with it, so each row shows what it spent serving them.
+CLK_TCK=$(getconf CLK_TCK)
+minio_cpu() { awk -v hz="$CLK_TCK" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$MINIO_PID/stat"; }
+# cpu_row M0: "user/sys (+MinIO)" of the command timed last, MinIO's share since M0.
+cpu_row() { printf '%s/%s (+%s)' "$T_USER" "$T_SYS" "$(calc "$(minio_cpu) - $1")"; }
 # cairn_reqs REALM: cairn's own count for store s3a: "PUT GET LIST HEAD" so far.
 cairn_reqs() {
 	env CAIRN_HOME="$1" "${CAIRN_ENV[@]}" "$CAIRN" store ls --json </dev/null |
@@ -153,14 +159,16 @@ for i in $(seq 1 "$RUNS"); do
 			die "cairn store add failed"
 	fi
 	if phase large; then
-		cw=- cmb=- crss=- cdrss=- cq=- cown=- rw=- rmb=- rrss=- rq=-
-		gw=- gmb=- grss=- gq=- gown=- sw=- smb=- srss=- sq=-
+		cw=- cmb=- crss=- cdrss=- cq=- cown=- rw=- rmb=- rrss=- rq=- ccpu=- rcpu=-
+		gw=- gmb=- grss=- gq=- gown=- sw=- smb=- srss=- sq=- gcpu=- scpu=-
+		ld=$(cut -d' ' -f1 /proc/loadavg)
 		if want cairn; then
 			settle
 			snap "$WORK/m0"
 			o0=$(cairn_reqs "$realm")
+			mc=$(minio_cpu)
 			timed "$WORK/cairn-put-$i" env CAIRN_HOME="$realm" "${CAIRN_ENV[@]}" "$CAIRN" put --store s3a "$BIG" home:/
-			cw=$T_WALL cmb=$(calc "$MB / $cw") crss=$T_RSS_MB cdrss=$(daemon_rss_mb "$realm")
+			cw=$T_WALL cmb=$(calc "$MB / $cw") crss=$T_RSS_MB cdrss=$(daemon_rss_mb "$realm") ccpu=$(cpu_row "$mc")
 			snap "$WORK/m1"
 			cq=$(reqs_delta "$WORK/m0" "$WORK/m1")
 			o1=$(cairn_reqs "$realm")
@@ -170,8 +178,9 @@ for i in $(seq 1 "$RUNS"); do
 		if want rclone; then
 			settle
 			snap "$WORK/m0"
+			mc=$(minio_cpu)
 			timed "$WORK/rclone-put-$i" env -u AWS_CA_BUNDLE rclone copy "$BIG" "m:$bucket/rclone/"
-			rw=$T_WALL rmb=$(calc "$MB / $rw") rrss=$T_RSS_MB
+			rw=$T_WALL rmb=$(calc "$MB / $rw") rrss=$T_RSS_MB rcpu=$(cpu_row "$mc")
 			snap "$WORK/m1"
 			rq=$(reqs_delta "$WORK/m0" "$WORK/m1")
 			r_put+=("$rmb") r_rss+=("$rrss")
@@ -183,8 +192,9 @@ for i in $(seq 1 "$RUNS"); do
 			settle
 			snap "$WORK/m0"
 			o0=$(cairn_reqs "$realm")
+			mc=$(minio_cpu)
 			timed "$WORK/cairn-get-$i" env CAIRN_HOME="$realm" "${CAIRN_ENV[@]}" "$CAIRN" get --no-cache home:/f "$WORK/get-c/f"
-			gw=$T_WALL gmb=$(calc "$MB / $gw") grss=$T_RSS_MB
+			gw=$T_WALL gmb=$(calc "$MB / $gw") grss=$T_RSS_MB gcpu=$(cpu_row "$mc")
 			snap "$WORK/m1"
 			gq=$(reqs_delta "$WORK/m0" "$WORK/m1")
 			o1=$(cairn_reqs "$realm")
@@ -198,8 +208,9 @@ for i in $(seq 1 "$RUNS"); do
 			mkdir -p "$WORK/get-r"
 			settle
 			snap "$WORK/m0"
+			mc=$(minio_cpu)
 			timed "$WORK/rclone-get-$i" env -u AWS_CA_BUNDLE rclone copy "m:$bucket/rclone/f" "$WORK/get-r/"
-			sw=$T_WALL smb=$(calc "$MB / $sw") srss=$T_RSS_MB
+			sw=$T_WALL smb=$(calc "$MB / $sw") srss=$T_RSS_MB scpu=$(cpu_row "$mc")
 			snap "$WORK/m1"
 			sq=$(reqs_delta "$WORK/m0" "$WORK/m1")
 			cmp -s "$BIG" "$WORK/get-r/f" || die "rclone copy: the file read back differs"
@@ -207,8 +218,8 @@ for i in $(seq 1 "$RUNS"); do
 			r_get+=("$smb") r_rss+=("$srss")
 		fi
 		[[ $gmb != - && $smb != - ]] && get_r+=("$(calc "$gmb / $smb")")
-		rows_l+=("| $i | put | $cw | $cmb | $crss (+$cdrss daemon) | ${cq// //} | $cown | $rw | $rmb | $rrss | ${rq// //} |")
-		rows_l+=("| $i | get | $gw | $gmb | $grss | ${gq// //} | $gown | $sw | $smb | $srss | ${sq// //} |")
+		rows_l+=("| $i (load $ld) | put | $cw | $cmb | $crss (+$cdrss daemon) | $ccpu | ${cq// //} | $cown | $rw | $rmb | $rrss | $rcpu | ${rq// //} |")
+		rows_l+=("| $i | get | $gw | $gmb | $grss | $gcpu | ${gq// //} | $gown | $sw | $smb | $srss | $scpu | ${sq// //} |")
 		echo "run $i: put cairn ${cw}s ($cmb MB/s) rclone ${rw}s ($rmb MB/s); get cairn ${gw}s ($gmb MB/s) rclone ${sw}s ($smb MB/s)" >&2
 	fi
 	if phase small; then
@@ -277,7 +288,8 @@ the same disk) and a fresh realm (\`cairn init --no-passphrase\`, \`cairn store 
 's3://BUCKET/cairn?endpoint=127.0.0.1:PORT&insecure=1'\`, keys from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY);
 rclone $RCLONE_VER configured by environment only (remote \`m\`: type s3, provider Minio, its defaults:
 4 transfers, multipart above 200 MiB in 5 MiB parts 4 at a time, multi-thread download above 250 MiB).
-Each command under \`/usr/bin/time -v\`, wall clock of the whole process, \`sync; sleep ${SETTLE:-3}\` before it.
+Each command under \`/usr/bin/time -v\`, wall clock of the whole process, \`sync; sleep ${SETTLE:-3}\` before it;
+its CPU seconds user/sys from \`time -v\`, and in parentheses MinIO's own CPU seconds meanwhile (/proc/PID/stat).
 Requests are MinIO's own counts (\`minio_api_requests_total\` of its metrics v3, per S3 API, before and after the
 command) as PUT/GET/LIST/HEAD/other, PUT = PutObject + PutObjectPart + New/CompleteMultipartUpload;
 \"cairn's count\" is the delta of \`cairn store ls --json\` requests PUT/GET/LIST/HEAD around the command
@@ -290,8 +302,8 @@ if phase large; then
 \`cairn put --store s3a FILE home:/\` vs \`rclone copy FILE m:BUCKET/rclone/\`; then \`cairn get --no-cache
 home:/f DEST\` vs \`rclone copy m:BUCKET/rclone/f DESTDIR/\` (both compared with the source afterwards, untimed).
 
-| run | op | cairn s | cairn MB/s | cairn peak RSS MB | cairn reqs (MinIO) P/G/L/H/o | cairn's count P/G/L/H | rclone s | rclone MB/s | rclone peak RSS MB | rclone reqs (MinIO) P/G/L/H/o |
-|---|---|---|---|---|---|---|---|---|---|---|
+| run | op | cairn s | cairn MB/s | cairn peak RSS MB | cairn CPU s user/sys (+MinIO) | cairn reqs (MinIO) P/G/L/H/o | cairn's count P/G/L/H | rclone s | rclone MB/s | rclone peak RSS MB | rclone CPU s user/sys (+MinIO) | rclone reqs (MinIO) P/G/L/H/o |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
 $(printf '%s\n' "${rows_l[@]}")"
 fi
 if phase small; then

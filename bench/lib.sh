@@ -137,8 +137,9 @@ settle() {
 }
 
 # timed PREFIX CMD...: runs CMD under /usr/bin/time -v, stdout to PREFIX.out, stderr to
-# PREFIX.err. Sets T_WALL (seconds, wall clock around the whole process) and T_RSS_MB
-# (peak RSS of the process tree's largest process, from time -v). Dies if CMD fails.
+# PREFIX.err. Sets T_WALL (seconds, wall clock around the whole process), T_RSS_MB
+# (peak RSS of the process tree's largest process, from time -v) and T_USER, T_SYS (CPU
+# seconds of the process and the children it waited for, from time -v). Dies if CMD fails.
 timed() {
 	local prefix=$1
 	shift
@@ -153,6 +154,8 @@ timed() {
 	fi
 	T_WALL=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
 	T_RSS_MB=$(awk -F': ' '/Maximum resident set size/ { printf "%.1f", $2 / 1024 }' "$prefix.time")
+	T_USER=$(awk -F': ' '/User time \(seconds\)/ { print $2 }' "$prefix.time")
+	T_SYS=$(awk -F': ' '/System time \(seconds\)/ { print $2 }' "$prefix.time")
 }
 
 # median N...: the median of the numbers given.
