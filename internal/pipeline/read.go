@@ -235,7 +235,6 @@ func (e *Engine) read(parent context.Context, spans []span, ahead int, w io.Writ
 // is a delta (both Gets run at once).
 func (e *Engine) fetch(ctx context.Context, f *fetch) {
 	defer close(f.done)
-	id := f.ref.ID.Short()
 	var base []byte
 	var baseErr error
 	var baseDone chan struct{} // nil unless a delta (no cost for plain chunks)
@@ -268,11 +267,11 @@ func (e *Engine) fetch(ctx context.Context, f *fetch) {
 		if ctx.Err() != nil && kind == cairn.Other {
 			kind = cairn.Canceled
 		}
-		f.err = cairn.E("read chunk", kind, id, err)
+		f.err = cairn.E("read chunk", kind, f.ref.ID.Short(), err)
 		return
 	}
 	if len(stored) < Overhead {
-		f.err = cairn.E("read chunk", cairn.Corrupt, id, errors.New("truncated"))
+		f.err = cairn.E("read chunk", cairn.Corrupt, f.ref.ID.Short(), errors.New("truncated"))
 		return
 	}
 	bufs := decodeBufs{base: base, verified: note.Verified(f.ref.ID, stored)}
@@ -294,7 +293,7 @@ func (e *Engine) fetch(ctx context.Context, f *fetch) {
 		f.err = e.checkDelta(f.ref, f.plain)
 	}
 	if f.err == nil && f.hi > len(f.plain) {
-		f.err = cairn.E("read chunk", cairn.Corrupt, id, errors.New("shorter than its ref"))
+		f.err = cairn.E("read chunk", cairn.Corrupt, f.ref.ID.Short(), errors.New("shorter than its ref"))
 	}
 }
 
