@@ -302,7 +302,7 @@ func New(ctx context.Context, backing cairn.Store, opts Options) (*Store, error)
 		pending: map[cairn.ID]*batch{},
 	}
 	s.rr, _ = backing.(store.RangeReader)
-	s.spans = &spanPool{size: max(opts.ReadAhead, 0), maxFree: max(4, 2*opts.ReadAheadSpans)}
+	s.spans = &spanPool{size: max(opts.ReadAhead, 0), maxFree: max(4, 2*opts.ReadAheadSpans), idle: spanIdle}
 	s.life, s.cancel = context.WithCancel(context.Background())
 	if opts.Dir != "" {
 		d, err := openDisk(opts.Dir)

@@ -17,6 +17,7 @@ import (
 type spanPool struct {
 	size    int
 	maxFree int
+	idle    time.Duration // spanIdle (tests shorten it)
 
 	mu       sync.Mutex
 	free     []*spanBuf
@@ -65,25 +66,24 @@ func (p *spanPool) put(b *spanBuf) {
 	p.free = append(p.free, b)
 	if !p.trimming {
 		p.trimming = true
-		time.AfterFunc(spanIdle, p.trim)
+		time.AfterFunc(p.idle, p.trim)
 	}
 	p.mu.Unlock()
 }
 
-// trim releases the free buffers once no span was read for spanIdle.
+// trim releases the free buffers once no span was read for p.idle.
 func (p *spanPool) trim() {
 	p.mu.Lock()
-	if wait := spanIdle - time.Since(p.lastUse); wait > 0 && !p.closed {
+	if wait := p.idle - time.Since(p.lastUse); wait > 0 && !p.closed {
 		time.AfterFunc(wait, p.trim)
 		p.mu.Unlock()
 		return
 	}
-	free := p.free
+	for _, b := range p.free {
+		b.release() // under mu: rare, and the pool's state stays whole
+	}
 	p.free, p.trimming = nil, false
 	p.mu.Unlock()
-	for _, b := range free {
-		b.release()
-	}
 }
 
 // close releases the free buffers; those given back later are released
@@ -91,12 +91,11 @@ func (p *spanPool) trim() {
 func (p *spanPool) close() {
 	p.mu.Lock()
 	p.closed = true
-	free := p.free
-	p.free = nil
-	p.mu.Unlock()
-	for _, b := range free {
+	for _, b := range p.free {
 		b.release()
 	}
+	p.free = nil
+	p.mu.Unlock()
 }
 
 func (b *spanBuf) release() {
