@@ -379,8 +379,12 @@ func TestLimits(t *testing.T) {
 	}
 	// The stalled ones time out; devices get in, up to MaxConns.
 	waitFor(t, 3*time.Second, "stalled handshakes dropped", func() bool { return f.gw.conns.Load() == 0 })
-	for _, name := range []string{"a", "b", "c"} {
+	for i, name := range []string{"a", "b", "c"} {
 		f.device(t, name)
+		// A client can hold a second connection for a moment while it
+		// connects; the next device waits for it to go (CI once saw c
+		// refused with b's two connections and a's open).
+		waitFor(t, 5*time.Second, "the devices' extra connections closed", func() bool { return f.live() <= i+1 })
 	}
 	if !closedAtOnce(dialIdle()) {
 		t.Error("a connection beyond MaxConns was not closed at once")
