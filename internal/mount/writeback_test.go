@@ -335,3 +335,35 @@ func TestWriteBackWriterLock(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestWriteBackAttrsOnNewerRecord: an attribute change pending here that
+// meets a newer record of the file (a commit made elsewhere meanwhile) is
+// made again on that record: both the other device's version and this
+// device's mode stay.
+func TestWriteBackAttrsOnNewerRecord(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack})
+	f.put("f", []byte("first"))
+	f.waitWatched(f.entry("f").Rev)
+	if _, err := os.Stat(f.path("f")); err != nil { // in the entry cache
+		t.Fatal(err)
+	}
+	release := mount.HoldWriteBack(f.m)
+	if err := os.Chmod(f.path("f"), 0o600); err != nil {
+		release()
+		t.Fatal(err)
+	}
+	if mount.PendingChanges(f.m) != 1 {
+		release()
+		t.Fatalf("%d changes pending, want the chmod", mount.PendingChanges(f.m))
+	}
+	f.put("f", []byte("second, from another device"))
+	release()
+	f.syncDir("")
+	e := f.entry("f")
+	if e.Mode != 0o600 || len(e.Versions) != 2 {
+		t.Fatalf("f: mode %o, %d versions; want 600 and both versions", e.Mode, len(e.Versions))
+	}
+	if got := string(f.cat("f")); got != "second, from another device" {
+		t.Fatalf("f reads %q", got)
+	}
+}
