@@ -1,6 +1,9 @@
 package mount
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // BreakWatch ends the mount's watch as a failure would and holds the
 // next one back until resume is called. It returns once the mount has
@@ -89,11 +92,14 @@ func HoldWriteBack(m *Mount) (release func()) {
 	m.wb.mu.Lock()
 	m.wb.hold = hold
 	m.wb.mu.Unlock()
+	var once sync.Once
 	return func() {
-		m.wb.mu.Lock()
-		m.wb.hold = nil
-		m.wb.mu.Unlock()
-		close(hold)
+		once.Do(func() {
+			m.wb.mu.Lock()
+			m.wb.hold = nil
+			m.wb.mu.Unlock()
+			close(hold)
+		})
 	}
 }
 
