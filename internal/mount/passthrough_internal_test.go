@@ -22,13 +22,7 @@ import (
 // descriptor's number was gone when the copy's mtime was armed through
 // /proc/self/fd) nor arms another file that got the descriptor's number.
 func TestHarvestWhileClosing(t *testing.T) {
-	dir := t.TempDir()
-	cache, err := openCache(dir, 1<<30, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cache.close()
-	m := &Mount{cache: cache}
+	cache, m := testCache(t)
 	c, err := cache.newWork(1)
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +39,7 @@ func TestHarvestWhileClosing(t *testing.T) {
 		t.Fatal("the copy was not adopted")
 	}
 	// Opened right after each close, it gets the number the copy had.
-	other := filepath.Join(dir, "other")
+	other := filepath.Join(t.TempDir(), "other")
 	if err := os.WriteFile(other, []byte("another file"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -109,13 +103,7 @@ func TestHarvestWhileClosing(t *testing.T) {
 // at its last reference) gets it open, or, once it is let go, a copy of
 // its own; it never fails.
 func TestOpenPTWhileReleasing(t *testing.T) {
-	dir := t.TempDir()
-	cache, err := openCache(dir, 1<<30, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cache.close()
-	m := &Mount{cache: cache}
+	cache, m := testCache(t)
 	ctx := context.Background()
 	e := &meta.Entry{Ino: 1, Type: meta.TypeFile}
 	const rounds = 20000
@@ -160,4 +148,16 @@ func TestOpenPTWhileReleasing(t *testing.T) {
 	if fails > 0 {
 		t.Fatalf("%d of %d opens failed (first: %v)", fails, rounds, first)
 	}
+}
+
+// testCache opens a whole-file cache in a temporary directory (closed at
+// cleanup) and a Mount that has only it.
+func testCache(t *testing.T) (*diskCache, *Mount) {
+	t.Helper()
+	cache, err := openCache(t.TempDir(), 1<<30, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cache.close)
+	return cache, &Mount{cache: cache}
 }

@@ -572,18 +572,25 @@ func TestReadBody(t *testing.T) {
 		{"over the limit, unannounced", body, -1, 5, false, true},
 	} {
 		got, err := ReadBody(iotest.OneByteReader(strings.NewReader(string(tc.body))), tc.size, tc.limit, "k")
-		switch {
-		case tc.wantEOF:
-			if !errors.Is(err, io.ErrUnexpectedEOF) {
-				t.Errorf("%s: %v, want io.ErrUnexpectedEOF", tc.name, err)
-			}
-		case tc.wantInvalid:
-			if !errors.Is(err, cairn.ErrInvalid) {
-				t.Errorf("%s: %v, want Invalid", tc.name, err)
-			}
-		case err != nil || string(got) != string(tc.body):
-			t.Errorf("%s: %q, %v", tc.name, got, err)
+		checkBody(t, tc.name, got, tc.body, err, tc.wantEOF, tc.wantInvalid)
+	}
+}
+
+// checkBody checks what a body read returned: got and no error, or the
+// error it was to fail with.
+func checkBody(t *testing.T, name string, got, want []byte, err error, wantEOF, wantInvalid bool) {
+	t.Helper()
+	switch {
+	case wantEOF:
+		if !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("%s: %v, want io.ErrUnexpectedEOF", name, err)
 		}
+	case wantInvalid:
+		if !errors.Is(err, cairn.ErrInvalid) {
+			t.Errorf("%s: %v, want Invalid", name, err)
+		}
+	case err != nil || string(got) != string(want):
+		t.Errorf("%s: %q, %v", name, got, err)
 	}
 }
 
@@ -608,18 +615,7 @@ func TestReadBodyInto(t *testing.T) {
 	} {
 		dst := make([]byte, tc.dst)
 		err := ReadBodyInto(iotest.OneByteReader(strings.NewReader(string(tc.body))), tc.size, dst, "k")
-		switch {
-		case tc.wantEOF:
-			if !errors.Is(err, io.ErrUnexpectedEOF) {
-				t.Errorf("%s: %v, want io.ErrUnexpectedEOF", tc.name, err)
-			}
-		case tc.wantInvalid:
-			if !errors.Is(err, cairn.ErrInvalid) {
-				t.Errorf("%s: %v, want Invalid", tc.name, err)
-			}
-		case err != nil || string(dst) != string(tc.body):
-			t.Errorf("%s: %q, %v", tc.name, dst, err)
-		}
+		checkBody(t, tc.name, dst, tc.body, err, tc.wantEOF, tc.wantInvalid)
 	}
 }
 
