@@ -64,7 +64,10 @@ killed or unmounted with commits queued leaves them for the next mount of the
 volume); other devices see the new version once it is committed. Non-blocking
 mode is experimental (earlier versions stay in 'cairn versions').
 
-With --mode write-back (experimental), closes are as in non-blocking mode, and
+With --mode write-back (experimental), a file's commit is queued as in
+non-blocking mode, but only once the last descriptor open for writing on this
+device is closed (the kernel's release, just after close returns: close waits
+for nothing) and without fsync (fsync does that, as on a local disk), and
 creates, mkdirs, symlinks and attribute changes this mount can decide alone (a new
 name in a directory whose every entry it knows) return at once and are written to
 the metadata in batches, many per transaction: tar x and git clone wait for no
@@ -76,7 +79,7 @@ those changes (its queued file contents are kept).
 
 Passthrough (--passthrough auto, the default): the kernel reads and writes open
 files' local copies itself, at local-disk speed (FUSE passthrough: Linux 6.9 or
-later, running as root, blocking mode, file leases on the cache's disk;
+later, running as root, blocking or write-back mode, file leases on the cache's disk;
 elsewise the log says why and the mount serves reads and writes itself, as
 --passthrough off always does). Descriptors
 still open on a file see another device's new version replace its bytes in
@@ -149,7 +152,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 	m.Flags().DurationVar(&attrTimeout, "attr-timeout", mount.DefaultAttrTimeout, "how long the kernel caches attributes and names (0: not at all)")
 	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")
 	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them; write-back (experimental): as non-blocking, and creates, mkdirs and attribute changes are written in batches")
-	m.Flags().StringVar(&passthrough, "passthrough", "auto", "auto: the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking mode, file leases on the cache's disk; elsewise the log says why and the mount serves them); off: always through the mount")
+	m.Flags().StringVar(&passthrough, "passthrough", "auto", "auto: the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking or write-back mode, file leases on the cache's disk; elsewise the log says why and the mount serves them); off: always through the mount")
 	m.Flags().StringVar(&cacheSize, "cache-size", "", "bound of the whole-file cache, such as 2GiB (default: a tenth of the free disk, at most 4GiB)")
 
 	var lazy bool

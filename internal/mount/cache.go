@@ -299,19 +299,24 @@ func (c *diskCache) ref(cc *content) error {
 
 // settleClosed disposes of the file of a content nobody has open that
 // is not in the cache (after its queued commit ended): kept in unsaved/
-// if it holds writes never committed, else removed.
+// if it holds writes never committed, else removed. One with queued
+// commits left, or held (held.go), stays.
 func (c *diskCache) settleClosed(cc *content) {
 	c.mu.Lock()
 	if cc.refs > 0 || cc.cached || cc.path == "" {
 		c.mu.Unlock()
 		return
 	}
+	cc.mu.Lock()
+	keep, stay := cc.dirty || cc.keep, cc.pending > 0 || cc.held
+	cc.mu.Unlock()
+	if stay {
+		c.mu.Unlock()
+		return
+	}
 	p := cc.path
 	cc.path = ""
 	c.mu.Unlock()
-	cc.mu.Lock()
-	keep := cc.dirty || cc.keep
-	cc.mu.Unlock()
 	if keep {
 		c.keepUnsaved(p, cc.ino)
 	} else {
@@ -351,7 +356,10 @@ func (c *diskCache) unref(cc *content) {
 		return
 	}
 	cc.mu.Lock()
-	keep, queued, held := cc.dirty || cc.keep, cc.frozen, cc.held
+	// queued: its file is the data of queued commits (frozen), or, when
+	// they have copies of their own (copyOut, enqueue), what the file is
+	// until they are done; the last one settles it (queue.finish).
+	keep, queued, held := cc.dirty || cc.keep, cc.frozen || cc.pending > 0, cc.held
 	cc.mu.Unlock()
 	switch {
 	case path == "" || queued || held: // held: settled later (held.go)
@@ -549,4 +557,52 @@ func (c *diskCache) copyFile(src string, ino uint64, size int64) (*os.File, stri
 		return nil, "", cairn.E("write", cairn.IO, p, err)
 	}
 	return dst, p, nil
+}
+
+// copyOut moves a copy of cc's file (the data of queued commits) under
+// the name the file has, and gives the file itself a new name in work/:
+// the commits keep reading what was queued, under the name their records
+// know, while cc keeps its open file, free to be written. Each step
+// leaves both names holding the queued data, so a crash in between loses
+// nothing. The caller holds cc.wmu (cc's file is stable).
+func (c *diskCache) copyOut(cc *content) error {
+	c.mu.Lock()
+	old := cc.path
+	c.mu.Unlock()
+	if old == "" {
+		return cairn.E("write", cairn.IO, c.dir, errors.New("a queued copy without a name (bug)"))
+	}
+	f := cc.file()
+	fi, err := f.Stat()
+	if err != nil {
+		return cairn.E("write", cairn.IO, old, err)
+	}
+	live := c.workPath(cc.ino)
+	if err := os.Link(old, live); err != nil {
+		return cairn.E("write", cairn.IO, old, err)
+	}
+	tmp, err := c.newTmp()
+	if err == nil {
+		err = copyInto(tmp, f, fi.Size())
+		if cerr := tmp.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Rename(tmp.Name(), old)
+		}
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}
+	if err != nil {
+		os.Remove(live)
+		if errors.Is(err, syscall.ENOSPC) {
+			return syscall.ENOSPC
+		}
+		return cairn.E("write", cairn.IO, old, err)
+	}
+	c.mu.Lock()
+	cc.path, cc.named = live, false
+	c.mu.Unlock()
+	return nil
 }

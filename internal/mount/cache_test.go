@@ -479,13 +479,15 @@ func TestCommitIntoTrashedDirectory(t *testing.T) {
 	}
 }
 
-// waitPending waits until the mount's queue is empty.
+// waitPending waits until the kernel has released every handle that
+// wrote (the caller closed them: write-back mode queues at the release,
+// which comes after the close) and the mount's queue is empty.
 func (f *fixture) waitPending(within time.Duration) {
 	f.t.Helper()
 	deadline := time.Now().Add(within)
-	for f.m.Pending() > 0 {
+	for f.m.WriteHandles() > 0 || f.m.Pending() > 0 {
 		if time.Now().After(deadline) {
-			f.t.Fatalf("%d queued commits still pending after %v", f.m.Pending(), within)
+			f.t.Fatalf("%d queued commits still pending, %d write handles open, after %v", f.m.Pending(), f.m.WriteHandles(), within)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

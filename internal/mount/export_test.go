@@ -85,6 +85,12 @@ func PassthroughOn(m *Mount) bool { return m.ptOn() }
 // WriteCalls returns how many writes the kernel asked of the mount.
 func WriteCalls(m *Mount) int64 { return m.writeCalls.Load() }
 
+// FlushCalls returns how many FLUSH requests the kernel made.
+func FlushCalls(m *Mount) int64 { return m.flushCalls.Load() }
+
+// GetattrCalls returns how many GETATTR requests the kernel made.
+func GetattrCalls(m *Mount) int64 { return m.getattrCalls.Load() }
+
 // HoldWriteBack stops the applier of a write-back mount before its next
 // batch until release is called: changes stay pending meanwhile.
 func HoldWriteBack(m *Mount) (release func()) {

@@ -41,6 +41,10 @@ type content struct {
 	// wmu orders writes, truncates and commits: a commit reads the copy
 	// while holding it, so a version is one state of the file.
 	wmu sync.Mutex
+	// qmu is held by a queued commit while it reads the copy's file as
+	// its data, and by copyOut, which gives the queue a copy of its own
+	// before the file is written.
+	qmu sync.Mutex
 	// fmu guards f against the swap of a copy-on-write (a write to a copy
 	// a queued commit owns); reads hold it shared.
 	fmu sync.RWMutex
@@ -69,6 +73,10 @@ type content struct {
 	version  bool      // it is (or, if dirty, was fetched from) a version
 	manifest cairn.ID  // that version's manifest
 	attrs    heldAttrs // set while written, for the next save to carry
+	// releasing counts last writers' releases still saving it: the
+	// kernel's writes to a passthrough copy are in its file, not yet in
+	// dirty, until the release has taken them in (harvest).
+	releasing int
 	// Passthrough (passthrough.go): ptw is set once a handle that may
 	// write was opened on it: its file, not size/dirty/mtime, says what
 	// the kernel wrote (harvest). sum is the checksum of what the last
@@ -155,7 +163,7 @@ var (
 func (c *content) local() (int64, time.Time, heldAttrs, bool) {
 	c.mu.Lock()
 	size, mtime, attrs, ptw := c.size, c.mtime, c.attrs, c.ptw
-	ok := c.dirty || c.writers > 0 || c.pending > 0 || c.gone
+	ok := c.dirty || c.writers > 0 || c.pending > 0 || c.gone || c.releasing > 0
 	c.mu.Unlock()
 	if ok && ptw {
 		// What the kernel wrote to it directly.
@@ -235,13 +243,14 @@ func (n *node) setAttrs(ctx context.Context, a heldAttrs) error {
 }
 
 // usable reports whether a new open of a file whose entry is e may share
-// c: always while c holds writes, writers, queued commits of this mount
-// or a writable mapping (held, held.go) (the last close wins, as in AFS),
+// c: always while c holds writes, writers, queued commits of this mount,
+// a last writer's release not done saving it, or a writable mapping
+// (held, held.go) (the last close wins, as in AFS),
 // otherwise only while c is a copy of e's current version.
 func (c *content) usable(e *meta.Entry) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.dirty || c.writers > 0 || c.pending > 0 || c.held {
+	if c.dirty || c.writers > 0 || c.pending > 0 || c.held || c.releasing > 0 {
 		return true
 	}
 	cur := e.Current()
@@ -319,11 +328,20 @@ func (c *content) reopen(flag int, ro bool) (*os.File, error) {
 
 // prepareWrite, with c.wmu held, makes c's copy one a write may change: a
 // copy a queued commit owns is copied first, a clean copy leaves the
-// cache's index.
+// cache's index. Where the kernel may write copies itself (passthrough),
+// the queue gets the copy (copyOut) and c keeps its file, which may be
+// the kernel's backing file of the inode: one it cannot be given another
+// of while any open of the file lasts.
 func (m *Mount) prepareWrite(c *content) error {
 	c.mu.Lock()
 	frozen, size := c.frozen, c.size
 	c.mu.Unlock()
+	if frozen && m.pt != nil {
+		if err := m.copyOut(c); err != nil {
+			return err
+		}
+		return m.cache.detach(c)
+	}
 	if frozen {
 		m.cache.mu.Lock()
 		src := c.path
@@ -536,6 +554,16 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		if err := n.lockForWrite(ctx, p, name); err != nil {
 			return nil, 0, n.m.errno("open for writing", n.path(""), err)
 		}
+		// An unprivileged writer clears the set-ID bits (killPriv): at
+		// the open, as the mount may never see the writes (passthrough).
+		if uid, _ := caller(ctx); uid != 0 {
+			if m, kill := n.killPriv(ctx); kill {
+				if err := n.setAttrs(ctx, heldAttrs{setMode: true, mode: m}); err != nil {
+					n.unlockWrite(ctx)
+					return nil, 0, n.m.errno("open for writing", n.path(""), err)
+				}
+			}
+		}
 	}
 	h, err := n.openKernel(ctx, e, flags)
 	if err != nil {
@@ -549,10 +577,15 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 
 // opened records a new handle on c and returns the open flags for the
 // kernel: FOPEN_KEEP_CACHE when its page cache can only hold c's bytes
-// (the kernel drops it at every other open).
+// (the kernel drops it at every other open); FOPEN_NOFLUSH when the
+// handle's closes have nothing to do (Flush): the kernel then sends no
+// FLUSH request, and close(2) waits for no round trip to the mount.
 func (n *node) opened(h *handle) uint32 {
 	c := h.c
 	h.counted = true
+	if h.write {
+		n.m.writeHandles.Add(1)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.handles == nil {
@@ -565,10 +598,25 @@ func (n *node) opened(h *handle) uint32 {
 	// Another copy's handles can fill the page cache from now on; an
 	// open that drops it while no other copy is open makes it clean.
 	n.mixed = others
-	if keep {
-		return fuse.FOPEN_KEEP_CACHE
+	var flags uint32
+	if !h.saveAtClose() {
+		flags |= fuse.FOPEN_NOFLUSH
 	}
-	return 0
+	if keep {
+		flags |= fuse.FOPEN_KEEP_CACHE
+	}
+	return flags
+}
+
+// saveAtClose reports whether a close(2) of h saves the file (Flush): one
+// that may write, in blocking and non-blocking modes. In write-back mode
+// the last writer's release queues the commit instead (Release), as a
+// local disk writes back after the close: a descriptor open elsewhere on
+// the same open file may still write, unseen by the mount if the kernel
+// writes the copy itself (passthrough), so the copy is the queue's only
+// once the kernel has let the open go.
+func (h *handle) saveAtClose() bool {
+	return h.write && h.n.m.mode != WriteBack
 }
 
 // closed records the release of a handle on c.
@@ -679,7 +727,7 @@ func (n *node) truncate(ctx context.Context, h *handle, size int64) syscall.Errn
 }
 
 // save makes c's writes durable as the mode says: committed now
-// (blocking), or on local disk and queued (non-blocking).
+// (blocking), or on local disk and queued (non-blocking, write-back).
 func (n *node) save(ctx context.Context, c *content) error {
 	if n.m.mode != Blocking {
 		return n.enqueue(ctx, c)
@@ -880,12 +928,15 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	return uint32(k), 0
 }
 
-// Flush runs at every close(2) of a descriptor: one that may have written
-// saves the copy if it holds unsaved writes (save: committed, or queued in
+// Flush runs at every close(2) of a descriptor (unless the open told the
+// kernel not to send it: opened): one that may have written saves the
+// copy if it holds unsaved writes (save: committed, or queued in
 // non-blocking mode), and the close returns the error. A failed commit is
-// logged; the writes stay in the copy.
+// logged; the writes stay in the copy. In write-back mode the last
+// writer's release saves (saveAtClose).
 func (h *handle) Flush(ctx context.Context) syscall.Errno {
-	if !h.write {
+	h.n.m.flushCalls.Add(1)
+	if !h.saveAtClose() {
 		return 0
 	}
 	ctx = bg(ctx)
@@ -949,7 +1000,26 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	}
 	last := h.write && c.writers == 0
 	ptw, gen := c.ptw, c.holdGen
+	if last {
+		c.releasing++
+	}
 	c.mu.Unlock()
+	if last {
+		// Write-back mode queues the commit here (saveAtClose): counted
+		// as pending meanwhile.
+		wb := n.m.mode == WriteBack
+		if wb {
+			n.m.releasing.Add(1)
+		}
+		defer func() {
+			c.mu.Lock()
+			c.releasing--
+			c.mu.Unlock()
+			if wb {
+				n.m.releasing.Add(-1)
+			}
+		}()
+	}
 	// Passthrough: a writable mapping may outlive the close (held.go).
 	// Asked before the check and the commit, so that what it stored up
 	// to now is in them.
@@ -995,6 +1065,9 @@ func (h *handle) drop(ctx context.Context) {
 	}
 	if h.counted {
 		h.n.closed(h.c)
+		if h.write {
+			h.n.m.writeHandles.Add(-1)
+		}
 	}
 	if h.pt {
 		// Before the copy's reference goes: an open that finds the

@@ -85,7 +85,8 @@ type Options struct {
 	LockWait time.Duration
 	// Passthrough lets the kernel read and write open copies directly
 	// (PassthroughAuto, the default: when the kernel offers it and the
-	// mount runs as root, in blocking mode only; passthrough.go, held.go).
+	// mount runs as root, in blocking and write-back modes;
+	// passthrough.go, held.go).
 	Passthrough Passthrough
 	// QueueDelay holds each queued commit (non-blocking mode) back this
 	// long after its close. Zero: at once. Tests use it to kill a mount
@@ -107,6 +108,15 @@ type Mount struct {
 	// writeCalls counts the writes the kernel asked of this mount (none
 	// on a copy the kernel writes directly: passthrough).
 	writeCalls atomic.Int64
+	// flushCalls and getattrCalls count the FLUSH and GETATTR requests
+	// the kernel made (tests: what the open flags and attribute
+	// timeouts spare).
+	flushCalls   atomic.Int64
+	getattrCalls atomic.Int64
+	// writeHandles counts the handles open for writing the kernel has
+	// not released; releasing, the last writers' releases still saving.
+	writeHandles atomic.Int64
+	releasing    atomic.Int64
 
 	dir      string
 	vol      *fs.Volume
@@ -118,6 +128,9 @@ type Mount struct {
 	cache    *diskCache
 	ents     *entryCache
 	queue    *queue
+	// attrTimeout is how long the kernel may keep attributes (zero: not
+	// at all): Getattr's replies get it from go-fuse, Setattr's here.
+	attrTimeout time.Duration
 	// wb writes the pending namespace changes of write-back mode (nil
 	// in the other modes; writeback.go).
 	wb *writeBack
@@ -216,7 +229,7 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 	if o.LockWait <= 0 {
 		o.LockWait = DefaultLockWait
 	}
-	m := &Mount{dir: dir, vol: v, log: o.Logger.With("volume", v.Name(), "mountpoint", dir), mode: o.Mode, lockWait: o.LockWait,
+	m := &Mount{dir: dir, vol: v, log: o.Logger.With("volume", v.Name(), "mountpoint", dir), mode: o.Mode, lockWait: o.LockWait, attrTimeout: o.AttrTimeout,
 		ents: newEntryCache(v.Meta), locked: map[*node]struct{}{}, states: map[uint64]weak.Pointer[nodeState]{},
 		held: map[*content]*node{}, heldKick: make(chan struct{}, 1)}
 	m.idle = sync.NewCond(&m.busyMu)
@@ -275,8 +288,11 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 			// the ACL names: go-fuse answers those "none" itself.
 			IgnoreSecurityLabels: true,
 			// open(O_TRUNC) arrives as a flag on open, so the old content
-			// is not fetched only to be thrown away.
-			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC,
+			// is not fetched only to be thrown away. The mount clears
+			// set-ID bits itself on chown, truncate and an unprivileged
+			// open for writing (node.killPriv): otherwise the kernel
+			// asks for the attributes before every chown.
+			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC | fuse.CAP_HANDLE_KILLPRIV,
 			// The page cache is dropped at an open of another copy (no
 			// FOPEN_KEEP_CACHE: node.opened), not whenever a file's mtime
 			// moves: so what a program wrote stays cached for its reads
@@ -287,7 +303,12 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 		},
 	}
 	var b *backing
-	if o.Passthrough == PassthroughAuto && o.Mode == Blocking {
+	// Not in non-blocking mode: its close queues the commit while the
+	// handle is still open, and the kernel could write the queued copy
+	// through another descriptor of the same open without the mount
+	// seeing it. Write-back mode queues at the last writer's release
+	// (passthrough.go, "Queued commits").
+	if o.Passthrough == PassthroughAuto && o.Mode != NonBlocking {
 		b = &backing{log: m.log, ids: map[int32]*node{}}
 		opts.ServerCallbacks = b
 		// The kernel's limit on stacked file systems under a backing
@@ -299,6 +320,7 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 	if b != nil {
 		raw = &rawFS{RawFileSystem: raw, b: b}
 	}
+
 	server, err := fuse.NewServer(raw, dir, &opts.MountOptions)
 	if err == nil {
 		go server.Serve()
@@ -481,9 +503,16 @@ func (m *Mount) Wait() {
 	})
 }
 
-// Pending returns how many commits the queue of non-blocking mode has
-// still to do.
-func (m *Mount) Pending() int { return m.queue.len() }
+// Pending returns how many commits the queue of non-blocking and
+// write-back modes has still to do, counting the last writers' releases
+// that are queueing one (write-back mode queues at the release, which
+// the kernel sends after the close returns: WriteHandles tells whether
+// it has).
+func (m *Mount) Pending() int { return m.queue.len() + int(m.releasing.Load()) }
+
+// WriteHandles returns how many handles open for writing the kernel has
+// not released yet.
+func (m *Mount) WriteHandles() int { return int(m.writeHandles.Load()) }
 
 func (m *Mount) begin() {
 	m.busyMu.Lock()

@@ -424,6 +424,13 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 }
 
 func (n *node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.m.getattrCalls.Add(1)
+	return n.getattr(ctx, f, out)
+}
+
+// getattr fills out with n's attributes (Getattr, and the reply of
+// Setattr).
+func (n *node) getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	ctx = bg(ctx)
 	e, err := n.entry(ctx)
 	if err != nil {
@@ -466,6 +473,11 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	uid, setUID := in.GetUID()
 	gid, setGID := in.GetGID()
 	mtime, setMtime := in.GetMTime()
+	if _, trunc := in.GetSize(); !setMode && (setUID || setGID || trunc && in.Caller.Uid != 0) {
+		if m, kill := n.killPriv(ctx); kill {
+			setMode, mode = true, m
+		}
+	}
 	if setMtime {
 		n.mu.Lock()
 		c := n.content
@@ -491,7 +503,7 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 			}
 			n.mu.Unlock()
 			if open {
-				return n.Getattr(ctx, f, out)
+				return n.getattr(ctx, f, out)
 			}
 		}
 		if !n.holdAttrs(a) {
@@ -500,7 +512,35 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 			}
 		}
 	}
-	return n.Getattr(ctx, f, out)
+	// The attributes replied are as current as a Getattr's, and cached as
+	// long: without a timeout the kernel asks again (GETATTR) at its next
+	// permission check, once per chmod and chown of a tar x.
+	if n.m.attrTimeout > 0 {
+		out.SetTimeout(n.m.attrTimeout)
+	}
+	return n.getattr(ctx, f, out)
+}
+
+// killPriv returns what n's mode is without its set-user-ID bit and, if
+// it is executable by its group, its set-group-ID bit, and whether that
+// differs: what a chown, and a write or truncate by an unprivileged
+// process, clear on a local disk. The mount does it (the kernel asks,
+// FUSE_HANDLE_KILLPRIV), so that a chown costs no attribute round trip.
+func (n *node) killPriv(ctx context.Context) (uint32, bool) {
+	if n.typ != meta.TypeFile {
+		return 0, false
+	}
+	e, err := n.entry(ctx)
+	if err != nil {
+		return 0, false
+	}
+	var a fuse.Attr
+	n.fill(e, &a) // with the mode held for the save of an open copy
+	m := a.Mode &^ syscall.S_ISUID
+	if m&syscall.S_IXGRP != 0 {
+		m &^= syscall.S_ISGID
+	}
+	return m & 07777, m != a.Mode
 }
 
 func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {

@@ -26,7 +26,8 @@ import (
 // writes the open copy of a file (content.f) itself, at local-disk
 // speed, without a request to the mount per read or write. The mount
 // still sees every open, close (flush), fsync, truncate and release, and
-// commits at close as before.
+// commits at close (blocking mode) or queues at the last writer's release
+// (write-back mode) as before.
 //
 // The kernel's rules, which every open here keeps (fs/fuse/iomode.c):
 // while any open of an inode is passthrough, every open of it must be,
@@ -60,9 +61,23 @@ import (
 //     comes while it can still store into the copy. A file lease tells
 //     whether one is left; if so the copy is held until it goes, then
 //     committed again if it changed (held.go).
-//   - Non-blocking mode copies a copy its queue owns before the next write
-//     (prepareWrite): a write the mount never sees cannot wait for that,
-//     so that mode never uses passthrough.
+//   - Queued commits (write-back mode). A queued commit reads its data
+//     later, from a file nothing may write meanwhile. Non-blocking mode
+//     queues at every close, while the open it closes may still write
+//     through another descriptor, and copies the queued file before the
+//     next write (prepareWrite): a write the mount never sees cannot wait
+//     for that, so that mode never uses passthrough. Write-back mode
+//     queues at the last writer's release instead (saveAtClose), once no
+//     open of the kernel can write the copy: the copy's file becomes the
+//     commit's data (frozen), uncopied. An open for writing that comes
+//     before the commit is done leaves the file in place (it may be the
+//     kernel's backing file, shared with readers still open) and gives the
+//     queue a copy of its own first (copyOut: the copy takes the name the
+//     queue knows, so its records stay as they are; a commit reading the
+//     data meanwhile is waited for). A commit queued while the kernel may
+//     still write the copy (a truncate by path while a writer is open, a
+//     copy held for a writable mapping) gets a copy made at once
+//     (enqueue).
 
 // Passthrough says whether a mount lets the kernel read and write open
 // copies directly (FUSE passthrough).

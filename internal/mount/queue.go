@@ -410,6 +410,11 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		}
 		attrs.Lock = l
 	}
+	if j.c != nil {
+		// The data is not copied out from under this commit (copyOut).
+		j.c.qmu.Lock()
+		defer j.c.qmu.Unlock()
+	}
 	f, err := os.Open(q.dataPath(rec))
 	if err != nil {
 		return nil, cairn.E("commit", cairn.NotFound, q.dataPath(rec), err)
@@ -499,12 +504,14 @@ func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
 		c.wmu.Unlock()
 		switch {
 		case still:
-			m.cache.settleClosed(c)
 		case failed:
 			m.cache.keepUnsaved(data, rec.Ino)
 		default:
 			os.Remove(data)
 		}
+		// Closed meanwhile, its last commit done: its file goes (kept in
+		// unsaved/ if it holds writes never committed).
+		m.cache.settleClosed(c)
 		n.forgetClosed(c)
 		n.unlockWrite(ctx)
 	} else {
@@ -566,14 +573,18 @@ func (q *queue) queuedBefore(ino uint64) bool {
 }
 
 // enqueue makes c's writes durable on local disk and queues their commit
-// (non-blocking mode). c's file becomes the queued data: the next write
-// to c copies it first.
+// (non-blocking and write-back modes). c's file becomes the queued data:
+// the next write to c copies it first (prepareWrite). If the kernel may
+// still write the file without the mount seeing it (passthrough: a
+// writer's open, or a writable mapping: held.go), the queue gets a copy
+// of it instead, made now.
 func (n *node) enqueue(ctx context.Context, c *content) error {
 	m := n.m
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.mu.Lock()
 	dirty, size, mtime := c.dirty, c.size, c.mtime
+	unseen := c.ptw && (c.writers > 0 || c.held)
 	c.mu.Unlock()
 	if !dirty {
 		return nil
@@ -590,21 +601,30 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	if errno != 0 {
 		return errno
 	}
+	f := c.file()
+	m.cache.mu.Lock()
+	data, named := c.path, c.named
+	m.cache.mu.Unlock()
+	if unseen {
+		sf, sp, err := m.cache.copyFile(data, c.ino, size)
+		if err != nil {
+			return err
+		}
+		defer sf.Close()
+		f, data, named = sf, sp, false
+	}
 	// Write-back mode makes nothing durable at a close, as a local disk
 	// does not: the record carries the data's checksum instead.
 	var crc *uint32
 	if m.mode == WriteBack {
-		sum, err := dataCRC(c.file(), size)
+		sum, err := dataCRC(f, size)
 		if err != nil {
 			return cairn.E("close", cairn.IO, n.path(""), err)
 		}
 		crc = &sum
-	} else if err := c.file().Sync(); err != nil {
+	} else if err := f.Sync(); err != nil {
 		return cairn.E("close", cairn.IO, n.path(""), err)
 	}
-	m.cache.mu.Lock()
-	data, named := c.path, c.named
-	m.cache.mu.Unlock()
 	if !strings.HasPrefix(data, filepath.Join(m.cache.dir, "work")+"/") {
 		return cairn.E("close", cairn.IO, data, errors.New("a written copy outside work/ (bug)"))
 	}
@@ -612,9 +632,11 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 		if err := durable.SyncDir(filepath.Dir(data)); err != nil {
 			return cairn.E("close", cairn.IO, data, err)
 		}
-		m.cache.mu.Lock()
-		c.named = c.path == data
-		m.cache.mu.Unlock()
+		if !unseen {
+			m.cache.mu.Lock()
+			c.named = c.path == data
+			m.cache.mu.Unlock()
+		}
 	}
 	n.mu.Lock()
 	last := n.last
@@ -624,7 +646,8 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 		CRC32C: crc}}
 	n.holdLock()
 	c.mu.Lock()
-	c.frozen, c.dirty = true, false
+	c.frozen = c.frozen || !unseen
+	c.dirty = false
 	c.pending++
 	c.mu.Unlock()
 	if err := m.queue.add(j); err != nil {
@@ -633,7 +656,35 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 		c.pending--
 		c.mu.Unlock()
 		n.unlockWrite(ctx)
+		if unseen {
+			os.Remove(data)
+		}
 		return err
 	}
+	return nil
+}
+
+// copyOut, with c.wmu held, gives the queued commits whose data is c's
+// file (c is frozen) a copy of it under the name they know, so that the
+// file itself may be written: where the kernel writes copies itself
+// (passthrough), the file may be the kernel's backing file of the inode,
+// which it cannot be given another of while any open of the file lasts.
+// A commit reading the data meanwhile is waited for (qmu); one that ends
+// meanwhile leaves nothing to copy.
+func (m *Mount) copyOut(c *content) error {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	c.mu.Lock()
+	frozen := c.frozen
+	c.mu.Unlock()
+	if !frozen {
+		return nil
+	}
+	if err := m.cache.copyOut(c); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.frozen = false
+	c.mu.Unlock()
 	return nil
 }
