@@ -114,6 +114,7 @@ func (m *Mount) hold(n *node, c *content) {
 	m.heldMu.Lock()
 	m.held[c] = n
 	m.heldMu.Unlock()
+	m.kickHeld() // the watcher waits for no timer while nothing is held
 	if !was {
 		m.log.Info("passthrough: the copy of a closed file may still be written through a mapping: held until it goes", "path", n.path(""))
 	}
@@ -159,6 +160,12 @@ func (m *Mount) adoptClean(n *node, c *content) {
 // kickHeld makes the watcher look at held copies now (a backing file was
 // let go).
 func (m *Mount) kickHeld() {
+	m.heldMu.Lock()
+	some := len(m.held) > 0
+	m.heldMu.Unlock()
+	if !some {
+		return // every release of a backing file kicks: most hold nothing
+	}
 	select {
 	case m.heldKick <- struct{}{}:
 	default:
