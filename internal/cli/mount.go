@@ -71,8 +71,10 @@ for nothing) and without fsync (fsync does that, as on a local disk), and
 creates, mkdirs, symlinks and attribute changes this mount can decide alone (a new
 name in a directory whose every entry it knows) return at once and are written to
 the metadata in batches, many per transaction: tar x and git clone wait for no
-round trip per file. Other devices see each change after its batch (normally one
-round trip later); fsync of a file or directory waits for it. A name made here and
+round trip per file. That work and the queued commits wait while programs keep
+the mount busy: they start once it has had no request for 20 ms, at the latest
+2 s (changes) and 5 s (commits) after they were made; other devices see them
+then. fsync of a file or directory writes them at once. A name made here and
 on another device at once is kept under both (this device's as
 NAME.conflict-XXXXXXXX, logged). A mount killed before a batch is written loses
 those changes (its queued file contents are kept).

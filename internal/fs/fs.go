@@ -156,6 +156,8 @@ type Attrs struct {
 	// fence does not see, and the write would reuse its manifest or chunks.
 	// A stale one costs the commit a retry.
 	Cur *meta.Entry
+	// Ctime, if not zero, is the change time to record (meta.Commit.Ctime).
+	Ctime time.Time
 }
 
 // Placement returns the volume a file at path (in this volume) is to be
@@ -270,7 +272,11 @@ func (v *Volume) prepare(ctx context.Context, dir *meta.Entry, name string, open
 
 // commit is the meta.Commit of w under lock.
 func (w *prepared) commit(a Attrs, lock *meta.Lock) meta.Commit {
-	return meta.Commit{Version: w.ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: w.gen, Lock: lock, Cur: meta.KnownEntry(w.cur), KeepAttrs: a.KeepAttrs}
+	c := meta.Commit{Version: w.ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: w.gen, Lock: lock, Cur: meta.KnownEntry(w.cur), KeepAttrs: a.KeepAttrs}
+	if !a.Ctime.IsZero() {
+		c.Ctime = a.Ctime.UnixNano()
+	}
+	return c
 }
 
 // precheckLimit is the size up to which a file whose current version

@@ -530,6 +530,49 @@ func TestCommitKeepAttrs(t *testing.T) {
 	}
 }
 
+// TestCommitCtime: Commit.Ctime is recorded instead of the commit's own
+// time, for a new file and an existing one, but never before the file's
+// ctime (a change made after the one the commit records).
+func TestCommitCtime(t *testing.T) {
+	ctx := context.Background()
+	s, v := newVol(t, 0)
+	root := &meta.Entry{Ino: meta.RootIno, Type: meta.TypeDir}
+	gen, err := s.WriteGen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-time.Hour).UnixNano()
+	got, _, err := v.CommitVersion(ctx, root, "new", meta.Commit{Mode: 0o644, Gen: gen, Ctime: past})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Ctime != past {
+		t.Errorf("new file: ctime %d, want %d", got.Ctime, past)
+	}
+	got, _, err = v.CommitVersion(ctx, root, "new", meta.Commit{Version: meta.Version{Size: 1}, Gen: gen, Ctime: past + 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Ctime != past+5 {
+		t.Errorf("existing file: ctime %d, want %d", got.Ctime, past+5)
+	}
+	got, _, err = v.CommitVersion(ctx, root, "new", meta.Commit{Version: meta.Version{Size: 2}, Gen: gen, Ctime: past})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Ctime != past+5 {
+		t.Errorf("a Ctime before the file's: ctime %d, want the file's %d", got.Ctime, past+5)
+	}
+	before := time.Now().UnixNano()
+	got, _, err = v.CommitVersion(ctx, root, "new", meta.Commit{Version: meta.Version{Size: 3}, Gen: gen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Ctime < before {
+		t.Errorf("without Ctime: ctime %d, want the commit's own (>= %d)", got.Ctime, before)
+	}
+}
+
 // TestRenameKnownStaleSameIno: a destination entry from a stale cache that
 // names the source's inode (the file was at b, another device renamed it
 // b -> a; the cache still has b) must not pass for a rename onto itself.

@@ -257,6 +257,11 @@ type Commit struct {
 	// drain, leaves the version for later instead of committing under
 	// someone else's lock).
 	Unlocked bool
+	// Ctime, if not zero, is the change time (unix ns) to record instead
+	// of the commit's own (never before the file's): a commit queued by a
+	// mount records when the file changed there, which the mount already
+	// showed.
+	Ctime int64
 }
 
 // ErrLocked is returned (wrapped, Kind Conflict) by CommitVersion when
@@ -294,6 +299,12 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 			}
 		}
 		now := time.Now().UnixNano()
+		if c.Ctime != 0 {
+			now = c.Ctime
+			if cur != nil {
+				now = max(now, cur.Ctime)
+			}
+		}
 		var next Entry
 		var cmps []clientv3.Cmp
 		k := v.entryKey(parent.Ino, name)

@@ -91,6 +91,10 @@ func FlushCalls(m *Mount) int64 { return m.flushCalls.Load() }
 // GetattrCalls returns how many GETATTR requests the kernel made.
 func GetattrCalls(m *Mount) int64 { return m.getattrCalls.Load() }
 
+// SetQuietTime sets how long a write-back mount must go without a request
+// to count as quiet (quiet.go).
+func SetQuietTime(m *Mount, d time.Duration) { m.quietTime.Store(int64(d)) }
+
 // HoldWriteBack stops the applier of a write-back mount before its next
 // batch until release is called: changes stay pending meanwhile.
 func HoldWriteBack(m *Mount) (release func()) {

@@ -73,6 +73,12 @@ type content struct {
 	version  bool      // it is (or, if dirty, was fetched from) a version
 	manifest cairn.ID  // that version's manifest
 	attrs    heldAttrs // set while written, for the next save to carry
+	// ctime is when this mount last changed the copy's data or mtime: the
+	// change time it shows while the copy holds what the metadata does
+	// not yet (local), and the one a queued commit records, so that the
+	// file's ctime does not move when the commit lands later (git
+	// compares it with its index).
+	ctime time.Time
 	// releasing counts last writers' releases still saving it: the
 	// kernel's writes to a passthrough copy are in its file, not yet in
 	// dirty, until the release has taken them in (harvest).
@@ -156,13 +162,13 @@ var (
 	_ gofs.FileReleaser = (*handle)(nil)
 )
 
-// local returns the size and mtime of the copy, and the attributes held
+// local returns the size, mtime and ctime of the copy, and the attributes held
 // for its save, when they, not the metadata's, are the file's: it has
 // writes not yet committed, a handle that may write, a queued commit, or
 // its file was removed.
-func (c *content) local() (int64, time.Time, heldAttrs, bool) {
+func (c *content) local() (int64, time.Time, time.Time, heldAttrs, bool) {
 	c.mu.Lock()
-	size, mtime, attrs, ptw := c.size, c.mtime, c.attrs, c.ptw
+	size, mtime, ctime, attrs, ptw := c.size, c.mtime, c.ctime, c.attrs, c.ptw
 	ok := c.dirty || c.writers > 0 || c.pending > 0 || c.gone || c.releasing > 0
 	c.mu.Unlock()
 	if ok && ptw {
@@ -171,10 +177,19 @@ func (c *content) local() (int64, time.Time, heldAttrs, bool) {
 			size = s
 			if !mt.IsZero() {
 				mtime = mt
+				ctime = later(ctime, mt)
 			}
 		}
 	}
-	return size, mtime, attrs, ok
+	return size, mtime, ctime, attrs, ok
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // holdAttrs keeps attributes set on n for the save of its open copy, if
@@ -270,7 +285,7 @@ func (c *content) addWriter(write bool) {
 
 func (c *content) touch(t time.Time) {
 	c.mu.Lock()
-	c.mtime = t
+	c.mtime, c.ctime = t, time.Now()
 	c.mu.Unlock()
 }
 
@@ -382,6 +397,7 @@ func (m *Mount) truncateContent(c *content, size int64) error {
 	c.mu.Lock()
 	if size != c.size {
 		c.size, c.dirty, c.mtime = size, true, time.Now()
+		c.ctime = c.mtime
 	}
 	c.mu.Unlock()
 	return nil
@@ -914,6 +930,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	c.mu.Lock()
 	if k > 0 {
 		c.dirty, c.mtime = true, time.Now()
+		c.ctime = c.mtime
 		if end := off + int64(k); end > c.size {
 			c.size = end
 		}

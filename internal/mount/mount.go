@@ -117,6 +117,11 @@ type Mount struct {
 	// not released; releasing, the last writers' releases still saving.
 	writeHandles atomic.Int64
 	releasing    atomic.Int64
+	// activity is when the kernel last made a request (unix ns; write-back
+	// mode only: quiet.go).
+	activity atomic.Int64
+	// quietTime is quietTime, but for tests.
+	quietTime atomic.Int64
 
 	dir      string
 	vol      *fs.Volume
@@ -233,6 +238,7 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 		ents: newEntryCache(v.Meta), locked: map[*node]struct{}{}, states: map[uint64]weak.Pointer[nodeState]{},
 		held: map[*content]*node{}, heldKick: make(chan struct{}, 1)}
 	m.idle = sync.NewCond(&m.busyMu)
+	m.quietTime.Store(int64(quietTime))
 	cache, err := openCache(filepath.Join(o.CacheDir, v.Meta.V.ID), o.CacheSize, m.log)
 	if err != nil {
 		return nil, err
@@ -319,6 +325,9 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 	raw := gofs.NewNodeFS(m.root, opts)
 	if b != nil {
 		raw = &rawFS{RawFileSystem: raw, b: b}
+	}
+	if o.Mode == WriteBack {
+		raw = &busyFS{RawFileSystem: raw, m: m}
 	}
 
 	server, err := fuse.NewServer(raw, dir, &opts.MountOptions)

@@ -380,9 +380,10 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 	// Judged under n.mu with e: a queued commit that ends meanwhile
 	// records its entry first (wroteEntry), then lets the copy go.
 	if c := n.content; c != nil {
-		if size, mtime, held, ok := c.local(); ok {
+		if size, mtime, ctime, held, ok := c.local(); ok {
 			a.Size = uint64(size)
-			a.SetTimes(&mtime, &mtime, nil)
+			ctime = later(ctime, time.Unix(0, e.Ctime))
+			a.SetTimes(&mtime, &mtime, &ctime)
 			if held.setMode {
 				a.Mode = typeMode(e.Type) | held.mode&07777
 			}

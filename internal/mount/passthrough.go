@@ -580,6 +580,7 @@ func (m *Mount) harvest(c *content) error {
 		c.size = fi.Size()
 		if mt := fi.ModTime(); !isSentinel(mt) {
 			c.dirty, c.mtime = true, mt
+			c.ctime = later(c.ctime, mt)
 		}
 	}
 	c.ptw = true
@@ -649,6 +650,7 @@ func (m *Mount) settlePT(c *content) error {
 	if got != want {
 		c.mu.Lock()
 		c.dirty, c.mtime = true, time.Now()
+		c.ctime = c.mtime
 		c.mu.Unlock()
 	}
 	return nil

@@ -35,11 +35,12 @@ const (
 	// next mount of the volume finishes it). The writer lock is held until
 	// the commit is done. Other devices see the new version only then.
 	NonBlocking
-	// WriteBack: as NonBlocking for closes, and creates, mkdirs, symlinks
-	// and attribute changes the mount can decide alone are answered at
-	// once and written to the metadata in batches (writeback.go). Other
-	// devices see each after its batch, normally one etcd round trip
-	// later; a killed mount loses the ones not yet written.
+	// WriteBack: as NonBlocking, but a file's commit is queued at its last
+	// writer's release, without fsync; and creates, mkdirs, symlinks and
+	// attribute changes the mount can decide alone are answered at once
+	// and written to the metadata in batches (writeback.go), both once the
+	// mount is quiet (quiet.go). Other devices see each after its batch;
+	// a killed mount loses the changes not yet written.
 	WriteBack
 )
 
@@ -98,11 +99,16 @@ type queueRecord struct {
 	// a commit finished by the next mount checks it, so that data a power
 	// loss tore is kept in unsaved/ instead of committed. Version 3.
 	CRC32C *uint32 `json:"crc32c,omitempty"`
+	// Ctime is the file's change time as the mount showed it at the
+	// close (unix ns): the commit records it, not its own time, so that
+	// the ctime does not move when the commit lands. Version 4; without
+	// it the commit records its own time.
+	Ctime int64 `json:"ctime,omitempty"`
 }
 
 // queueVersion is the version of the queue records this mount writes;
-// versions 1 and 2 are read too.
-const queueVersion = 3
+// versions 1 to 3 are read too.
+const queueVersion = 4
 
 // dataCRC returns the CRC-32C of the first size bytes of f (the sum
 // passthrough's summed computes).
@@ -137,6 +143,10 @@ type queue struct {
 }
 
 const maxQueueBackoff = 30 * time.Second
+
+// queueAge bounds how long a commit queued in write-back mode waits for
+// the mount to be quiet (quiet.go) before it is made anyway.
+const queueAge = 5 * time.Second
 
 // loadQueue reads the records a previous mount left. It returns the data
 // files they name (work copies that are not leftovers).
@@ -229,9 +239,6 @@ func (q *queue) add(j *job) error {
 	j.rec.Seq = q.seq
 	q.mu.Unlock()
 	j.rec.V, j.rec.Queued = queueVersion, time.Now().UnixNano()
-	if j.rec.CRC32C == nil {
-		j.rec.V = 2 // what version 2 readers take: all it has
-	}
 	if err := q.write(&j.rec); err != nil {
 		return err
 	}
@@ -291,6 +298,16 @@ func (q *queue) run(ctx context.Context) {
 			case <-q.kick:
 			}
 			continue
+		}
+		// Write-back mode commits while the mount is quiet (quiet.go).
+		if q.m.mode == WriteBack && j.n != nil && !stopping {
+			if wait := q.m.quietFor(time.Unix(0, j.rec.Queued), queueAge); wait > 0 {
+				select {
+				case <-time.After(wait):
+				case <-q.kick:
+				}
+				continue
+			}
 		}
 		e, err := q.commit(ctx, j)
 		if err == nil || permanent(err) {
@@ -431,6 +448,9 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	// A queued commit sets no attributes of its own (a chmod after the
 	// close went to the entry): it leaves the entry's as they are then.
 	attrs.KeepAttrs = true
+	if rec.Ctime != 0 {
+		attrs.Ctime = time.Unix(0, rec.Ctime)
+	}
 	e, _, err := m.vol.WriteFile(ctx, dir, name, open, attrs)
 	if err != nil {
 		if j.n != nil {
@@ -583,7 +603,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.mu.Lock()
-	dirty, size, mtime := c.dirty, c.size, c.mtime
+	dirty, size, mtime, ctime := c.dirty, c.size, c.mtime, c.ctime
 	unseen := c.ptw && (c.writers > 0 || c.held)
 	c.mu.Unlock()
 	if !dirty {
@@ -643,7 +663,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	n.mu.Unlock()
 	j := &job{n: n, c: c, rec: queueRecord{Ino: n.ino, Name: name, Dir: dir.Ino, DirParent: dir.Parent, DirName: dir.Name,
 		Path: volPath(parent, name), Data: filepath.Base(data), Size: size, Mtime: mtime.UnixNano(), Mode: last.Mode, UID: last.UID, GID: last.GID,
-		CRC32C: crc}}
+		CRC32C: crc, Ctime: later(ctime, time.Unix(0, last.Ctime)).UnixNano()}}
 	n.holdLock()
 	c.mu.Lock()
 	c.frozen = c.frozen || !unseen

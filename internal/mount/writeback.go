@@ -30,9 +30,9 @@ import (
 // from etcd waits for the pending changes first (flush). So does an fsync
 // of a directory, and the unmount.
 //
-// What another device sees: each change after its batch, normally within
-// one etcd round trip of its call (the applier takes whatever accumulated
-// while its last transaction was on its way). A new file open for writing
+// What another device sees: each change after its batch, once the mount
+// is quiet (below), at most writeBackAge later (the applier takes whatever
+// accumulated meanwhile, up to meta.MaxBatch a transaction). A new file open for writing
 // here gets its writer lock in its batch's transaction, so once another
 // device can see it, it cannot open it for writing before the commit. Conflicts: a name created
 // here and on another device at once (possible only in a directory that
@@ -43,15 +43,26 @@ import (
 // removed elsewhere meanwhile is dropped, logged (files with data keep it:
 // their queued commit fails and keeps the copy in unsaved/).
 //
+// When: the applier waits while programs keep the mount busy (quiet), up
+// to writeBackAge after the oldest pending change, so that the work of
+// writing them (here and in etcd) does not compete with the program for
+// the machine, and fills its transactions; anything that needs them
+// written (flush) does not wait. Queued commits wait likewise (queue.go).
+//
 // Pending changes live in memory: a killed mount loses the ones not yet
 // applied (its queued commits are not lost: the next mount finishes those
 // whose directory exists, and keeps the others in unsaved/). The window
-// is the applier's lag, one transaction or so.
+// is the applier's lag: up to writeBackAge while the mount is busy, a
+// transaction or so when it is not.
 
 // maxPending bounds the pending changes (while the metadata service does
 // not answer, say): past it, creates are made in etcd at once, after the
 // pending ones.
 const maxPending = 50_000
+
+// writeBackAge bounds how long a pending namespace change waits for the
+// mount to be quiet before it is written anyway.
+const writeBackAge = 2 * time.Second
 
 // flushTimeout bounds a wait for the pending changes (flush) of a call
 // that has no deadline of its own: past it the call fails (EIO) instead
@@ -85,6 +96,11 @@ type writeBack struct {
 	fresh    map[uint64]bool
 	seq      uint64
 	stopping bool
+	// since is when the oldest pending change was made (zero while none
+	// is pending); flushing counts the flushes waiting: the applier does
+	// not wait for quiet while one does.
+	since    time.Time
+	flushing int
 	kick     chan struct{}
 	done     chan struct{}
 	// hold, for tests, stops the applier while it is set (HoldWriteBack).
@@ -150,6 +166,7 @@ func (w *writeBack) create(parent *node, dir *meta.Entry, e meta.Entry) (*meta.E
 	}
 	w.seq++
 	w.items[k] = &wbItem{e: e, parent: parent, dir: *dir, made: true, first: w.seq, seq: w.seq}
+	w.pendingSinceLocked()
 	w.order = append(w.order, k)
 	if e.IsDir() {
 		w.fresh[e.Ino] = true
@@ -202,9 +219,17 @@ func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
 	e.Ctime = time.Now().UnixNano()
 	w.seq++
 	w.items[k] = &wbItem{e: *e, parent: p, dir: *dir, attrs: a, first: w.seq, seq: w.seq}
+	w.pendingSinceLocked()
 	w.order = append(w.order, k)
 	w.poke()
 	return copyEntry(e), true
+}
+
+// pendingSinceLocked notes the time of the oldest pending change.
+func (w *writeBack) pendingSinceLocked() {
+	if w.since.IsZero() {
+		w.since = time.Now()
+	}
 }
 
 func (w *writeBack) poke() {
@@ -231,6 +256,8 @@ func (w *writeBack) flush(ctx context.Context) error {
 		defer cancel()
 	}
 	target := w.seq
+	w.flushing++
+	defer func() { w.flushing-- }()
 	stop := context.AfterFunc(ctx, func() {
 		w.mu.Lock()
 		w.cond.Broadcast()
@@ -276,6 +303,7 @@ func (w *writeBack) run() {
 		if hold != nil {
 			<-hold
 		}
+		w.waitQuiet()
 		err := w.applyOnce(context.Background())
 		w.mu.Lock()
 		w.cond.Broadcast()
@@ -287,6 +315,26 @@ func (w *writeBack) run() {
 			continue
 		}
 		backoff = 50 * time.Millisecond
+	}
+}
+
+// waitQuiet waits, before the applier writes, while programs keep the
+// mount busy (Mount.quietFor), up to writeBackAge after the oldest pending
+// change; a flush waiting, the unmount, or a long backlog end the wait.
+func (w *writeBack) waitQuiet() {
+	for {
+		w.mu.Lock()
+		urgent := w.flushing > 0 || w.stopping || len(w.items) >= maxPending/2
+		since := w.since
+		w.mu.Unlock()
+		wait := w.m.quietFor(since, writeBackAge)
+		if urgent || wait <= 0 {
+			return
+		}
+		select {
+		case <-time.After(wait):
+		case <-w.kick: // a flush, or more changes: judged again
+		}
 	}
 }
 
@@ -308,6 +356,7 @@ func (w *writeBack) stop() {
 	w.mu.Lock()
 	w.stopping = true
 	w.items = map[ekey]*wbItem{}
+	w.since = time.Time{}
 	w.cond.Broadcast()
 	w.mu.Unlock()
 	w.poke()
@@ -610,6 +659,7 @@ func (w *writeBack) finish(k ekey, it *wbItem, seq uint64, rev int64) {
 	}
 	if len(w.items) == 0 {
 		w.order = w.order[:0]
+		w.since = time.Time{}
 	} else if len(w.order) > 2*len(w.items)+64 {
 		seen := map[ekey]bool{}
 		kept := w.order[:0]

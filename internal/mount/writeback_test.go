@@ -3,6 +3,7 @@ package mount_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
 )
@@ -250,7 +254,7 @@ func TestWriteBackQueueChecksum(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(string(b), `"crc32c":`) || !strings.Contains(string(b), `"v":3`) {
+		if !strings.Contains(string(b), `"crc32c":`) || !strings.Contains(string(b), `"v":4`) {
 			t.Fatalf("record %s: %s", r, b)
 		}
 		if !strings.Contains(string(b), `"name":"bad"`) {
@@ -378,5 +382,130 @@ func TestWriteBackAttrsOnNewerRecord(t *testing.T) {
 	}
 	if got := string(f.cat("f")); got != "second, from another device" {
 		t.Fatalf("f reads %q", got)
+	}
+}
+
+// TestWriteBackWaitsForQuiet: while a program keeps the mount busy,
+// pending namespace changes and queued commits wait (their work would
+// compete with it), at most writeBackAge (2 s) and queueAge (5 s) after
+// the oldest; once the mount is quiet they are written at once, and an
+// fsync never waits for quiet.
+func TestWriteBackWaitsForQuiet(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack, AttrTimeout: mount.NoAttrCache})
+	// A gap of up to 300 ms between the busy loop's requests (a loaded
+	// machine) still counts as busy.
+	mount.SetQuietTime(f.m, 300*time.Millisecond)
+	busy := func(stop <-chan struct{}) <-chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				os.Stat(f.path("")) // a GETATTR each time (no attribute cache)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+		return done
+	}
+	absent := func(rel string) bool {
+		_, err := f.vol.Meta.Lookup(context.Background(), strings.Split(rel, "/"))
+		return errors.Is(err, cairn.ErrNotFound)
+	}
+	// A directory whose every entry the mount knows (listed): a name made
+	// in it is decided here, pending.
+	if err := os.Mkdir(f.path("w"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.ReadDir(f.path("w")); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := busy(stop)
+	start := time.Now()
+	if err := os.WriteFile(f.path("w/a"), []byte("while busy"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if !absent("w/a") {
+		t.Error("a change was written 500 ms after it was made while the mount was busy: it should wait for quiet")
+	}
+	for absent("w/a") {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("a change made while the mount stays busy was not written within 10 s (bound: 2 s)")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if d := time.Since(start); d < 1500*time.Millisecond {
+		t.Errorf("written after %v while busy, want about 2 s (writeBackAge)", d)
+	}
+	// Still busy: an fsync of the directory writes a new change at once.
+	if err := os.Mkdir(f.path("w/d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	f.syncDir("w")
+	if absent("w/d") || time.Since(t0) > time.Second {
+		t.Errorf("an fsync while busy: written %v, after %v", !absent("w/d"), time.Since(t0))
+	}
+	close(stop)
+	<-done
+	// Quiet: written within a moment.
+	if err := os.Mkdir(f.path("w/q"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for t0 := time.Now(); absent("w/q"); time.Sleep(10 * time.Millisecond) {
+		if time.Since(t0) > 1500*time.Millisecond {
+			t.Fatal("a change made on a quiet mount was not written within 1.5 s")
+		}
+	}
+	f.waitPending(time.Minute)
+	if got := string(f.cat("w/a")); got != "while busy" {
+		t.Fatalf("a: %q", got)
+	}
+}
+
+// TestWriteBackCtimeKept: a file's ctime and mtime as the mount shows
+// them do not move when its queued commit lands (git compares them with
+// its index: a file whose commit came after git status would look
+// modified).
+func TestWriteBackCtimeKept(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack, QueueDelay: 300 * time.Millisecond, AttrTimeout: mount.NoAttrCache})
+	stat := func() (int64, int64) {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Stat(f.path("x"), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ctim.Nano(), st.Mtim.Nano()
+	}
+	if err := os.WriteFile(f.path("x"), []byte("one"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(f.path("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, content := range []string{"", "two, longer"} {
+		if content != "" {
+			if err := os.WriteFile(f.path("x"), []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for deadline := time.Now().Add(10 * time.Second); f.m.WriteHandles() > 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the kernel did not release the writer")
+			}
+		}
+		if f.m.Pending() == 0 {
+			t.Fatal("the commit is done already: nothing to compare (QueueDelay too short?)")
+		}
+		c0, m0 := stat()
+		f.waitPending(time.Minute)
+		if c1, m1 := stat(); c1 != c0 || m1 != m0 {
+			t.Errorf("after the commit of %q: ctime %d -> %d, mtime %d -> %d", content, c0, c1, m0, m1)
+		}
 	}
 }
