@@ -74,6 +74,8 @@ type diskCache struct {
 	limit int64
 	log   *slog.Logger
 	lockf *os.File
+	// spares are empty files made ahead for new work copies (spares.go).
+	spares *spares
 
 	mu     sync.Mutex
 	clean  map[cacheKey]*content // every clean copy, open or not
@@ -109,7 +111,7 @@ func openCache(dir string, limit int64, log *slog.Logger) (*diskCache, error) {
 	}
 	lockf.Truncate(0)
 	fmt.Fprintf(lockf, "pid %d\n", os.Getpid())
-	c := &diskCache{dir: dir, limit: limit, log: log, lockf: lockf,
+	c := &diskCache{dir: dir, limit: limit, log: log, lockf: lockf, spares: newSpares(filepath.Join(dir, "work")),
 		clean: map[cacheKey]*content{}, open: map[*content]struct{}{}, lru: list.New()}
 	if tmp, err := os.ReadDir(filepath.Join(dir, "tmp")); err == nil {
 		for _, t := range tmp {
@@ -179,8 +181,9 @@ func (c *diskCache) workPath(ino uint64) string {
 	return filepath.Join(c.dir, "work", fmt.Sprintf("%016x-%x", ino, r))
 }
 
-// close releases the directory's lock.
+// close removes the spare files and releases the directory's lock.
 func (c *diskCache) close() {
+	c.spares.stop()
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
@@ -224,10 +227,13 @@ func (c *diskCache) lookup(k cacheKey, size int64) (*content, bool) {
 
 // newWork makes an empty copy in work/ for ino, with one reference.
 func (c *diskCache) newWork(ino uint64) (*content, error) {
-	p := c.workPath(ino)
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, cairn.E("open", cairn.IO, p, err)
+	f, p := c.spares.take()
+	if f == nil {
+		p = c.workPath(ino)
+		var err error
+		if f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err != nil {
+			return nil, cairn.E("open", cairn.IO, p, err)
+		}
 	}
 	cc := &content{ino: ino, f: f, path: p, refs: 1}
 	c.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -364,4 +365,37 @@ func TestWriteBackPassthroughTruncateWhileOpen(t *testing.T) {
 		}
 		t.Fatalf("versions %q, want the truncate's %q then the close's %q", got, "0123", "0123abcdefgh")
 	}
+}
+
+// TestSpareFiles: new files' work copies come from empty files made ahead
+// (spares.go); there are at most sparesMax of them, and none is left once
+// the mount ends. The files made from them hold what was written.
+func TestSpareFiles(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack})
+	spares := func() []string {
+		ps, _ := filepath.Glob(filepath.Join(f.cache, "*", "work", "spare-*"))
+		return ps
+	}
+	for i := range 50 {
+		if err := os.WriteFile(f.path(fmt.Sprintf("s%02d", i)), []byte(fmt.Sprint(i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.waitPending(time.Minute)
+	if n := len(spares()); n == 0 || n > 32 {
+		t.Errorf("%d spare files while mounted, want 1 to 32", n)
+	}
+	for i := range 50 {
+		if got := string(f.cat(fmt.Sprintf("s%02d", i))); got != fmt.Sprint(i) {
+			t.Fatalf("s%02d: %q", i, got)
+		}
+	}
+	if err := f.m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	f.m.Wait()
+	if ps := spares(); len(ps) != 0 {
+		t.Errorf("spare files left after the unmount: %v", ps)
+	}
+	f.start(mount.Options{Mode: mount.WriteBack})
 }
