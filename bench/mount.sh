@@ -287,12 +287,14 @@ cairn runs as users run it: \`cairn init --no-passphrase\` in a fresh CAIRN_HOME
 (its own process, blocking mode unless MOUNT_OPTS says otherwise; the realm's local store and
 the whole-file cache on the same disk as the local-disk side, $(df --output=source "$WORK" | tail -1)).
 Per run, on the mount and in a local directory beside it: \`dd if=BIG of=DIR/big bs=1M\` of a
-$SIZE_MIB MiB incompressible page-cached file (the mount's time includes the close, which commits;
-local disk also with conv=fsync), \`dd\` reading it back twice, \`fsops create DIR $NFILES\` then
+$SIZE_MIB MiB incompressible page-cached file (in blocking mode the mount's time includes the close,
+which commits; non-blocking and write-back modes commit after it: "until committed"; local disk
+also with conv=fsync), \`dd\` reading it back twice, \`fsops create DIR $NFILES\` then
 \`fsops stat\` (bench/mount/fsops: O_CREAT|O_EXCL + close, then lstat, one process each),
 \`git clone -q --no-hardlinks\` of a local repository of $GIT_FILES files (x/tools v0.27.0 then
 v0.28.0, plus Go's src/go and src/net; packed), \`tar -xf\` of x/tools v0.28.0 ($TAR_FILES files). Wall
-clock of each process; \`sync; sleep \${SETTLE:-3}\` before each write. MB = 10^6 bytes. The mount
+clock of each process; \`sync; sleep \${SETTLE:-3}\` before each write, clone and tar, and after a
+step on the mount a wait (untimed) until its queue is empty. MB = 10^6 bytes. The mount
 process's peak RSS over the whole run: $MOUNT_RSS MB.
 
 $(table)
