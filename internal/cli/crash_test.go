@@ -44,6 +44,10 @@ func TestCrashDuringPut(t *testing.T) {
 		fmt.Sscan(os.Getenv("CAIRN_CRASH_ITERATIONS"), &iterations)
 	}
 	killedMidway := 0
+	// Kills come at a random moment within how long a put takes here:
+	// measured by the first round, which runs to the end (a fixed range
+	// of 0-600 ms killed none of 25 puts once they took under 100 ms).
+	var putTime time.Duration
 	for round := 0; round < iterations; round++ {
 		next := map[int][32]byte{}
 		for i := 0; i < nfiles; i++ {
@@ -58,13 +62,20 @@ func TestCrashDuringPut(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		delay := time.Duration(rng.IntN(600)) * time.Millisecond
+		delay := time.Hour // the first round measures
+		if round > 0 {
+			delay = time.Duration(rng.Int64N(int64(max(putTime, 5*time.Millisecond))))
+		}
+		t0 := time.Now()
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
 		select {
 		case err := <-done:
 			if err != nil {
 				t.Fatalf("round %d: put failed on its own: %v\n%s", round, err, errb.String())
+			}
+			if round == 0 {
+				putTime = time.Since(t0)
 			}
 		case <-time.After(delay):
 			cmd.Process.Signal(syscall.SIGKILL)

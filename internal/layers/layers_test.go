@@ -63,6 +63,7 @@ var layer = map[string]int{
 	"internal/cli":      8,
 	"cmd/cairn":         9,
 	"bench/mount/fsops": 9, // a bench helper program (bench/mount.sh)
+	"bench/fusert":      9, // a bench helper program (bench/fuse-rt.sh)
 
 	"internal/layers": 10,
 	"bench":           10,

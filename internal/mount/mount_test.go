@@ -665,6 +665,9 @@ func TestAttributes(t *testing.T) {
 	if err := os.WriteFile(f.path("f"), []byte("data"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Until the kernel releases the writer (just after the close), a
+	// chmod rides with the save of that release, not at once (heldAttrs).
+	f.waitPending(10 * time.Second)
 	if err := os.Chmod(f.path("f"), 0o600); err != nil {
 		t.Fatal(err)
 	}
