@@ -8,6 +8,7 @@
 TOOLS=${TOOLS:-fusert}
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
+CAIRN_COMMIT="- (fusert at $(cd "$REPO_ROOT" && git rev-parse --short HEAD))"
 command -v taskset >/dev/null || die "missing taskset (util-linux)"
 [[ -e /dev/fuse ]] || die "no /dev/fuse"
 echo "building bench/fusert" >&2
