@@ -319,7 +319,7 @@ func (e *env) mkdirCmd() *cobra.Command {
 					return cairn.E("mkdir", cairn.Exist, p.String(), nil)
 				}
 				if parents {
-					if _, err := mv.MkdirAll(ctx, p.Parts, 0o755, uid(), gid()); err != nil {
+					if _, err = mv.MkdirAll(ctx, p.Parts, 0o755, uid(), gid()); err != nil {
 						return err
 					}
 					continue
@@ -404,7 +404,7 @@ SRC moves into it. A file replaced by the move goes to the trash.`,
 			if src.IsRoot() {
 				return cairn.E("mv", cairn.Invalid, src.String(), errors.New("cannot move a volume's root"))
 			}
-			if d, err := mv.Lookup(ctx, dst.Parts); err == nil && d.IsDir() {
+			if d, lerr := mv.Lookup(ctx, dst.Parts); lerr == nil && d.IsDir() {
 				dst = dst.Join(src.Base())
 			}
 			if isPrefix(src.Parts, dst.Parts) {
@@ -515,9 +515,9 @@ at --to.`,
 				return cairn.E("restore", cairn.Invalid, p.String(), errors.New("not a file"))
 			}
 			if fromTrash {
-				items, err := mv.Trash(ctx)
-				if err != nil {
-					return err
+				items, terr := mv.Trash(ctx)
+				if terr != nil {
+					return terr
 				}
 				var item *meta.TrashItem
 				for i := range items {
@@ -530,18 +530,18 @@ at --to.`,
 				}
 				dst := p
 				if to != "" {
-					if dst, err = vpath.Parse(to); err != nil {
-						return err
+					if dst, terr = vpath.Parse(to); terr != nil {
+						return terr
 					}
 					if dst.Volume != p.Volume || dst.IsRoot() {
 						return cairn.E("restore", cairn.Invalid, to, errors.New("--to must be a path in the same volume"))
 					}
 				}
-				parent, err := mv.Lookup(ctx, dst.Dir().Parts)
-				if err != nil {
-					return err
+				parent, terr := mv.Lookup(ctx, dst.Dir().Parts)
+				if terr != nil {
+					return terr
 				}
-				if _, err := mv.RestoreTrash(ctx, item.ID, parent, dst.Base()); err != nil {
+				if _, err = mv.RestoreTrash(ctx, item.ID, parent, dst.Base()); err != nil {
 					return relabel(err, dst.String())
 				}
 				fmt.Fprintf(e.stdout, "restored %s from the trash (removed %s)\n", dst, time.Unix(0, item.Deleted).Local().Format(time.DateTime))

@@ -102,8 +102,8 @@ func (e *env) serveDav(ctx context.Context, name, listen string, plain bool, hos
 	if err != nil {
 		return err
 	}
-	if n, err := users.Count(); err != nil {
-		return err
+	if n, cerr := users.Count(); cerr != nil {
+		return cerr
 	} else if n == 0 {
 		return cairn.E("dav", cairn.NotFound, dav.UsersFile(e.home), errors.New("no WebDAV users yet: add one with 'cairn dav passwd add USER'"))
 	}
@@ -119,9 +119,9 @@ func (e *env) serveDav(ctx context.Context, name, listen string, plain bool, hos
 	var tc *tls.Config
 	certNote := ""
 	if !plain {
-		cert, note, err := e.davCertificate(ctx, r, listen, hostnames)
-		if err != nil {
-			return err
+		cert, note, derr := e.davCertificate(ctx, r, listen, hostnames)
+		if derr != nil {
+			return derr
 		}
 		tc, certNote = dav.TLSConfig(cert), note
 	}

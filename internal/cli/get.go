@@ -47,7 +47,7 @@ interrupted get never leaves a half-written file under the real name.`,
 				return err
 			}
 			dest := args[1]
-			if st, err := os.Stat(dest); err == nil && st.IsDir() {
+			if st, serr := os.Stat(dest); serr == nil && st.IsDir() {
 				if !p.IsRoot() {
 					dest = filepath.Join(dest, p.Base())
 				}

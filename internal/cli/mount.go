@@ -282,20 +282,20 @@ func (e *env) mountBackground(ctx context.Context, name, dir string, attrTimeout
 	if err != nil {
 		return err
 	}
-	if _, err := r.Volume(ctx, name); err != nil {
+	if _, err = r.Volume(ctx, name); err != nil {
 		return err
 	}
-	if repaired, err := mount.Repair(dir); err != nil {
-		return err
+	if repaired, rerr := mount.Repair(dir); rerr != nil {
+		return rerr
 	} else if repaired {
 		fmt.Fprintf(e.stderr, "cairn: repaired %s, left broken by a mount that was killed\n", dir)
 	}
-	if fi, err := os.Stat(dir); err != nil {
+	if fi, serr := os.Stat(dir); serr != nil {
 		return cairn.E("mount", cairn.NotFound, dir, errors.New("no such directory"))
 	} else if !fi.IsDir() {
 		return cairn.E("mount", cairn.NotDir, dir, errors.New("the mount point must be a directory"))
 	}
-	if mounted, err := mount.IsMounted(dir); err == nil && mounted {
+	if mounted, ierr := mount.IsMounted(dir); ierr == nil && mounted {
 		return cairn.E("mount", cairn.Exist, dir, errors.New("something is already mounted there (cairn umount it first)"))
 	}
 
@@ -317,7 +317,7 @@ func (e *env) mountBackground(ctx context.Context, name, dir string, attrTimeout
 	args = append(args, extra...)
 	args = append(args, name, dir)
 	logPath := filepath.Join(e.home, "mount.log")
-	if fi, err := os.Stat(logPath); err == nil && fi.Size() > 1<<20 {
+	if fi, serr := os.Stat(logPath); serr == nil && fi.Size() > 1<<20 {
 		_ = os.Rename(logPath, logPath+".old")
 	}
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)

@@ -143,7 +143,7 @@ It prints "serving NAME on ADDRESS" once ready.`,
 				if join {
 					extra = " (and the join endpoint)"
 				}
-				if st, err := r.Meta.Node(cmd.Context(), creds.Identity.Name); err == nil && st.Gateway != "" {
+				if st, nerr := r.Meta.Node(cmd.Context(), creds.Identity.Name); nerr == nil && st.Gateway != "" {
 					extra += ", metadata gateway on " + st.Gateway
 				}
 				fmt.Fprintf(e.stdout, "serving %s on %s%s\n", creds.Identity.Name, addr, extra)

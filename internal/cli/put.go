@@ -271,7 +271,7 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 		return nil, err
 	}
 	for _, s := range srcs {
-		if _, err := os.Lstat(s); err != nil {
+		if _, err = os.Lstat(s); err != nil {
 			return nil, cairn.E("put", cairn.NotFound, s, errors.New("no such local file or directory"))
 		}
 	}
@@ -334,13 +334,13 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 		g.Go(func() error {
 			for j := range jobs {
 				w := min(j.info.Size(), putWindow) + 64<<10
-				if err := budget.Acquire(gctx, w); err != nil {
-					return err
+				if aerr := budget.Acquire(gctx, w); aerr != nil {
+					return aerr
 				}
-				err := st.putFile(gctx, j)
+				perr := st.putFile(gctx, j)
 				budget.Release(w)
-				if err != nil {
-					return err
+				if perr != nil {
+					return perr
 				}
 			}
 			return nil
@@ -349,8 +349,8 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 	g.Go(func() error {
 		defer close(jobs)
 		for _, s := range srcs {
-			if err := st.walk(gctx, s, dir, p.String(), jobs); err != nil {
-				return err
+			if werr := st.walk(gctx, s, dir, p.String(), jobs); werr != nil {
+				return werr
 			}
 		}
 		return nil
@@ -370,8 +370,8 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 			case <-t.C:
 				// ctx, not gctx: Wait cancels gctx as it returns,
 				// and a group may be committing then.
-				if err := st.commitOld(ctx, groupLinger); err != nil && first == nil {
-					first = err
+				if cerr := st.commitOld(ctx, groupLinger); cerr != nil && first == nil {
+					first = cerr
 				}
 			}
 		}

@@ -118,7 +118,7 @@ func (e *env) newSpool(ctx context.Context, volume string) (*spool, error) {
 		return nil, err
 	}
 	q := queueDir(e.home)
-	if err := os.MkdirAll(q, 0o700); err != nil {
+	if err = os.MkdirAll(q, 0o700); err != nil {
 		return nil, cairn.E("put", cairn.IO, q, err)
 	}
 	var rnd [4]byte
@@ -128,7 +128,7 @@ func (e *env) newSpool(ctx context.Context, volume string) (*spool, error) {
 	// never finds it before its lock is held.
 	tmp := filepath.Join(q, ".new-"+name)
 	sp := &spool{dir: tmp}
-	if err := os.Mkdir(tmp, 0o700); err != nil {
+	if err = os.Mkdir(tmp, 0o700); err != nil {
 		return nil, cairn.E("put", cairn.IO, tmp, err)
 	}
 	fail := func(err error) (*spool, error) {
@@ -141,7 +141,7 @@ func (e *env) newSpool(ctx context.Context, volume string) (*spool, error) {
 		return fail(cmp(err, errors.New("queue directory locked")))
 	}
 	sp.lock = lock
-	if err := os.Rename(tmp, filepath.Join(q, name)); err != nil {
+	if err = os.Rename(tmp, filepath.Join(q, name)); err != nil {
 		return fail(cairn.E("put", cairn.IO, tmp, err))
 	}
 	sp.dir = filepath.Join(q, name)
@@ -452,7 +452,7 @@ func (e *env) drain(ctx context.Context, wait bool, prog *progress) (sum *DrainS
 // the drainer that holds it if wait, else returning ok false at once.
 // The holder's pid is written in the lock file.
 func lockDrain(ctx context.Context, q string, wait bool, prog *progress) (lock *os.File, ok bool, err error) {
-	if err := os.MkdirAll(q, 0o700); err != nil {
+	if err = os.MkdirAll(q, 0o700); err != nil {
 		return nil, false, cairn.E("queue", cairn.IO, q, err)
 	}
 	lock, ok, err = flockFile(filepath.Join(q, "drain.lock"))

@@ -181,7 +181,7 @@ func (u *Users) update(fn func(m map[string]userRecord) error) error {
 		return cairn.E(op, cairn.IO, u.path, err)
 	}
 	defer lf.Close()
-	if err := unix.Flock(int(lf.Fd()), unix.LOCK_EX); err != nil {
+	if err = unix.Flock(int(lf.Fd()), unix.LOCK_EX); err != nil {
 		return cairn.E(op, cairn.IO, u.path, err)
 	}
 	defer unix.Flock(int(lf.Fd()), unix.LOCK_UN)
@@ -189,7 +189,7 @@ func (u *Users) update(fn func(m map[string]userRecord) error) error {
 	if err != nil {
 		return err
 	}
-	if err := fn(m); err != nil {
+	if err = fn(m); err != nil {
 		return err
 	}
 	f := usersFileJSON{Format: usersFormat}
@@ -203,7 +203,7 @@ func (u *Users) update(fn func(m map[string]userRecord) error) error {
 		return cairn.E(op, cairn.IO, dir, err)
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(append(b, '\n')); err == nil {
+	if _, err = tmp.Write(append(b, '\n')); err == nil {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {

@@ -330,7 +330,7 @@ func (f *FS) OpenFile(ctx context.Context, name string, flag int, perm os.FileMo
 	parent, e, err := resolve(ctx, op, name, parts)
 	switch {
 	case errors.Is(err, syscall.ENOENT) && parent != nil && flag&os.O_CREATE != 0:
-		if e, gerr := f.vol.Meta.Get(ctx, parent.Ino, parts[len(parts)-1]); gerr == nil && e.Type == meta.TypeSymlink {
+		if e2, gerr := f.vol.Meta.Get(ctx, parent.Ino, parts[len(parts)-1]); gerr == nil && e2.Type == meta.TypeSymlink {
 			return nil, &os.PathError{Op: op, Path: name, Err: syscall.EEXIST}
 		}
 		return &regFile{fsys: f, ctx: ctx, name: name, parent: parent, base: parts[len(parts)-1],

@@ -338,13 +338,13 @@ func (h *Handler) serveLock(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
-		lists, err := parseIf(r.Header.Get("If"))
-		if err != nil {
+		lists, perr := parseIf(r.Header.Get("If"))
+		if perr != nil {
 			http.Error(w, "a lock refresh needs an If header naming the lock", http.StatusBadRequest)
 			return
 		}
 		for _, tok := range ifTokens(lists) {
-			if lk, err := h.locks.refresh(tok, name, timeout); err == nil {
+			if lk, rerr := h.locks.refresh(tok, name, timeout); rerr == nil {
 				writeLock(w, http.StatusOK, lk, false)
 				return
 			}
@@ -375,17 +375,17 @@ func (h *Handler) serveLock(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	if _, err := h.fs.Stat(ctx, name); errors.Is(err, os.ErrNotExist) {
 		// RFC 4918 §7.3: a LOCK of an unmapped URL makes an empty file.
-		f, err := h.fs.OpenFile(ctx, name, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o666)
-		if err == nil {
-			err = f.Close()
+		f, oerr := h.fs.OpenFile(ctx, name, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o666)
+		if oerr == nil {
+			oerr = f.Close()
 		}
-		if err != nil {
+		if oerr != nil {
 			h.locks.unlock(lk.token, "")
 			st := http.StatusInternalServerError
-			if errors.Is(err, os.ErrNotExist) {
+			if errors.Is(oerr, os.ErrNotExist) {
 				st = http.StatusConflict
 			}
-			h.log.Debug("lock of an unmapped URL could not create it", "path", name, "err", err)
+			h.log.Debug("lock of an unmapped URL could not create it", "path", name, "err", oerr)
 			http.Error(w, "cannot create the resource", st)
 			return
 		}

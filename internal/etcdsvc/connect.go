@@ -136,7 +136,7 @@ func Connect(ctx context.Context, home string, opts ConnectOptions) (*Conn, erro
 		return nil, cairn.E(op, cairn.Invalid, home, err)
 	}
 	dir := filepath.Join(home, "etcd")
-	if err := makePrivateDir(dir); err != nil {
+	if err = makePrivateDir(dir); err != nil {
 		return nil, cairn.E(op, cairn.IO, dir, err)
 	}
 	clients, err := os.OpenFile(filepath.Join(dir, clientsLockName), os.O_RDWR|os.O_CREATE, 0o600)
@@ -157,7 +157,7 @@ func Connect(ctx context.Context, home string, opts ConnectOptions) (*Conn, erro
 		return nil, cairn.E(op, cairn.Unavailable, home, err)
 	}
 	// Blocks only while a server is shutting down.
-	if err := lockWait(wctx, clients, syscall.LOCK_SH); err != nil {
+	if err = lockWait(wctx, clients, syscall.LOCK_SH); err != nil {
 		return fail(err)
 	}
 	cli, ep, err := findOrStart(wctx, dir, opts)
@@ -185,12 +185,12 @@ func findOrStart(ctx context.Context, dir string, opts ConnectOptions) (*clientv
 		ep, err := readEndpoint(dir)
 		switch {
 		case err == nil && pidAlive(ep.pid):
-			cli, err := dialLocal(ctx, ep, opts)
-			if err == nil {
+			cli, derr := dialLocal(ctx, ep, opts)
+			if derr == nil {
 				opts.Logger.Debug("etcd: using local server", "addr", ep.addr, "pid", ep.pid)
 				return cli, ep, nil
 			}
-			lastErr = err
+			lastErr = derr
 		case err == nil:
 			lastErr = fmt.Errorf("stale endpoint: server pid %d is gone", ep.pid)
 		case !errors.Is(err, os.ErrNotExist):
@@ -235,7 +235,7 @@ func spawnDaemon(dir string, opts ConnectOptions) (<-chan error, int, error) {
 		return nil, 0, err
 	}
 	logPath := filepath.Join(dir, logName)
-	if fi, err := os.Stat(logPath); err == nil && fi.Size() > 1<<20 {
+	if fi, serr := os.Stat(logPath); serr == nil && fi.Size() > 1<<20 {
 		_ = os.Rename(logPath, logPath+".old")
 	}
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)

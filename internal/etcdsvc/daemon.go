@@ -60,15 +60,15 @@ func runDaemon(home string, linger time.Duration, log io.Writer) int {
 		return 1
 	}
 	defer slock.Close()
-	if ok, err := tryLock(slock, syscall.LOCK_EX); err != nil {
-		logf("lock %s: %v", slock.Name(), err)
+	if ok, terr := tryLock(slock, syscall.LOCK_EX); terr != nil {
+		logf("lock %s: %v", slock.Name(), terr)
 		return 1
 	} else if !ok {
 		return 0 // another server holds the realm: it will serve our client
 	}
 	// For StopDaemon, which must find a server that has not published its
 	// endpoint yet.
-	if err := slock.Truncate(0); err == nil {
+	if terr := slock.Truncate(0); terr == nil {
 		slock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	// Whatever endpoint file exists was left by a server that died.

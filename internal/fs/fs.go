@@ -314,7 +314,7 @@ func (v *Volume) write(ctx context.Context, cur *meta.Version, open func() (io.R
 	}
 	plain = v.eng.Refs(b)
 	if int64(len(b)) == cur.Size && v.digest(plain, cur.Size) == cur.Digest {
-		st := WriteStats{LogicalBytes: int64(len(b)), Chunks: len(plain), DupChunks: len(plain), DupBytes: int64(len(b))}
+		st = WriteStats{LogicalBytes: int64(len(b)), Chunks: len(plain), DupChunks: len(plain), DupBytes: int64(len(b))}
 		return plain, plain, st, nil
 	}
 	refs, st, err = v.writeDelta(ctx, cur, b, plain)

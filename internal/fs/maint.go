@@ -28,7 +28,7 @@ func (v *Volume) Walk(ctx context.Context, fn func(path string, e *meta.Entry, t
 	if err != nil {
 		return err
 	}
-	if err := v.walk(ctx, v.Name()+":", root, false, fn); err != nil {
+	if err = v.walk(ctx, v.Name()+":", root, false, fn); err != nil {
 		return err
 	}
 	items, err := v.Meta.Trash(ctx)
@@ -650,10 +650,10 @@ func ComputeStats(ctx context.Context, vols []*Volume, st cairn.Store) (*Stats, 
 	for i := range vers {
 		vr := &vers[i]
 		g.Go(func() error {
-			m, err := vr.vol.Manifest(gctx, &vr.ver)
+			m, merr := vr.vol.Manifest(gctx, &vr.ver)
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil {
+			if merr != nil {
 				s.ManifestErrors++
 				return nil
 			}
@@ -667,7 +667,7 @@ func ComputeStats(ctx context.Context, vols []*Volume, st cairn.Store) (*Stats, 
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
+	if err = g.Wait(); err != nil {
 		return nil, err
 	}
 	s.Chunks = len(refs)

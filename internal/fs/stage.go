@@ -168,7 +168,7 @@ func (v *Volume) CommitStaged(ctx context.Context, src cairn.Store, files []Stag
 					}
 				}
 				if f.Check != nil {
-					if err := f.Check(cur); err != nil {
+					if err = f.Check(cur); err != nil {
 						res[i].Err = err
 						return
 					}
@@ -257,12 +257,12 @@ func (v *Volume) copyMissing(ctx context.Context, src cairn.Store, ids []cairn.I
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			data, err := src.Get(dctx, id)
-			if err == nil {
-				err = v.store.Put(dctx, id, data)
+			data, gerr := src.Get(dctx, id)
+			if gerr == nil {
+				gerr = v.store.Put(dctx, id, data)
 			}
-			if err != nil {
-				once.Do(func() { first = err; cancel() })
+			if gerr != nil {
+				once.Do(func() { first = gerr; cancel() })
 				return
 			}
 			atomic.AddInt64(&cs.Objects, 1)
@@ -281,7 +281,7 @@ func (v *Volume) copyMissing(ctx context.Context, src cairn.Store, ids []cairn.I
 	}
 	if d, ok := v.store.(store.Deferrer); ok && d.Defers() {
 		v.flushMu.Lock()
-		err := d.Flush(ctx)
+		err = d.Flush(ctx)
 		v.flushMu.Unlock()
 		if err != nil {
 			return fmt.Errorf("storing the data: %w", err)

@@ -177,7 +177,7 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return cairn.E("write", cairn.IO, path, err)
 	}
 	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(perm); err == nil {
+	if err = tmp.Chmod(perm); err == nil {
 		if _, err = tmp.Write(data); err == nil {
 			err = tmp.Sync()
 		}

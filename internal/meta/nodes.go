@@ -170,7 +170,7 @@ func (s *Service) RemoveNode(ctx context.Context, name string, at time.Time) err
 			return cairn.E("remove node", cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
 		}
 		var rec NodeRecord
-		if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		if err = json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 			return cairn.E("remove node", cairn.Corrupt, name, err)
 		}
 		rec.Removed = at.UnixNano()
@@ -233,7 +233,7 @@ func (s *Service) Register(ctx context.Context, rec NodeRecord, ttl time.Duratio
 	rec.LastSeen, rec.Lease = now, int64(ttl)
 	b, _ := json.Marshal(rec)
 	ab, _ := json.Marshal(map[string]any{"addr": rec.Addr, "since": now})
-	if _, err := s.cli.Txn(octx).Then(clientv3.OpPut(s.nodeKey(rec.Name), string(b)), clientv3.OpPut(s.aliveKey(rec.Name), string(ab), clientv3.WithLease(lg.ID))).Commit(); err != nil {
+	if _, err = s.cli.Txn(octx).Then(clientv3.OpPut(s.nodeKey(rec.Name), string(b)), clientv3.OpPut(s.aliveKey(rec.Name), string(ab), clientv3.WithLease(lg.ID))).Commit(); err != nil {
 		return nil, etcdErr(op, rec.Name, err)
 	}
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -272,7 +272,7 @@ func (r *Registration) Update(ctx context.Context, rec NodeRecord) error {
 			return cairn.E(op, cairn.NotFound, r.name, errors.New("the node's registry record is gone"))
 		}
 		var old NodeRecord
-		if err := json.Unmarshal(resp.Kvs[0].Value, &old); err != nil {
+		if err = json.Unmarshal(resp.Kvs[0].Value, &old); err != nil {
 			return cairn.E(op, cairn.Corrupt, r.name, err)
 		}
 		if old.Removed != 0 {

@@ -156,7 +156,7 @@ func (v *Vol) SetPolicy(ctx context.Context, rec PolicyRecord) error {
 	if err != nil {
 		return err
 	}
-	if _, err := ParsePolicy(rec.Policy); err != nil {
+	if _, err = ParsePolicy(rec.Policy); err != nil {
 		return err
 	}
 	rec.Path = p

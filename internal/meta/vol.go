@@ -560,11 +560,11 @@ func (v *Vol) deleteSubtree(ctx context.Context, ino uint64) error {
 	}
 	for _, k := range kids {
 		if k.IsDir() {
-			if err := v.deleteSubtree(ctx, k.Ino); err != nil {
+			if err = v.deleteSubtree(ctx, k.Ino); err != nil {
 				return err
 			}
 		}
-		if err := v.deleteXattrs(ctx, k.Ino); err != nil {
+		if err = v.deleteXattrs(ctx, k.Ino); err != nil {
 			return err
 		}
 	}
@@ -687,13 +687,13 @@ func (v *Vol) Walk(ctx context.Context, fn func(e *Entry, trashed bool) error) e
 	if err != nil {
 		return err
 	}
-	if err := fn(root, false); err != nil {
+	if err = fn(root, false); err != nil {
 		return err
 	}
-	if err := v.s.scan(ctx, "walk", v.base+"e/", func(k, val []byte, rev int64) error {
-		e, err := v.decode("walk", k, val, rev)
-		if err != nil {
-			return err
+	if err = v.s.scan(ctx, "walk", v.base+"e/", func(k, val []byte, rev int64) error {
+		e, derr := v.decode("walk", k, val, rev)
+		if derr != nil {
+			return derr
 		}
 		return fn(e, false)
 	}); err != nil {

@@ -298,7 +298,7 @@ func (s *session) handle(ctx context.Context, raw net.Conn) {
 		raw.Close()
 		return
 	}
-	if err := g.stillAdmitted(leaf, time.Now()); err != nil {
+	if err = g.stillAdmitted(leaf, time.Now()); err != nil {
 		// Fails closed: the revocation list cannot be read (a revoked
 		// certificate was refused in the handshake).
 		g.log.Warn("metadata gateway: closed after the handshake: the revocation list cannot be checked", "node", id.Name, "remote", remote, "err", err)

@@ -101,7 +101,7 @@ func openCache(dir string, limit int64, log *slog.Logger) (*diskCache, error) {
 	if err != nil {
 		return nil, cairn.E(op, cairn.IO, dir, err)
 	}
-	if err := unix.Flock(int(lockf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err = unix.Flock(int(lockf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		b, _ := io.ReadAll(lockf)
 		lockf.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
@@ -113,7 +113,7 @@ func openCache(dir string, limit int64, log *slog.Logger) (*diskCache, error) {
 	fmt.Fprintf(lockf, "pid %d\n", os.Getpid())
 	c := &diskCache{dir: dir, limit: limit, log: log, lockf: lockf, spares: newSpares(filepath.Join(dir, "work")),
 		clean: map[cacheKey]*content{}, open: map[*content]struct{}{}, lru: list.New()}
-	if tmp, err := os.ReadDir(filepath.Join(dir, "tmp")); err == nil {
+	if tmp, rerr := os.ReadDir(filepath.Join(dir, "tmp")); rerr == nil {
 		for _, t := range tmp {
 			os.Remove(filepath.Join(dir, "tmp", t.Name()))
 		}
@@ -584,7 +584,7 @@ func (c *diskCache) copyOut(cc *content) error {
 		return cairn.E("write", cairn.IO, old, err)
 	}
 	live := c.workPath(cc.ino)
-	if err := os.Link(old, live); err != nil {
+	if err = os.Link(old, live); err != nil {
 		return cairn.E("write", cairn.IO, old, err)
 	}
 	tmp, err := c.newTmp()

@@ -173,7 +173,7 @@ func (c *content) local() (int64, time.Time, time.Time, heldAttrs, bool) {
 	c.mu.Unlock()
 	if ok && ptw {
 		// What the kernel wrote to it directly.
-		if s, mt, ok := c.ptLocal(); ok {
+		if s, mt, ok2 := c.ptLocal(); ok2 {
 			size = s
 			if !mt.IsZero() {
 				mtime = mt
@@ -567,14 +567,14 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		if !ok {
 			return nil, 0, syscall.ENOENT
 		}
-		if err := n.lockForWrite(ctx, p, name); err != nil {
+		if err = n.lockForWrite(ctx, p, name); err != nil {
 			return nil, 0, n.m.errno("open for writing", n.path(""), err)
 		}
 		// An unprivileged writer clears the set-ID bits (killPriv): at
 		// the open, as the mount may never see the writes (passthrough).
 		if uid, _ := caller(ctx); uid != 0 {
 			if m, kill := n.killPriv(ctx); kill {
-				if err := n.setAttrs(ctx, heldAttrs{setMode: true, mode: m}); err != nil {
+				if err = n.setAttrs(ctx, heldAttrs{setMode: true, mode: m}); err != nil {
 					n.unlockWrite(ctx)
 					return nil, 0, n.m.errno("open for writing", n.path(""), err)
 				}
@@ -723,7 +723,7 @@ func (n *node) truncate(ctx context.Context, h *handle, size int64) syscall.Errn
 	if !ok {
 		return syscall.ENOENT
 	}
-	if err := n.lockForWrite(ctx, p, name); err != nil {
+	if err = n.lockForWrite(ctx, p, name); err != nil {
 		return n.m.errno("truncate", n.path(""), err)
 	}
 	flags := uint32(syscall.O_WRONLY)
@@ -791,7 +791,7 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 	ptw := c.ptw
 	c.mu.Unlock()
 	if ptw {
-		if err := n.m.harvest(c); err != nil {
+		if err = n.m.harvest(c); err != nil {
 			return err
 		}
 	}

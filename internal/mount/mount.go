@@ -200,8 +200,8 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 		return nil, cairn.E(op, cairn.Invalid, dir, err)
 	}
 	dir = abs
-	if repaired, err := Repair(dir); err != nil {
-		return nil, err
+	if repaired, rerr := Repair(dir); rerr != nil {
+		return nil, rerr
 	} else if repaired {
 		o.Logger.Warn("repaired a mount point left broken by a killed mount", "mountpoint", dir)
 	}
@@ -216,15 +216,15 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 	if !fi.IsDir() {
 		return nil, cairn.E(op, cairn.NotDir, dir, errors.New("the mount point must be a directory"))
 	}
-	if mounted, err := IsMounted(dir); err != nil {
-		return nil, cairn.E(op, cairn.IO, dir, err)
+	if mounted, ierr := IsMounted(dir); ierr != nil {
+		return nil, cairn.E(op, cairn.IO, dir, ierr)
 	} else if mounted {
 		return nil, cairn.E(op, cairn.Exist, dir, errors.New("something is already mounted there (cairn umount it first)"))
 	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
+	if _, err = os.Stat("/dev/fuse"); err != nil {
 		return nil, cairn.E(op, cairn.Unavailable, "/dev/fuse", errors.New("no FUSE device: load the fuse module or install fuse3"))
 	}
-	if err := os.MkdirAll(o.CacheDir, 0o700); err != nil {
+	if err = os.MkdirAll(o.CacheDir, 0o700); err != nil {
 		return nil, cairn.E(op, cairn.IO, o.CacheDir, err)
 	}
 	sweep(o.CacheDir, o.Logger)
@@ -578,7 +578,7 @@ func Unmount(dir string, lazy bool) error {
 	if err != nil {
 		return cairn.E("unmount", cairn.Invalid, dir, err)
 	}
-	if mounted, err := IsMounted(abs); err == nil && !mounted {
+	if mounted, ierr := IsMounted(abs); ierr == nil && !mounted {
 		return cairn.E("unmount", cairn.NotFound, abs, errors.New("nothing is mounted there"))
 	}
 	args := []string{"-u"}

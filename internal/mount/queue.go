@@ -440,8 +440,8 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	if j.n == nil && rec.CRC32C != nil {
 		// Queued without fsync (write-back mode): what a power loss may
 		// have torn is not committed.
-		if sum, err := dataCRC(f, rec.Size); err != nil || sum != *rec.CRC32C {
-			return nil, cairn.E("commit", cairn.Corrupt, q.dataPath(rec), fmt.Errorf("the data queued at a close does not match its checksum (lost with the machine's power?): %v", err))
+		if sum, derr := dataCRC(f, rec.Size); derr != nil || sum != *rec.CRC32C {
+			return nil, cairn.E("commit", cairn.Corrupt, q.dataPath(rec), fmt.Errorf("the data queued at a close does not match its checksum (lost with the machine's power?): %v", derr))
 		}
 	}
 	open := func() (io.ReadCloser, error) { return io.NopCloser(io.NewSectionReader(f, 0, rec.Size)), nil }

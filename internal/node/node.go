@@ -537,7 +537,7 @@ func (h *Handler) putBatch(w http.ResponseWriter, r *http.Request) {
 	sem := make(chan struct{}, h.cfg.PutConcurrency)
 	var wg sync.WaitGroup
 	for i, o := range objs {
-		if err := checkID("put", o.ID, o.Data); err != nil {
+		if err = checkID("put", o.ID, o.Data); err != nil {
 			errs[i] = err
 			continue
 		}

@@ -670,8 +670,8 @@ func (e *Engine) WriteDelta(ctx context.Context, b []byte, plain []manifest.Ref,
 		g.Go(func() error {
 			id := refs[i].ID
 			epoch := e.known.epochNow()
-			if err := e.st.Put(store.WithHashedIDs(gctx), id, stored[i]); err != nil {
-				return cairn.E("put chunk", cairn.KindOf(err), id.Short(), err)
+			if perr := e.st.Put(store.WithHashedIDs(gctx), id, stored[i]); perr != nil {
+				return cairn.E("put chunk", cairn.KindOf(perr), id.Short(), perr)
 			}
 			if !store.Deferred(gctx) { // buffered, not yet durable: not known stored
 				e.known.add(id, epoch)

@@ -332,7 +332,7 @@ func (c *Credentials) check() error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.Leaf.Verify(x509.VerifyOptions{Roots: caPool(c.CA), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+	if _, err = c.Leaf.Verify(x509.VerifyOptions{Roots: caPool(c.CA), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		return fmt.Errorf("certificate does not chain to the CA: %w", err)
 	}
 	id, err := IdentityOf(c.Leaf)

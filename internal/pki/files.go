@@ -94,19 +94,19 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 			_ = os.Remove(tmp)
 		}
 	}()
-	if err := f.Chmod(mode); err != nil {
+	if err = f.Chmod(mode); err != nil {
 		return err
 	}
-	if _, err := f.Write(data); err != nil {
+	if _, err = f.Write(data); err != nil {
 		return err
 	}
-	if err := f.Sync(); err != nil {
+	if err = f.Sync(); err != nil {
 		return err
 	}
-	if err := f.Close(); err != nil {
+	if err = f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err = os.Rename(tmp, path); err != nil {
 		return err
 	}
 	ok = true

@@ -229,7 +229,7 @@ func (a *Authority) Redeem(ctx context.Context, req JoinRequest) (*JoinResponse,
 		return nil, err
 	}
 	now := a.clock()
-	if err := rec.usable(now); err != nil {
+	if err = rec.usable(now); err != nil {
 		return nil, err
 	}
 	if len(req.MAC) != macSize || subtle.ConstantTimeCompare(req.MAC, requestMAC(rec.MACKey, req.Token, req.CSR)) != 1 {
@@ -240,13 +240,13 @@ func (a *Authority) Redeem(ctx context.Context, req JoinRequest) (*JoinResponse,
 	if err != nil {
 		return nil, cairn.E(op, cairn.Invalid, req.Token, fmt.Errorf("CSR: %w", err))
 	}
-	if err := csr.CheckSignature(); err != nil {
+	if err = csr.CheckSignature(); err != nil {
 		return nil, cairn.E(op, cairn.Invalid, req.Token, fmt.Errorf("CSR signature: %w", err))
 	}
 	name := rec.Name
 	if name == "" {
 		name = csr.Subject.CommonName
-		if err := ValidName(name); err != nil {
+		if err = ValidName(name); err != nil {
 			return nil, cairn.E(op, cairn.Invalid, req.Token, fmt.Errorf("the token names no node and the joiner proposed %q: %w", name, err))
 		}
 	}
@@ -259,7 +259,7 @@ func (a *Authority) Redeem(ctx context.Context, req JoinRequest) (*JoinResponse,
 		}
 	}
 	// Check that we can issue before burning the token.
-	if err := id.Validate(); err != nil {
+	if err = id.Validate(); err != nil {
 		return nil, err
 	}
 	rec, err = a.Tokens.Redeem(ctx, req.Token, name, now)
@@ -372,7 +372,7 @@ func Join(ctx context.Context, token string, o JoinOptions) (*Credentials, []byt
 		return nil, nil, err
 	}
 	if o.Name != "" {
-		if err := ValidName(o.Name); err != nil {
+		if err = ValidName(o.Name); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -467,7 +467,7 @@ func openJoinResponse(t Token, key crypto.Signer, resp *JoinResponse) (*Credenti
 		return fail(errors.New("the certificate is not for this joiner's key"))
 	}
 	creds := &Credentials{Leaf: leaf, CA: ca, Key: key}
-	if err := creds.check(); err != nil {
+	if err = creds.check(); err != nil {
 		return fail(err)
 	}
 	var payload []byte

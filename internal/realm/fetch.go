@@ -496,7 +496,7 @@ func (rt *router) storePeer(ctx context.Context, name string) (*peer, error) {
 	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if p := rt.nodes["store:"+name]; p != nil {
+	if p = rt.nodes["store:"+name]; p != nil {
 		return p, nil
 	}
 	p = &peer{name: name, addr: n.rec.URL, st: n.st, shared: true}

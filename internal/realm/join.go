@@ -72,23 +72,23 @@ func (r *Realm) Invite(ctx context.Context, o InviteOptions) (string, error) {
 		return "", err
 	}
 	if o.Name != "" {
-		if err := pki.ValidName(o.Name); err != nil {
+		if err = pki.ValidName(o.Name); err != nil {
 			return "", err
 		}
-		if st, err := r.Meta.Node(ctx, o.Name); err == nil && st.Removed == 0 {
+		if st, nerr := r.Meta.Node(ctx, o.Name); nerr == nil && st.Removed == 0 {
 			return "", cairn.E(op, cairn.Exist, o.Name, fmt.Errorf("the realm already has a %s named %s (remove it first: 'cairn node remove %s')", st.Role, o.Name, o.Name))
 		}
 		// Versions name stores and nodes in one list: one name, one thing.
-		if _, err := r.Meta.Store(ctx, o.Name); err == nil {
+		if _, serr := r.Meta.Store(ctx, o.Name); serr == nil {
 			return "", cairn.E(op, cairn.Exist, o.Name, fmt.Errorf("the realm has a store named %s (see 'cairn store ls'): choose another name", o.Name))
 		}
 	}
 	if o.Addr == "" {
-		st, err := r.Meta.Node(ctx, creds.Identity.Name)
-		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
-			return "", err
+		st, nerr := r.Meta.Node(ctx, creds.Identity.Name)
+		if nerr != nil && !errors.Is(nerr, cairn.ErrNotFound) {
+			return "", nerr
 		}
-		if err != nil || st.State != meta.NodeOnline || st.Addr == "" {
+		if nerr != nil || st.State != meta.NodeOnline || st.Addr == "" {
 			return "", cairn.E(op, cairn.Unavailable, creds.Identity.Name, errors.New("this device serves no join endpoint: start 'cairn node serve' here first"))
 		}
 		o.Addr = st.Addr
@@ -100,35 +100,35 @@ func (r *Realm) Invite(ctx context.Context, o InviteOptions) (string, error) {
 		if len(p.Etcd) == 0 && len(p.Gateway) == 0 {
 			// The embedded etcd, reached through the metadata gateway
 			// of the device serving it: this one.
-			gw, err := r.gateway1(ctx)
-			if err != nil {
-				return "", err
+			gw, gerr := r.gateway1(ctx)
+			if gerr != nil {
+				return "", gerr
 			}
 			p.Gateway, p.GatewayNode = []string{gw}, creds.Identity.Name
 		}
-		kr, err := r.Keyring()
-		if err != nil {
-			return "", err
+		kr, perr := r.Keyring()
+		if perr != nil {
+			return "", perr
 		}
-		dk, err := r.deviceKey(ctx)
-		if err != nil {
-			return "", err
+		dk, perr := r.deviceKey(ctx)
+		if perr != nil {
+			return "", perr
 		}
 		p.DeviceKey = dk[:]
-		vols, err := r.Meta.Volumes(ctx)
-		if err != nil {
-			return "", err
+		vols, perr := r.Meta.Volumes(ctx)
+		if perr != nil {
+			return "", perr
 		}
 		for _, v := range vols {
-			k, err := kr.Key(v.ID, v.Name)
-			if err != nil {
+			k, kerr := kr.Key(v.ID, v.Name)
+			if kerr != nil {
 				r.log.Warn("invite: this device holds no key for a volume; the new device will not either", "volume", v.Name)
 				continue
 			}
 			p.Keys[v.ID] = k[:]
 		}
-		if payload, err = json.Marshal(p); err != nil {
-			return "", cairn.E(op, cairn.Other, "", err)
+		if payload, perr = json.Marshal(p); perr != nil {
+			return "", cairn.E(op, cairn.Other, "", perr)
 		}
 	}
 	tokens, err := pki.OpenTokenList(TokensPath(r.Home))
@@ -178,19 +178,19 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 		if len(payload) != 0 {
 			return nil, cairn.E(op, cairn.Permission, "", fmt.Errorf("a %s must receive no payload", creds.Identity.Role))
 		}
-		if err := creds.Save(CredentialsDir(home)); err != nil {
+		if err = creds.Save(CredentialsDir(home)); err != nil {
 			return creds, err
 		}
 		// It reports to a registrar (ServeStandalone): at first the
 		// device that admitted it, at the join address.
-		t, err := pki.ParseToken(token)
-		if err != nil {
-			return creds, err
+		t, perr := pki.ParseToken(token)
+		if perr != nil {
+			return creds, perr
 		}
 		return creds, (&registrarState{Format: registrarFormat, Registrars: []string{t.Addr}}).save(home)
 	}
 	var p devicePayload
-	if err := json.Unmarshal(payload, &p); err != nil {
+	if err = json.Unmarshal(payload, &p); err != nil {
 		return nil, cairn.E(op, cairn.Corrupt, "", fmt.Errorf("device payload: %w", err))
 	}
 	if p.Format != devicePayloadFormat || p.RealmID != creds.Identity.Realm || len(p.Etcd)+len(p.Gateway) == 0 {
@@ -198,7 +198,7 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 	}
 	// The credentials first: a failure below leaves a home that can be
 	// given a new invitation after 'rm -r'.
-	if err := creds.Save(CredentialsDir(home)); err != nil {
+	if err = creds.Save(CredentialsDir(home)); err != nil {
 		return nil, err
 	}
 	var pass []byte
@@ -229,12 +229,12 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 		}
 		kr.Add(deviceKeyID, volkey.Master(p.DeviceKey))
 	}
-	if err := kr.Save(); err != nil {
+	if err = kr.Save(); err != nil {
 		return nil, err
 	}
 	cfg := Config{Format: ConfigVersion, RealmID: p.RealmID, Created: time.Now().UTC(), Etcd: p.Etcd, Gateway: p.Gateway, GatewayNode: p.GatewayNode, StorePath: "store"}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
-	if err := keyring.WriteFileAtomic(configPath(home), b, 0o600); err != nil {
+	if err = keyring.WriteFileAtomic(configPath(home), b, 0o600); err != nil {
 		return nil, err
 	}
 	// Check the metadata service answers for this realm, and make the

@@ -77,21 +77,21 @@ func (r *Realm) deviceKey(ctx context.Context) (volkey.Master, error) {
 	if err != nil {
 		return volkey.Master{}, err
 	}
-	if dk, err := kr.Key(deviceKeyID, "realm device key"); err == nil {
+	if dk, kerr := kr.Key(deviceKeyID, "realm device key"); kerr == nil {
 		// Joined devices got it; the first device made it. Record its
 		// check if a crash came between saving and recording it (the
 		// record is written once: a different one means another key won).
-		err := r.Meta.PutSealedKey(ctx, deviceKeyCheckID, []byte(deviceKeyCheck(dk)))
-		if errors.Is(err, cairn.ErrExist) {
+		perr := r.Meta.PutSealedKey(ctx, deviceKeyCheckID, []byte(deviceKeyCheck(dk)))
+		if errors.Is(perr, cairn.ErrExist) {
 			return dk, cairn.E("device key", cairn.Permission, r.Home, errors.New("this device's device key is not the realm's: join again with a new invitation"))
 		}
-		return dk, err
+		return dk, perr
 	}
 	// Saved before it is recorded: a crash in between leaves an unused
 	// key here, never a realm that records a key no device holds.
 	dk := keyring.NewMaster()
 	kr.Add(deviceKeyID, dk)
-	if err := kr.Save(); err != nil {
+	if err = kr.Save(); err != nil {
 		kr.Remove(deviceKeyID)
 		return dk, err
 	}

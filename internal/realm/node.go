@@ -71,7 +71,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	if creds.Identity.Role != pki.Device {
 		return cairn.E(op, cairn.Permission, creds.Identity.Name, fmt.Errorf("a %s has no realm of its own: it serves with ServeStandalone and registers through a device", creds.Identity.Role))
 	}
-	if st, err := r.Meta.Node(ctx, creds.Identity.Name); err == nil && st.Removed != 0 {
+	if st, nerr := r.Meta.Node(ctx, creds.Identity.Name); nerr == nil && st.Removed != 0 {
 		return cairn.E(op, cairn.Permission, creds.Identity.Name, errors.New("this node was removed from the realm (join again with a new invitation)"))
 	}
 	st, err := r.Store(ctx)
@@ -108,7 +108,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		defer gln.Close()
 		gwAddr = advertised(gln.Addr().(*net.TCPAddr))
 		if o.Advertise != "" {
-			if h, _, err := net.SplitHostPort(o.Advertise); err == nil {
+			if h, _, serr := net.SplitHostPort(o.Advertise); serr == nil {
 				_, p, _ := net.SplitHostPort(gwAddr)
 				gwAddr = net.JoinHostPort(h, p)
 			}
@@ -116,15 +116,15 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	}
 
 	var join http.Handler
-	if ca, err := pki.LoadCA(CADir(r.Home)); err == nil {
-		tokens, err := pki.OpenTokenList(TokensPath(r.Home))
-		if err != nil {
-			return err
+	if ca, lerr := pki.LoadCA(CADir(r.Home)); lerr == nil {
+		tokens, oerr := pki.OpenTokenList(TokensPath(r.Home))
+		if oerr != nil {
+			return oerr
 		}
 		auth := &pki.Authority{CA: ca, Tokens: registeringTokens{TokenStore: tokens, meta: r.Meta}, Addr: addr, Logger: r.log}
 		join = auth.JoinHandler()
-	} else if !errors.Is(err, cairn.ErrNotFound) {
-		return err
+	} else if !errors.Is(lerr, cairn.ErrNotFound) {
+		return lerr
 	}
 	// The chunk service checks rev on every request; the handshake refuses
 	// only what rev says is revoked, so that a peer can tell a removal
@@ -145,12 +145,12 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	report := func() meta.NodeRecord {
 		rec := meta.NodeRecord{Name: name, Role: string(creds.Identity.Role), Addr: addr, Gateway: gwAddr, Served: m.served.Load(), Rate: m.rate(time.Now())}
 		var fs unix.Statfs_t
-		if err := unix.Statfs(storeDir, &fs); err == nil {
+		if serr := unix.Statfs(storeDir, &fs); serr == nil {
 			rec.Capacity = int64(fs.Blocks) * fs.Bsize
 			rec.Free = int64(fs.Bavail) * fs.Bsize
 		}
 		if ss, ok := st.(cairn.StoreStats); ok {
-			if u, err := ss.Stats(ctx); err == nil {
+			if u, serr := ss.Stats(ctx); serr == nil {
 				rec.Used = u.Disk
 			}
 		}

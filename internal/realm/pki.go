@@ -79,7 +79,7 @@ func (r *Realm) createCA(ctx context.Context, name string) (*pki.CA, error) {
 		return nil, err
 	}
 	fp := ca.Fingerprint()
-	if err := r.Meta.SetCA(ctx, meta.CARecord{Fingerprint: hex.EncodeToString(fp[:]), Holder: name, Created: time.Now().UnixNano()}); err != nil {
+	if err = r.Meta.SetCA(ctx, meta.CARecord{Fingerprint: hex.EncodeToString(fp[:]), Holder: name, Created: time.Now().UnixNano()}); err != nil {
 		// Another machine won: ours must not be used.
 		_ = os.RemoveAll(CADir(r.Home))
 		return nil, err

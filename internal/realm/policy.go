@@ -147,7 +147,7 @@ func (r *Realm) CheckPolicy(ctx context.Context, s string) (meta.Policy, error) 
 			// gc sweeps a node's store with the chunks' mark, which
 			// would delete shards: until it sweeps them through the
 			// wrapper, ec members are registered stores only.
-			if _, err := r.Meta.Node(ctx, name); err == nil {
+			if _, nerr := r.Meta.Node(ctx, name); nerr == nil {
 				return pol, cairn.E("policy", cairn.Invalid, name, errors.New("an ec policy names registered stores only (see 'cairn store add'), not nodes: use node://NAME as a store, or copies:N"))
 			}
 		}

@@ -235,7 +235,7 @@ func Open(ctx context.Context, home string, opts Options) (*Realm, error) {
 		return nil, cairn.E("open realm", cairn.IO, home, err)
 	}
 	var cfg Config
-	if err := json.Unmarshal(b, &cfg); err != nil {
+	if err = json.Unmarshal(b, &cfg); err != nil {
 		return nil, cairn.E("open realm", cairn.Corrupt, configPath(home), err)
 	}
 	if cfg.Format != ConfigVersion {
@@ -396,7 +396,7 @@ func (r *Realm) CreateVolume(ctx context.Context, name string, chunkAvg, keep in
 	// The key is saved before the volume exists, so a volume never exists
 	// without its key; a crash in between leaves only an unused key.
 	kr.Add(v.ID, master)
-	if err := kr.Save(); err != nil {
+	if err = kr.Save(); err != nil {
 		return nil, err
 	}
 	// The realm's other devices learn it from the metadata, sealed.

@@ -142,7 +142,7 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 		configured = o.Registrars
 	}
 	for _, a := range configured {
-		if err := wire.CheckAddr(a); err != nil {
+		if err = wire.CheckAddr(a); err != nil {
 			return cairn.E(op, cairn.Invalid, a, fmt.Errorf("registrar address: %w", err))
 		}
 	}
@@ -168,7 +168,7 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 		return err
 	}
 	defer ln.Close()
-	if err := wire.CheckAddr(addr); err != nil {
+	if err = wire.CheckAddr(addr); err != nil {
 		return cairn.E(op, cairn.Invalid, addr, err)
 	}
 	tlsConf, err := pki.ServerTLS(creds, pki.TLSOptions{Revocations: node.HandshakeRevocations(rev)})
@@ -188,11 +188,11 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 	report := func() wire.Report {
 		rep := wire.Report{Addr: addr, Served: m.served.Load(), Rate: m.rate(time.Now()), Lease: int64(o.Lease)}
 		var fs unix.Statfs_t
-		if err := unix.Statfs(storeDir, &fs); err == nil {
+		if serr := unix.Statfs(storeDir, &fs); serr == nil {
 			rep.Capacity = int64(fs.Blocks) * fs.Bsize
 			rep.Free = int64(fs.Bavail) * fs.Bsize
 		}
-		if u, err := st.Stats(ctx); err == nil {
+		if u, serr := st.Stats(ctx); serr == nil {
 			rep.Used = u.Disk
 		}
 		return rep
@@ -206,8 +206,8 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 		if cause == nil {
 			rep := report()
 			rep.Leaving = true
-			if _, err := hb.round(dctx, rep); err != nil {
-				log.Warn("tell the registrar this node leaves", "err", err)
+			if _, rerr := hb.round(dctx, rep); rerr != nil {
+				log.Warn("tell the registrar this node leaves", "err", rerr)
 			}
 		}
 		_ = srv.Shutdown(dctx)
@@ -413,7 +413,7 @@ func (h *heartbeat) report(ctx context.Context, addr string, rep wire.Report) (w
 		return wire.RegisterReply{}, cairn.E(op, cairn.Unavailable, addr, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		err := wire.DecodeError(resp.StatusCode, resp.Header.Get("Content-Encoding"), b)
+		err = wire.DecodeError(resp.StatusCode, resp.Header.Get("Content-Encoding"), b)
 		return wire.RegisterReply{}, cairn.E(op, cairn.KindOf(err), addr, err)
 	}
 	r, err := wire.DecodeRegisterReply(b)

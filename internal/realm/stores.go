@@ -384,9 +384,9 @@ func (r *Realm) GCStores(ctx context.Context) (out []fs.NamedStore, errs []error
 		return nil, nil, closeAll, err
 	}
 	for _, rec := range recs {
-		st, err := r.NamedStore(ctx, rec.Name)
-		if err != nil {
-			errs = append(errs, err)
+		st, nerr := r.NamedStore(ctx, rec.Name)
+		if nerr != nil {
+			errs = append(errs, nerr)
 			continue
 		}
 		out = append(out, fs.NamedStore{Name: rec.Name, Store: st})
@@ -400,9 +400,9 @@ func (r *Realm) GCStores(ctx context.Context) (out []fs.NamedStore, errs []error
 		if n.Name == self || n.Removed != 0 {
 			continue
 		}
-		st, err := r.nodeStore(ctx, n.Name)
-		if err != nil {
-			errs = append(errs, err)
+		st, nerr := r.nodeStore(ctx, n.Name)
+		if nerr != nil {
+			errs = append(errs, nerr)
 			continue
 		}
 		opened = append(opened, st)
@@ -548,13 +548,13 @@ func (r *Realm) StoreInfos(ctx context.Context) ([]StoreInfo, error) {
 	out := make([]StoreInfo, 0, len(recs))
 	for _, rec := range recs {
 		si := StoreInfo{StoreRecord: rec, Health: "ok"}
-		st, err := r.NamedStore(ctx, rec.Name)
-		if err == nil {
+		st, nerr := r.NamedStore(ctx, rec.Name)
+		if nerr == nil {
 			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			t0 := time.Now()
-			_, err = st.Has(pctx, []cairn.ID{{}})
+			_, nerr = st.Has(pctx, []cairn.ID{{}})
 			si.Latency = time.Since(t0)
-			if err == nil {
+			if nerr == nil {
 				if ss, ok := st.(cairn.StoreStats); ok {
 					if u, uerr := ss.Stats(pctx); uerr == nil {
 						si.Objects, si.Bytes = u.Objects, u.Bytes
@@ -563,8 +563,8 @@ func (r *Realm) StoreInfos(ctx context.Context) ([]StoreInfo, error) {
 			}
 			cancel()
 		}
-		if err != nil {
-			si.Health = err.Error()
+		if nerr != nil {
+			si.Health = nerr.Error()
 			si.Latency = 0
 		}
 		out = append(out, si)
@@ -628,19 +628,19 @@ func (r *Realm) RemoveStore(ctx context.Context, name, dest string, progress fun
 		return rep, err
 	}
 	if dest != "" {
-		if rec, err := r.Meta.Store(ctx, dest); err == nil && rec.Draining {
+		if rec, serr := r.Meta.Store(ctx, dest); serr == nil && rec.Draining {
 			return rep, cairn.E(op, cairn.Invalid, dest, errors.New("the destination store is itself being removed"))
 		}
 	}
 	// A placement policy naming the store keeps shards or copies there
 	// under the policy's name: draining it would cost those versions
 	// their redundancy (ec: a shard per stripe). Change the policy first.
-	if pols, err := r.policiesNaming(ctx, name); err != nil {
-		return rep, err
+	if pols, perr := r.policiesNaming(ctx, name); perr != nil {
+		return rep, perr
 	} else if len(pols) > 0 {
 		return rep, cairn.E(op, cairn.Conflict, name, fmt.Errorf("placement policies name the store: %s; set other policies and rewrite those files first", strings.Join(pols, "; ")))
 	}
-	if err := r.Meta.SetStoreDraining(ctx, name, true); err != nil {
+	if err = r.Meta.SetStoreDraining(ctx, name, true); err != nil {
 		return rep, err
 	}
 	vols, err := r.AllVolumes(ctx)

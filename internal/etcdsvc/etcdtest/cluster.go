@@ -307,7 +307,7 @@ func binary() (string, error) {
 	}
 	dir := filepath.Join(cache, "cairn-test", "etcd-v"+version.Version)
 	bin := filepath.Join(dir, "etcd")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err = os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
 	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)

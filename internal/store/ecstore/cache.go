@@ -86,22 +86,22 @@ func openMapCache(dir string, log *slog.Logger) (*mapCache, []cacheRecord, error
 		for _, r := range live {
 			buf = appendCacheRecord(buf, r.kind, r.data)
 		}
-		tmp, err := os.CreateTemp(dir, cacheName+".*.tmp")
-		if err != nil {
-			return nil, nil, cairn.E(op, cairn.IO, dir, err)
+		tmp, cerr := os.CreateTemp(dir, cacheName+".*.tmp")
+		if cerr != nil {
+			return nil, nil, cairn.E(op, cairn.IO, dir, cerr)
 		}
-		_, err = tmp.Write(buf)
-		if err == nil {
-			err = tmp.Close()
+		_, cerr = tmp.Write(buf)
+		if cerr == nil {
+			cerr = tmp.Close()
 		} else {
 			tmp.Close()
 		}
-		if err == nil {
-			err = os.Rename(tmp.Name(), path)
+		if cerr == nil {
+			cerr = os.Rename(tmp.Name(), path)
 		}
-		if err != nil {
+		if cerr != nil {
 			os.Remove(tmp.Name())
-			return nil, nil, cairn.E(op, cairn.IO, path, err)
+			return nil, nil, cairn.E(op, cairn.IO, path, cerr)
 		}
 		recs = live
 	}

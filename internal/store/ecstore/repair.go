@@ -77,7 +77,7 @@ func (s *Store) repairPut(ctx context.Context, t storeset.Task, i int, scanned *
 			return nil
 		}
 		// Present and good: make sure the map is there too.
-		if err := s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
+		if err = s.set.Call(ctx, i, func(ctx context.Context, st cairn.Store) error {
 			return st.Put(ctx, om.mapID, om.encode())
 		}); err != nil {
 			r.Failed++

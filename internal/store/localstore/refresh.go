@@ -258,14 +258,14 @@ func (s *Store) loadPack(ctx context.Context, id packID, hasIdx bool) (*pack, er
 	}
 	if !ok {
 		p := &pack{id: id, state: stateForeign, f: f, end: packHeaderSize}
-		if err := checkHeaderAt(f, id); err != nil {
+		if err = checkHeaderAt(f, id); err != nil {
 			f.Close()
 			return nil, err
 		}
-		entries, tombs, end, size, err := s.scanTail(p)
-		if err != nil {
+		entries, tombs, end, size, serr := s.scanTail(p)
+		if serr != nil {
 			f.Close()
-			return nil, err
+			return nil, serr
 		}
 		p.entries, p.tombs, p.end, p.packSize = entries, tombs, end, size
 		return p, nil
@@ -273,8 +273,8 @@ func (s *Store) loadPack(ctx context.Context, id packID, hasIdx bool) (*pack, er
 	defer unlock(f)
 	// Unlocked: its writer is gone. It may have sealed it just now.
 	if !hasIdx {
-		if _, err := os.Stat(s.idxPath(id)); err == nil {
-			if p, err := s.loadSealed(id); err == nil {
+		if _, serr := os.Stat(s.idxPath(id)); serr == nil {
+			if p, lerr := s.loadSealed(id); lerr == nil {
 				f.Close()
 				return p, nil
 			}
@@ -352,7 +352,7 @@ func (s *Store) scanTail(p *pack) (entries []byte, tombs []tomb, end, size int64
 		return nil, nil, p.end, size, nil
 	}
 	if s.sync {
-		if err := fdatasync(p.f); err != nil {
+		if err = fdatasync(p.f); err != nil {
 			return nil, nil, 0, 0, err
 		}
 	}
@@ -381,7 +381,7 @@ func (s *Store) recoverPack(ctx context.Context, id packID, f *os.File) (*pack, 
 		return nil, err
 	}
 	size := fi.Size()
-	if err := checkHeaderAt(f, id); err != nil {
+	if err = checkHeaderAt(f, id); err != nil {
 		return nil, err
 	}
 	var entries []byte

@@ -235,7 +235,7 @@ func (s *Store) initDir() error {
 	b, err := os.ReadFile(marker)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		if err := createMarker(marker, s.sync); err != nil {
+		if err = createMarker(marker, s.sync); err != nil {
 			return cairn.E("", cairn.IO, "", err)
 		}
 	case err != nil:
@@ -779,7 +779,7 @@ func (s *Store) Delete(ctx context.Context, id cairn.ID) error {
 		return cairn.E("delete", cairn.KindOf(err), id.String(), err)
 	}
 	defer unlockShared()
-	if err := s.refresh(ctx, s.refreshStarted.Load()); err != nil {
+	if err = s.refresh(ctx, s.refreshStarted.Load()); err != nil {
 		return err
 	}
 	s.mu.RLock()

@@ -59,11 +59,11 @@ func ParseURL(raw, scheme string, params ...string) (URL, error) {
 		return bad("a store URL has no #fragment")
 	}
 	out := URL{Scheme: scheme, Bucket: u.Host}
-	if err := checkBucket(out.Bucket); err != nil {
+	if err = checkBucket(out.Bucket); err != nil {
 		return bad("bucket %q: %v", out.Bucket, err)
 	}
 	out.Prefix = strings.Trim(u.Path, "/")
-	if err := checkPrefix(out.Prefix); err != nil {
+	if err = checkPrefix(out.Prefix); err != nil {
 		return bad("prefix %q: %v", out.Prefix, err)
 	}
 	q, err := url.ParseQuery(u.RawQuery)

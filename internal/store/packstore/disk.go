@@ -57,7 +57,7 @@ func openDisk(dir string) (*diskIndex, error) {
 	if err != nil {
 		return nil, cairn.E(op, cairn.IO, dir, err)
 	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		lock.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, cairn.E(op, cairn.Conflict, dir, errors.New("the pack index directory is in use by another process"))

@@ -304,8 +304,8 @@ func (s *Store) fromSpan(ctx context.Context, sp *span, r ref) (data []byte, giv
 	if sp.err != nil || sp.taken[k] {
 		s.unuseLocked(sp)
 		s.raMu.Unlock()
-		data, err := s.readRange(ctx, r.p.id, o.off, o.n)
-		return data, nil, err
+		data2, err := s.readRange(ctx, r.p.id, o.off, o.n)
+		return data2, nil, err
 	}
 	sp.taken[k] = true
 	if sp.left--; sp.left <= 0 {

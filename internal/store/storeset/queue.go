@@ -176,14 +176,14 @@ func (q *Queue) adopt() error {
 			}
 			return err
 		}
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 			f.Close()
 			if errors.Is(err, syscall.EWOULDBLOCK) {
 				continue // its Queue is open
 			}
 			return err
 		}
-		if _, err := os.Stat(name); err != nil {
+		if _, err = os.Stat(name); err != nil {
 			f.Close() // removed by whoever adopted it before we locked it
 			continue
 		}

@@ -272,9 +272,9 @@ func testHas(t *testing.T, s cairn.Store) {
 		t.Fatalf("Has = %v, want %v", found, want)
 	}
 	for _, batch := range [][]cairn.ID{nil, {}} {
-		found, err := s.Has(bg, batch)
-		if err != nil || len(found) != 0 {
-			t.Fatalf("Has(%#v) = %v, %v; want [], nil", batch, found, err)
+		found2, herr := s.Has(bg, batch)
+		if herr != nil || len(found2) != 0 {
+			t.Fatalf("Has(%#v) = %v, %v; want [], nil", batch, found2, herr)
 		}
 	}
 	// A large batch, to catch implementations that split batches.
@@ -380,7 +380,7 @@ func testCanceled(t *testing.T, s cairn.Store) {
 		check("Verify", sv.Verify(ctx, func(cairn.ID, error) {}))
 	}
 	if sc, ok := s.(store.Compacter); ok {
-		_, err := sc.Compact(ctx)
+		_, err = sc.Compact(ctx)
 		check("Compact", err)
 	}
 	// The canceled Delete must not have deleted.
