@@ -129,3 +129,11 @@ else
 	echo "test-deps: Debian packages present: ${DAV_PKGS[*]}"
 fi
 # --- end of WebDAV gateway --------------------------------------------------------------
+
+# --- vet's shadow analyzer (scripts/test.sh: go vet -vettool) ---------------------------
+# Not part of the go command; built once into the cache like the servers above.
+SHADOW_VERSION=v0.52.0
+cloud_install "shadow (golang.org/x/tools $SHADOW_VERSION)" "$CLOUD_CACHE/shadow-$SHADOW_VERSION" \
+	env -C / GOBIN="$CLOUD_CACHE/shadow-$SHADOW_VERSION" GOFLAGS=-mod=mod \
+	go install "golang.org/x/tools/go/analysis/passes/shadow/cmd/shadow@$SHADOW_VERSION"
+# --- end of shadow ----------------------------------------------------------------------
