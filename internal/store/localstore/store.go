@@ -604,9 +604,11 @@ func checkRecord(id cairn.ID, buf []byte) error {
 
 // get returns the object, trying every known copy; a copy that fails
 // verification is dropped from the in-memory index (and the ID remembered as
-// corrupt, so that a later Put writes a good copy). It returns errMissing
-// when no copy is known, errGone when the pack of the copy it found is gone.
-func (s *Store) get(id cairn.ID) ([]byte, error) {
+// corrupt, so that a later Put writes a good copy) and, when its bytes were
+// read and do not match, killed on disk too (see quarantine). It returns
+// errMissing when no copy is known, errGone when the pack of the copy it
+// found is gone.
+func (s *Store) get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	for {
 		s.mu.RLock()
 		val, ok := s.lookup(&id)
@@ -615,18 +617,24 @@ func (s *Store) get(id cairn.ID) ([]byte, error) {
 			return nil, errMissing
 		}
 		p := s.packs[val>>32]
+		off := entryOff(s.entry(val))
 		buf, err := s.readAt(id, val)
 		s.mu.RUnlock()
+		mismatch := false
 		if err == nil {
 			if err = checkRecord(id, buf); err == nil {
 				return buf[recHeaderSize:], nil
 			}
+			mismatch = true
 			err = cairn.E("get", cairn.Corrupt, id.String(), fmt.Errorf("pack %s: %w", p.id, err))
 		}
 		if cairn.KindOf(err) != cairn.Corrupt {
 			return nil, err
 		}
 		s.demote(id, val, err)
+		if mismatch {
+			s.quarantine(ctx, id, p.id, off)
+		}
 	}
 }
 
@@ -642,6 +650,34 @@ func (s *Store) demote(id cairn.ID, val uint64, why error) {
 	s.mu.Unlock()
 }
 
+// quarantine makes a copy whose bytes were read whole and found not to
+// match its ID dead on disk: it appends a tombstone for that copy, exactly
+// as Delete would. Without it the damage was forgotten with the process:
+// the next process (the next `cairn put`) found the copy in the index, Has
+// answered "present" and the original data was never written again (issue
+// 14). The index is a hint; a copy proven bad is never counted again, by
+// this process or any other, and Compact reclaims it. A copy that could
+// not be read (an I/O error, perhaps passing) is only demoted in memory.
+// Failures are logged: the copy stays demoted here either way.
+func (s *Store) quarantine(ctx context.Context, id cairn.ID, target packID, off int64) {
+	if s.closed.Load() {
+		return
+	}
+	unlockShared, err := s.lockShared(ctx)
+	if err != nil {
+		s.log.Warn("damaged record not quarantined", "id", id.String(), "err", err)
+		return
+	}
+	defer unlockShared()
+	r := &writeReq{kind: kindTomb, id: id, done: make(chan struct{}), target: target, tOff: off}
+	s.reqs <- r
+	if err := s.wait(ctx, r); err != nil {
+		s.log.Warn("damaged record not quarantined", "id", id.String(), "err", err)
+		return
+	}
+	s.log.Warn("damaged record quarantined", "id", id.String(), "pack", target.String(), "offset", off)
+}
+
 // Get returns the object's bytes, checked against id.
 func (s *Store) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	if err := store.CtxErr(ctx, "get", id.String()); err != nil {
@@ -650,7 +686,7 @@ func (s *Store) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	missed := false
 	for range 4 {
 		since := s.refreshStarted.Load()
-		data, err := s.get(id)
+		data, err := s.get(ctx, id)
 		switch err {
 		case errGone:
 			// Moved by another process's compaction: look again, with a
@@ -903,8 +939,9 @@ func (s *Store) List(ctx context.Context, fn func(id cairn.ID, size int64) error
 
 // Verify reads every live copy of every object and checks it against its ID;
 // fn receives each damaged one (Kind Corrupt). Damaged copies are dropped from
-// the in-memory index, so Has reports an object with no good copy as missing
-// and a later Put of it writes a good one.
+// the in-memory index and quarantined on disk (a tombstone, see quarantine),
+// so Has reports an object with no good copy as missing, in this process and
+// every later one, and a later Put of it writes a good one.
 func (s *Store) Verify(ctx context.Context, fn func(id cairn.ID, err error)) error {
 	if err := store.CtxErr(ctx, "verify", ""); err != nil {
 		return err
@@ -926,14 +963,19 @@ func (s *Store) Verify(ctx context.Context, fn func(id cairn.ID, err error)) err
 		if err == errGone {
 			return nil // moved by another process, whose compaction checked every record it copied
 		}
+		mismatch := false
 		if err == nil {
 			if err = checkRecord(e.id, buf); err != nil {
+				mismatch = true
 				err = cairn.E("verify", cairn.Corrupt, e.id.String(), fmt.Errorf("pack %s offset %d: %w", p.id, e.off, err))
 			}
 		}
 		if err != nil {
 			if cairn.KindOf(err) == cairn.Corrupt {
 				s.demote(e.id, e.val, err)
+			}
+			if mismatch {
+				s.quarantine(ctx, e.id, p.id, e.off)
 			}
 			fn(e.id, err)
 		}
