@@ -671,7 +671,7 @@ func (s *Store) quarantine(ctx context.Context, id cairn.ID, target packID, off 
 	defer unlockShared()
 	r := &writeReq{kind: kindTomb, id: id, done: make(chan struct{}), target: target, tOff: off}
 	s.reqs <- r
-	if err := s.wait(ctx, r); err != nil {
+	if err = s.wait(ctx, r); err != nil {
 		s.log.Warn("damaged record not quarantined", "id", id.String(), "err", err)
 		return
 	}
