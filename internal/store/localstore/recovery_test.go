@@ -427,6 +427,9 @@ func TestDamageQuarantinedAcrossReopen(t *testing.T) {
 			if found, _ := s.Has(bg, []cairn.ID{bad.id}); found[0] {
 				t.Fatal("after reopening, Has reports the damaged object present: a Put of the original would change nothing")
 			}
+			if _, err := s.Get(bg, bad.id); !errors.Is(err, cairn.ErrCorrupt) {
+				t.Fatalf("after reopening, Get of the quarantined object: %v, want Corrupt (not merely missing)", err)
+			}
 			if err := s.Put(bg, bad.id, bad.data); err != nil {
 				t.Fatal(err)
 			}

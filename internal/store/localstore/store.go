@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -189,8 +190,75 @@ func Open(ctx context.Context, dir string, opts Options) (*Store, error) {
 		s.release()
 		return nil, err
 	}
+	s.loadQuarantine()
 	go s.writeLoop()
 	return s, nil
+}
+
+// The quarantine list (doc/format.md): the IDs of objects whose every copy
+// was found damaged and killed, so that a later process answers Get of one
+// with Kind Corrupt ("every stored copy was damaged") rather than NotFound.
+// It is a hint for messages only: an ID counts only while the store holds
+// no copy of it (a Put of a good copy heals it, whatever the list says).
+const (
+	quarantineName   = "quarantine"
+	quarantineHeader = "cairn quarantine v1\n"
+)
+
+// recordQuarantine appends id to the quarantine list, creating it (with
+// its header) if needed. Lines are appended whole with O_APPEND, so
+// processes may append at once.
+func (s *Store) recordQuarantine(id cairn.ID) error {
+	path := filepath.Join(s.dir, quarantineName)
+	if f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
+		_, werr := f.WriteString(quarantineHeader)
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return werr
+		}
+	} else if !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(id.String() + "\n")
+	if err == nil && s.sync {
+		err = fdatasync(f)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// loadQuarantine marks as corrupt the IDs of the quarantine list the store
+// holds no copy of. A missing list is an empty one; an unreadable or
+// unknown one is ignored (it only improves messages); a torn last line is
+// skipped.
+func (s *Store) loadQuarantine() {
+	b, err := os.ReadFile(filepath.Join(s.dir, quarantineName))
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	if err != nil || len(b) < len(quarantineHeader) || string(b[:len(quarantineHeader)]) != quarantineHeader {
+		s.log.Warn("quarantine list ignored", "err", err)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, line := range strings.Split(string(b[len(quarantineHeader):]), "\n") {
+		id, perr := cairn.ParseID(line)
+		if perr != nil {
+			continue
+		}
+		if _, ok := s.lookup(&id); !ok {
+			s.corrupt[id] = struct{}{}
+		}
+	}
 }
 
 // createMarker creates the store's marker file if it is absent. Two
@@ -669,6 +737,9 @@ func (s *Store) quarantine(ctx context.Context, id cairn.ID, target packID, off 
 		return
 	}
 	defer unlockShared()
+	if err = s.recordQuarantine(id); err != nil {
+		s.log.Warn("damaged record not written to the quarantine list", "id", id.String(), "err", err)
+	}
 	r := &writeReq{kind: kindTomb, id: id, done: make(chan struct{}), target: target, tOff: off}
 	s.reqs <- r
 	if err = s.wait(ctx, r); err != nil {
