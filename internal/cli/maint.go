@@ -95,21 +95,43 @@ would free and changes nothing.`,
 }
 
 func (e *env) fsckCmd() *cobra.Command {
-	var readData, asJSON bool
+	var readData, repair, asJSON bool
+	var sources []string
 	c := &cobra.Command{
-		Use:   "fsck [--read-data] [--json]",
+		Use:   "fsck [--read-data [--repair [--source PATH]...]] [--json]",
 		Short: "Check every file's manifest and chunks; exit 5 naming each damaged file",
 		Long: `Check every kept version of every file (trash included): its manifest must be
 present, decrypt and authenticate, and list chunks the store holds. With
 --read-data every chunk is read and verified (hash and authentication tag), and
 the store checks every object it holds against its name. Exits 5 and names each
-damaged file and version on any problem.`,
+damaged file and version on any problem. A chunk found damaged is quarantined:
+the store never again counts it as present, so a later 'cairn put' of the
+original data writes it afresh (put --force also re-reads what the store
+claims to hold).
+
+With --repair (implies --read-data), what is damaged or missing is healed:
+from a good copy in any registered store or other device's store, or by
+cutting the files under each --source PATH (the original files: a chunk is
+found again wherever its data is). Every version that names a healed chunk
+reads again. Then everything is checked again: each file and version that
+stays unreadable is printed as UNREADABLE and the exit status is 5.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			_, vols, st, err := e.openAll(ctx)
+			if len(sources) > 0 && !repair {
+				return withCode(ExitUsage, fmt.Errorf("fsck: --source needs --repair"))
+			}
+			for _, s := range sources {
+				if _, err := os.Stat(s); err != nil {
+					return withCode(ExitUsage, fmt.Errorf("fsck: --source %s: %w", s, err))
+				}
+			}
+			r, vols, st, err := e.openAll(ctx)
 			if err != nil {
 				return err
+			}
+			if repair {
+				return e.fsckRepair(ctx, r, vols, st, sources, asJSON)
 			}
 			bar := newCountBar(e.stderr, !asJSON && !e.quiet && isTerminal(e.stderr), "checking versions")
 			rep, err := fs.Fsck(ctx, vols, st, readData, bar.set)
@@ -151,8 +173,68 @@ damaged file and version on any problem.`,
 		},
 	}
 	c.Flags().BoolVar(&readData, "read-data", false, "read and verify every chunk's bytes")
+	c.Flags().BoolVar(&repair, "repair", false, "heal damaged or missing chunks from other stores and --source files (implies --read-data)")
+	c.Flags().StringArrayVar(&sources, "source", nil, "a file or directory holding original data to heal from (with --repair; repeatable)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+// fsckRepair is fsck --repair.
+func (e *env) fsckRepair(ctx context.Context, r *realm.Realm, vols []*fs.Volume, st cairn.Store, sources []string, asJSON bool) error {
+	others, unreachable, closeOthers, err := r.GCStores(ctx)
+	defer closeOthers()
+	if err != nil {
+		return err
+	}
+	for _, err := range unreachable {
+		fmt.Fprintf(e.stderr, "cairn: fsck: cannot heal from a store: %v\n", err)
+	}
+	bar := newCountBar(e.stderr, !asJSON && !e.quiet && isTerminal(e.stderr), "checking versions")
+	rep, err := fs.FsckRepair(ctx, vols, st, fs.RepairOptions{Others: others, Sources: sources, Progress: bar.set})
+	bar.finish()
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if err := e.printJSON(rep); err != nil {
+			return err
+		}
+	} else {
+		for _, d := range rep.Found.Damaged {
+			fmt.Fprintf(e.stdout, "DAMAGED %s version %d: %s\n", d.Path, d.Version, d.Problem)
+		}
+		for _, d := range rep.Found.StoreErrors {
+			fmt.Fprintf(e.stdout, "STORE %s: %s (quarantined)\n", d.Object, d.Problem)
+		}
+		for _, s := range rep.Errors {
+			fmt.Fprintf(e.stdout, "ERROR %s\n", s)
+		}
+		fmt.Fprintf(e.stdout, "checked %d files, %d versions, %d chunks, read %s\n", rep.Found.Files, rep.Found.Versions, rep.Found.Chunks, human1024(rep.Found.BytesRead))
+		if rep.Needed > 0 {
+			fmt.Fprintf(e.stdout, "%d damaged or missing objects: healed %d from other stores, %d from %d source files\n", rep.Needed, rep.FromStores, rep.FromSources, rep.SourceFiles)
+		}
+		for _, d := range rep.After.Damaged {
+			fmt.Fprintf(e.stdout, "UNREADABLE %s version %d: %s\n", d.Path, d.Version, d.Problem)
+		}
+	}
+	if !rep.OK() {
+		files := map[string]bool{}
+		for _, d := range rep.After.Damaged {
+			files[d.Path] = true
+		}
+		if len(files) == 0 {
+			return withCode(ExitDamaged, fmt.Errorf("fsck: every file reads, but the store holds %d bad object(s) (quarantined)", len(rep.After.StoreErrors)))
+		}
+		return withCode(ExitDamaged, fmt.Errorf("fsck: %d file(s) stay damaged (give the original files with --source, or bring a store holding a copy online)", len(files)))
+	}
+	if !asJSON {
+		if rep.Needed > 0 {
+			fmt.Fprintln(e.stdout, "repaired: every file reads")
+		} else {
+			fmt.Fprintln(e.stdout, "no problems found")
+		}
+	}
+	return nil
 }
 
 func (e *env) statsCmd() *cobra.Command {

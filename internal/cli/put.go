@@ -23,6 +23,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/store"
 	"cairn.dev/cairn/internal/vpath"
 )
 
@@ -39,6 +40,7 @@ type PutSummary struct {
 	NewChunks     int64    `json:"new_chunks"`    // chunks added to the store
 	DupBytes      int64    `json:"dup_bytes"`     // plaintext bytes not stored again thanks to dedup
 	Chunks        int64    `json:"chunks"`        // chunks in the files stored
+	HealedChunks  int64    `json:"healed_chunks"` // stored chunks found damaged (--force) and written afresh
 	Seconds       float64  `json:"seconds"`       // wall time
 	MBPerSec      float64  `json:"mb_per_s"`      // Bytes / Seconds / 1e6
 	FilesPerSec   float64  `json:"files_per_s"`   // (Files+Skipped) / Seconds
@@ -56,7 +58,10 @@ func (e *env) putCmd() *cobra.Command {
 		Long: `Store local files and directories into VOLUME:/DIR, which is created if needed.
 Each SRC lands in DIR under its own name (like 'cp -r SRC... DIR'). Only chunks the
 store does not already hold are written. A file whose size, mtime and inode match
-the version already stored is skipped unless --force. Each file is committed
+the version already stored is skipped unless --force. With --force every chunk
+the store says it holds is read back and verified, and one that is damaged or
+gone is written afresh from the file (healing every version that names it).
+Each file is committed
 atomically: readers see its previous version until the new one is complete.
 Files that cannot be read are reported and skipped; the exit code is then 1.
 
@@ -95,7 +100,7 @@ kill loses nothing queued: the next drainer finishes the work.`,
 		},
 	}
 	c.Flags().StringVar(&e.target, "store", "", "store the data on this node (see 'cairn devices') or store (see 'cairn store ls') instead of this device; only chunks it lacks are sent")
-	c.Flags().BoolVar(&force, "force", false, "store files even when unchanged")
+	c.Flags().BoolVar(&force, "force", false, "store files even when unchanged, verifying the chunks the store already holds (writes damaged ones afresh)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON summary on stdout")
 	c.Flags().BoolVar(&background, "background", false, "return once the data is stored on this device; upload and commit in the background (see 'cairn queue')")
 	c.Flags().IntVar(&workers, "workers", 0, "files written in parallel (default 32 per core; memory is bounded separately)")
@@ -251,6 +256,7 @@ func (st *putState) account(ws fs.WriteStats) {
 	atomic.AddInt64(&st.sum.NewChunks, int64(ws.NewChunks))
 	atomic.AddInt64(&st.sum.DupBytes, ws.DupBytes)
 	atomic.AddInt64(&st.sum.Chunks, int64(ws.Chunks))
+	atomic.AddInt64(&st.sum.HealedChunks, int64(ws.HealedChunks))
 	st.prog.add(1, 0, ws.DupBytes)
 }
 
@@ -266,6 +272,12 @@ func (st *putState) fail(path string, err error) {
 
 func (e *env) put(ctx context.Context, srcs []string, dst string, force, background bool, workers int, human bool) (_ *PutSummary, err error) {
 	start := time.Now()
+	if force {
+		// The store's "I have it" is a hint (LBFS): read back what it
+		// claims and write afresh what fails verification, healing every
+		// version that names it.
+		ctx = store.WithCheckPresent(ctx)
+	}
 	v, p, err := e.vol(ctx, dst)
 	if err != nil {
 		return nil, err
@@ -413,6 +425,9 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 		fmt.Fprintf(e.stderr, "stored %d files (%s), skipped %d unchanged, %d dirs, %d symlinks in %.2fs (%.1f MB/s, %.0f files/s)\n",
 			sum.Files, human1024(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, sum.Seconds, sum.MBPerSec, sum.FilesPerSec)
 		fmt.Fprintf(e.stderr, "added %s to the store in %d new chunks; dedup saved %s\n", human1024(sum.NewBytes), sum.NewChunks, human1024(sum.DupBytes))
+		if sum.HealedChunks > 0 {
+			fmt.Fprintf(e.stderr, "healed %d stored chunk(s) that failed verification (written afresh)\n", sum.HealedChunks)
+		}
 		if sum.Failed > 0 {
 			fmt.Fprintf(e.stderr, "%d item(s) failed\n", sum.Failed)
 		}

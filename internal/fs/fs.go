@@ -300,7 +300,9 @@ func (v *Volume) write(ctx context.Context, cur *meta.Version, open func() (io.R
 		return nil, nil, WriteStats{}, err
 	}
 	defer r.Close()
-	if cur == nil || cur.Digest == "" || cur.Size > precheckLimit || !slices.Contains(cur.Stores, v.storeName) {
+	// Under store.WithCheckPresent nothing is taken on trust: not cur's
+	// chunks (the shortcut below), nor those a delta would reuse.
+	if cur == nil || cur.Digest == "" || cur.Size > precheckLimit || !slices.Contains(cur.Stores, v.storeName) || store.CheckPresent(ctx) {
 		refs, st, err = v.eng.Write(ctx, r)
 		return refs, refs, st, err
 	}
@@ -501,6 +503,7 @@ func addStats(a, b WriteStats) WriteStats {
 	a.CompressedChunks += b.CompressedChunks
 	a.DeltaChunks += b.DeltaChunks
 	a.StoredBytes += b.StoredBytes
+	a.HealedChunks += b.HealedChunks
 	return a
 }
 

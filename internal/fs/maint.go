@@ -367,6 +367,8 @@ type Damage struct {
 	Version uint64 `json:"version,omitempty"`
 	Object  string `json:"object,omitempty"`
 	Problem string `json:"problem"`
+
+	vol *Volume // the volume of Path (for FsckRepair)
 }
 
 // FsckReport is the result of Fsck.
@@ -453,7 +455,7 @@ func Fsck(ctx context.Context, vols []*Volume, st cairn.Store, readData bool, pr
 			if found, err := st.Has(gctx, []cairn.ID{vr.ver.Manifest}); err != nil {
 				return err
 			} else if !found[0] {
-				damage(Damage{Path: vr.path, Version: vr.ver.N, Object: vr.ver.Manifest.String(), Problem: "manifest missing from this store"})
+				damage(Damage{vol: vr.vol, Path: vr.path, Version: vr.ver.N, Object: vr.ver.Manifest.String(), Problem: "manifest missing from this store"})
 				return nil
 			}
 			m, err := vr.vol.Manifest(gctx, &vr.ver)
@@ -461,7 +463,7 @@ func Fsck(ctx context.Context, vols []*Volume, st cairn.Store, readData bool, pr
 				if gctx.Err() != nil {
 					return gctx.Err()
 				}
-				damage(Damage{Path: vr.path, Version: vr.ver.N, Object: vr.ver.Manifest.String(), Problem: err.Error()})
+				damage(Damage{vol: vr.vol, Path: vr.path, Version: vr.ver.N, Object: vr.ver.Manifest.String(), Problem: err.Error()})
 				return nil
 			}
 			problems, n, nbytes, err := checkChunks(gctx, vr.vol, st, m.Chunks, readData, &seen)
@@ -473,7 +475,7 @@ func Fsck(ctx context.Context, vols []*Volume, st cairn.Store, readData bool, pr
 			rep.BytesRead += nbytes
 			mu.Unlock()
 			for _, p := range problems {
-				damage(Damage{Path: vr.path, Version: vr.ver.N, Object: p.Object, Problem: p.Problem})
+				damage(Damage{vol: vr.vol, Path: vr.path, Version: vr.ver.N, Object: p.Object, Problem: p.Problem})
 			}
 			return nil
 		})

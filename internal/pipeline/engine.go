@@ -121,6 +121,11 @@ type WriteStats struct {
 	CompressedChunks int   // chunks stored zstd-compressed
 	DeltaChunks      int   // chunks stored as deltas against a base (WriteDelta)
 	StoredBytes      int64 // stored size of all chunks, new or not
+	// HealedChunks counts chunks the store said it had but whose stored
+	// copy failed verification (or was gone) when read back under
+	// store.WithCheckPresent, and that were written afresh (also counted
+	// in NewChunks).
+	HealedChunks int
 }
 
 // New starts an Engine writing to and reading from st. The engine reuses
@@ -155,6 +160,12 @@ func New(cfg Config, st cairn.Store) (*Engine, error) {
 	}
 	return e, nil
 }
+
+// With returns a new engine with e's configuration (keys, chunking,
+// limits) writing to and reading from st instead: a repair uses one to cut
+// files exactly as e would, over a store that keeps only the chunks it
+// needs. The caller closes it.
+func (e *Engine) With(st cairn.Store) (*Engine, error) { return New(e.cfg, st) }
 
 // Close stops the workers after the jobs already queued. Writes running
 // or started after Close fail; Close does not close the store.
@@ -368,6 +379,8 @@ func (w *writeRun) collect() {
 	}
 	var newChunks, dupChunks atomic.Int64
 	var newStored, dupBytes atomic.Int64
+	var healed atomic.Int64
+	recheck := store.CheckPresent(w.ctx)
 	inWrite := map[cairn.ID]bool{} // scheduled for Put (or Put) by this Write
 
 	batch := make([]*job, 0, e.cfg.HasBatch)
@@ -390,7 +403,7 @@ func (w *writeRun) collect() {
 		ids = ids[:0]
 		var ask []*job
 		for _, j := range batch {
-			if inWrite[j.ref.ID] || e.known.has(j.ref.ID) {
+			if inWrite[j.ref.ID] || !recheck && e.known.has(j.ref.ID) {
 				dupChunks.Add(1)
 				dupBytes.Add(int64(j.ref.Size))
 				settle(j)
@@ -420,12 +433,13 @@ func (w *writeRun) collect() {
 			return
 		}
 		for i, j := range ask {
-			if found[i] {
+			if found[i] && !recheck {
 				dupChunks.Add(1)
 				dupBytes.Add(int64(j.ref.Size))
 				settle(j)
 				continue
 			}
+			present := found[i]
 			puts.Go(func() error {
 				// The pooled buffer is reused once Put returns: like
 				// io.Writer, a store must not retain data after Put
@@ -435,6 +449,23 @@ func (w *writeRun) collect() {
 				// path's CPU on new data.
 				data := *j.stored
 				id := j.ref.ID
+				if present {
+					good, err := e.checkStored(w.ctx, id)
+					if err != nil {
+						err = cairn.E("check chunk", cairn.KindOf(err), id.Short(), err)
+						putErr.CompareAndSwap(nil, &err)
+						w.cancel(err)
+						settle(j)
+						return err
+					}
+					if good {
+						dupChunks.Add(1)
+						dupBytes.Add(int64(j.ref.Size))
+						settle(j)
+						return nil
+					}
+					healed.Add(1)
+				}
 				epoch := e.known.epochNow()
 				// id was computed from data just now: the store need
 				// not hash it again.
@@ -485,6 +516,30 @@ func (w *writeRun) collect() {
 	w.stats.NewStoredBytes = newStored.Load()
 	w.stats.DupChunks = int(dupChunks.Load())
 	w.stats.DupBytes = dupBytes.Load()
+	w.stats.HealedChunks = int(healed.Load())
+}
+
+// checkStored reads back an object the store says it has (under
+// store.WithCheckPresent) and reports whether the store's copy is good.
+// A damaged copy is deleted (a store that quarantines damage has dropped
+// it already; one that does not must, or the Put that follows would
+// change nothing) and false returned; so is a copy gone since Has. Any
+// other failure is returned.
+func (e *Engine) checkStored(ctx context.Context, id cairn.ID) (bool, error) {
+	_, err := e.st.Get(ctx, id)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, cairn.ErrCorrupt):
+		e.log.Warn("stored chunk damaged: writing it again", "id", id.String(), "err", err)
+		if derr := e.st.Delete(ctx, id); derr != nil {
+			return false, derr
+		}
+		return false, nil
+	case errors.Is(err, cairn.ErrNotFound):
+		return false, nil
+	}
+	return false, err
 }
 
 // maxInWrite bounds the per-Write set of IDs already scheduled for Put.

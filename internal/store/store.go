@@ -213,3 +213,23 @@ func Sequential(ctx context.Context) bool {
 type RangeFiller interface {
 	GetRangeInto(ctx context.Context, id cairn.ID, off int64, dst []byte) error
 }
+
+type checkPresentKey struct{}
+
+// WithCheckPresent returns a context whose writes do not take a store's
+// word that an object is present (LBFS: the chunk index is a hint, never
+// the truth): a writer that finds an object present reads it back, which
+// verifies it against its ID, and when the store's copy is damaged or
+// gone writes its own afresh (after a Delete, so that a store that kept
+// the damaged copy drops it). It costs a read of every object the write
+// would have skipped; `cairn put --force` asks for it. Every store ignores
+// it; the pipeline honours it.
+func WithCheckPresent(ctx context.Context) context.Context {
+	return context.WithValue(ctx, checkPresentKey{}, true)
+}
+
+// CheckPresent reports whether ctx came from WithCheckPresent.
+func CheckPresent(ctx context.Context) bool {
+	c, _ := ctx.Value(checkPresentKey{}).(bool)
+	return c
+}

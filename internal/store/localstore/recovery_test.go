@@ -387,3 +387,62 @@ func TestUseAfterClose(t *testing.T) {
 		t.Fatalf("Delete after Close: %v, want Invalid", err)
 	}
 }
+
+// A copy found damaged (by Get or by Verify) stays dead for every later
+// process: before, only this process's memory knew, so the next one's Has
+// answered "present" and a Put of the original data changed nothing
+// (issue 14). Put then writes a good copy, and Compact drops the bad one.
+func TestDamageQuarantinedAcrossReopen(t *testing.T) {
+	for _, how := range []string{"get", "verify"} {
+		t.Run(how, func(t *testing.T) {
+			dir := t.TempDir()
+			s := open(t, dir, Options{})
+			objs := putN(t, s, 1, 10, 5000)
+			s.Close()
+			pack := files(t, dir, ".pack")[0]
+			f, err := os.OpenFile(pack, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bad := objs[3]
+			off := int64(packHeaderSize + 3*(recHeaderSize+5000) + recHeaderSize + 100)
+			var b [1]byte
+			f.ReadAt(b[:], off)
+			b[0] ^= 0x01
+			f.WriteAt(b[:], off)
+			f.Close()
+
+			s = open(t, dir, Options{})
+			if how == "get" {
+				if _, err := s.Get(bg, bad.id); !errors.Is(err, cairn.ErrCorrupt) {
+					t.Fatalf("Get of a damaged object: %v, want Corrupt", err)
+				}
+			} else if err := s.Verify(bg, func(cairn.ID, error) {}); err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+
+			s = open(t, dir, Options{})
+			defer s.Close()
+			if found, _ := s.Has(bg, []cairn.ID{bad.id}); found[0] {
+				t.Fatal("after reopening, Has reports the damaged object present: a Put of the original would change nothing")
+			}
+			if _, err := s.Get(bg, bad.id); !errors.Is(err, cairn.ErrCorrupt) {
+				t.Fatalf("after reopening, Get of the quarantined object: %v, want Corrupt (not merely missing)", err)
+			}
+			if err := s.Put(bg, bad.id, bad.data); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Compact(bg); err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range objs {
+				mustGet(t, s, o)
+			}
+			n := 0
+			if err := s.Verify(bg, func(cairn.ID, error) { n++ }); err != nil || n != 0 {
+				t.Fatalf("Verify after the repair: %d damaged, %v", n, err)
+			}
+		})
+	}
+}

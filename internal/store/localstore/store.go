@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -189,8 +190,75 @@ func Open(ctx context.Context, dir string, opts Options) (*Store, error) {
 		s.release()
 		return nil, err
 	}
+	s.loadQuarantine()
 	go s.writeLoop()
 	return s, nil
+}
+
+// The quarantine list (doc/format.md): the IDs of objects whose every copy
+// was found damaged and killed, so that a later process answers Get of one
+// with Kind Corrupt ("every stored copy was damaged") rather than NotFound.
+// It is a hint for messages only: an ID counts only while the store holds
+// no copy of it (a Put of a good copy heals it, whatever the list says).
+const (
+	quarantineName   = "quarantine"
+	quarantineHeader = "cairn quarantine v1\n"
+)
+
+// recordQuarantine appends id to the quarantine list, creating it (with
+// its header) if needed. Lines are appended whole with O_APPEND, so
+// processes may append at once.
+func (s *Store) recordQuarantine(id cairn.ID) error {
+	path := filepath.Join(s.dir, quarantineName)
+	if f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
+		_, werr := f.WriteString(quarantineHeader)
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return werr
+		}
+	} else if !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(id.String() + "\n")
+	if err == nil && s.sync {
+		err = fdatasync(f)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// loadQuarantine marks as corrupt the IDs of the quarantine list the store
+// holds no copy of. A missing list is an empty one; an unreadable or
+// unknown one is ignored (it only improves messages); a torn last line is
+// skipped.
+func (s *Store) loadQuarantine() {
+	b, err := os.ReadFile(filepath.Join(s.dir, quarantineName))
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	if err != nil || len(b) < len(quarantineHeader) || string(b[:len(quarantineHeader)]) != quarantineHeader {
+		s.log.Warn("quarantine list ignored", "err", err)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, line := range strings.Split(string(b[len(quarantineHeader):]), "\n") {
+		id, perr := cairn.ParseID(line)
+		if perr != nil {
+			continue
+		}
+		if _, ok := s.lookup(&id); !ok {
+			s.corrupt[id] = struct{}{}
+		}
+	}
 }
 
 // createMarker creates the store's marker file if it is absent. Two
@@ -604,9 +672,11 @@ func checkRecord(id cairn.ID, buf []byte) error {
 
 // get returns the object, trying every known copy; a copy that fails
 // verification is dropped from the in-memory index (and the ID remembered as
-// corrupt, so that a later Put writes a good copy). It returns errMissing
-// when no copy is known, errGone when the pack of the copy it found is gone.
-func (s *Store) get(id cairn.ID) ([]byte, error) {
+// corrupt, so that a later Put writes a good copy) and, when its bytes were
+// read and do not match, killed on disk too (see quarantine). It returns
+// errMissing when no copy is known, errGone when the pack of the copy it
+// found is gone.
+func (s *Store) get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	for {
 		s.mu.RLock()
 		val, ok := s.lookup(&id)
@@ -615,18 +685,24 @@ func (s *Store) get(id cairn.ID) ([]byte, error) {
 			return nil, errMissing
 		}
 		p := s.packs[val>>32]
+		off := entryOff(s.entry(val))
 		buf, err := s.readAt(id, val)
 		s.mu.RUnlock()
+		mismatch := false
 		if err == nil {
 			if err = checkRecord(id, buf); err == nil {
 				return buf[recHeaderSize:], nil
 			}
+			mismatch = true
 			err = cairn.E("get", cairn.Corrupt, id.String(), fmt.Errorf("pack %s: %w", p.id, err))
 		}
 		if cairn.KindOf(err) != cairn.Corrupt {
 			return nil, err
 		}
 		s.demote(id, val, err)
+		if mismatch {
+			s.quarantine(ctx, id, p.id, off)
+		}
 	}
 }
 
@@ -642,6 +718,37 @@ func (s *Store) demote(id cairn.ID, val uint64, why error) {
 	s.mu.Unlock()
 }
 
+// quarantine makes a copy whose bytes were read whole and found not to
+// match its ID dead on disk: it appends a tombstone for that copy, exactly
+// as Delete would. Without it the damage was forgotten with the process:
+// the next process (the next `cairn put`) found the copy in the index, Has
+// answered "present" and the original data was never written again (issue
+// 14). The index is a hint; a copy proven bad is never counted again, by
+// this process or any other, and Compact reclaims it. A copy that could
+// not be read (an I/O error, perhaps passing) is only demoted in memory.
+// Failures are logged: the copy stays demoted here either way.
+func (s *Store) quarantine(ctx context.Context, id cairn.ID, target packID, off int64) {
+	if s.closed.Load() {
+		return
+	}
+	unlockShared, err := s.lockShared(ctx)
+	if err != nil {
+		s.log.Warn("damaged record not quarantined", "id", id.String(), "err", err)
+		return
+	}
+	defer unlockShared()
+	if err = s.recordQuarantine(id); err != nil {
+		s.log.Warn("damaged record not written to the quarantine list", "id", id.String(), "err", err)
+	}
+	r := &writeReq{kind: kindTomb, id: id, done: make(chan struct{}), target: target, tOff: off}
+	s.reqs <- r
+	if err = s.wait(ctx, r); err != nil {
+		s.log.Warn("damaged record not quarantined", "id", id.String(), "err", err)
+		return
+	}
+	s.log.Warn("damaged record quarantined", "id", id.String(), "pack", target.String(), "offset", off)
+}
+
 // Get returns the object's bytes, checked against id.
 func (s *Store) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	if err := store.CtxErr(ctx, "get", id.String()); err != nil {
@@ -650,7 +757,7 @@ func (s *Store) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	missed := false
 	for range 4 {
 		since := s.refreshStarted.Load()
-		data, err := s.get(id)
+		data, err := s.get(ctx, id)
 		switch err {
 		case errGone:
 			// Moved by another process's compaction: look again, with a
@@ -903,8 +1010,9 @@ func (s *Store) List(ctx context.Context, fn func(id cairn.ID, size int64) error
 
 // Verify reads every live copy of every object and checks it against its ID;
 // fn receives each damaged one (Kind Corrupt). Damaged copies are dropped from
-// the in-memory index, so Has reports an object with no good copy as missing
-// and a later Put of it writes a good one.
+// the in-memory index and quarantined on disk (a tombstone, see quarantine),
+// so Has reports an object with no good copy as missing, in this process and
+// every later one, and a later Put of it writes a good one.
 func (s *Store) Verify(ctx context.Context, fn func(id cairn.ID, err error)) error {
 	if err := store.CtxErr(ctx, "verify", ""); err != nil {
 		return err
@@ -926,14 +1034,19 @@ func (s *Store) Verify(ctx context.Context, fn func(id cairn.ID, err error)) err
 		if err == errGone {
 			return nil // moved by another process, whose compaction checked every record it copied
 		}
+		mismatch := false
 		if err == nil {
 			if err = checkRecord(e.id, buf); err != nil {
+				mismatch = true
 				err = cairn.E("verify", cairn.Corrupt, e.id.String(), fmt.Errorf("pack %s offset %d: %w", p.id, e.off, err))
 			}
 		}
 		if err != nil {
 			if cairn.KindOf(err) == cairn.Corrupt {
 				s.demote(e.id, e.val, err)
+			}
+			if mismatch {
+				s.quarantine(ctx, e.id, p.id, e.off)
 			}
 			fn(e.id, err)
 		}
