@@ -667,7 +667,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	n.holdLock()
 	c.mu.Lock()
 	c.frozen = c.frozen || !unseen
-	c.dirty = false
+	c.dirty, c.truncOnly = false, false
 	c.pending++
 	c.mu.Unlock()
 	if err := m.queue.add(j); err != nil {
