@@ -628,9 +628,10 @@ func (v *Vol) RenameNoReplace(ctx context.Context, srcParent *Entry, srcName str
 // pending (RenamePending).
 type renameOpts struct{ noReplace, pending bool }
 
-// followsPath reports whether src renamed over dst becomes dst's next
-// version(s) (Rename) rather than sending dst to the trash.
-func followsPath(src, dst *Entry, pending bool) bool {
+// FollowsPath reports whether src renamed over dst becomes dst's next
+// version(s) (Rename; pending: RenamePending) rather than sending dst to
+// the trash.
+func FollowsPath(src, dst *Entry, pending bool) bool {
 	return src.Type == TypeFile && dst.Type == TypeFile &&
 		(len(src.Versions) > 0 || len(dst.Versions) == 0 || pending)
 }
@@ -691,7 +692,7 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	}
 	n := *src
 	n.Parent, n.Name, n.Ctime = dstParent.Ino, dstName, time.Now().UnixNano()
-	follow := dst != nil && followsPath(src, dst, o.pending)
+	follow := dst != nil && FollowsPath(src, dst, o.pending)
 	if follow {
 		n.Versions = appendHistory(dst.Versions, src.Versions, v.V.KeepVersions)
 		if cur := n.Current(); cur != nil {

@@ -124,3 +124,86 @@ func TestTruncateAtOpenCommitsWithClose(t *testing.T) {
 		})
 	}
 }
+
+// TestSaveByRenameKeepsHistory: a file saved as sed -i and editors save
+// it (a temporary file written, then renamed over the original) keeps
+// its history: each save is the next version of the name, in order, and
+// nothing goes to the trash. In every mode, with the temporary file's
+// commit done before the rename (committed), still queued (queued: the
+// store unreachable until the end; non-blocking and write-back), and
+// still to come at its close (open: renamed before it is closed).
+func TestSaveByRenameKeepsHistory(t *testing.T) {
+	for _, mode := range versionModes {
+		for _, how := range []string{"committed", "queued", "open"} {
+			if how == "queued" && mode == mount.Blocking {
+				continue // its close commits
+			}
+			t.Run(mode.String()+"/"+how, func(t *testing.T) {
+				f := newFixture(t, mount.Options{Mode: mode})
+				mount.SetQuietTime(f.m, 0)
+				if err := os.WriteFile(f.path("a"), []byte("one"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				f.settle()
+				if how == "queued" {
+					f.st.fail.Store(true)
+				}
+				for _, content := range []string{"two", "three", "four"} {
+					tmp := f.path("a.tmp")
+					if how == "open" {
+						w, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+						if err != nil {
+							t.Fatal(err)
+						}
+						_, err = w.WriteString(content)
+						if err == nil {
+							err = os.Rename(tmp, f.path("a"))
+						}
+						if cerr := w.Close(); err == nil {
+							err = cerr
+						}
+						if err != nil {
+							t.Fatal(err)
+						}
+					} else {
+						if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+							t.Fatal(err)
+						}
+						if how == "committed" {
+							f.settle()
+						}
+						if err := os.Rename(tmp, f.path("a")); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if got := f.readMount("a"); string(got) != content {
+						t.Fatalf("a reads %q after the save of %q", got, content)
+					}
+				}
+				if how == "queued" {
+					if e := f.entry("a"); len(e.Versions) != 1 {
+						t.Fatalf("a has %d versions with the store unreachable, want the first only", len(e.Versions))
+					}
+					f.st.fail.Store(false)
+				}
+				f.settle()
+				if got := f.contents("a"); !slices.Equal(got, []string{"one", "two", "three", "four"}) {
+					t.Fatalf("versions of a: %q, want every save in order", got)
+				}
+				e := f.entry("a")
+				for i, v := range e.Versions {
+					if v.N != uint64(i+1) {
+						t.Fatalf("version numbers: %+v", e.Versions)
+					}
+				}
+				// The name has the saved file's attributes, as on a local disk.
+				if e.Mode != 0o600 || e.Size != 4 {
+					t.Fatalf("a after the saves: mode %o, size %d", e.Mode, e.Size)
+				}
+				if tr, err := f.vol.Meta.Trash(context.Background()); err != nil || len(tr) != 0 {
+					t.Fatalf("trash after the saves: %d items, %v", len(tr), err)
+				}
+			})
+		}
+	}
+}
