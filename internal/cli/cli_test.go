@@ -268,6 +268,27 @@ func TestRoundTripAndVersions(t *testing.T) {
 		t.Fatalf("cat after mv = %q", got)
 	}
 	r.fails(cli.ExitUsage, "mv", "home:/docs", "home:/docs/2026/inner")
+	// mv over an existing file: the moved file is the next version of
+	// the destination's history (versions follow the path), nothing
+	// goes to the trash.
+	save := filepath.Join(t.TempDir(), "a.txt.new")
+	writeFile(t, save, []byte("saved over\n"), 0o600)
+	r.ok("put", save, "home:/docs/2026")
+	r.ok("mv", "home:/docs/2026/a.txt.new", "home:/docs/2026/a.txt")
+	if got := r.ok("cat", "home:/docs/2026/a.txt"); got != "saved over\n" {
+		t.Fatalf("cat after mv over a file = %q", got)
+	}
+	vers = nil
+	json.Unmarshal([]byte(r.ok("versions", "--json", "home:/docs/2026/a.txt")), &vers)
+	if len(vers) != 4 {
+		t.Fatalf("versions after mv over a file = %v, want the 3 before and the moved one", vers)
+	}
+	if got := r.ok("cat", "--version", "2", "home:/docs/2026/a.txt"); got != "second version\n" {
+		t.Fatalf("cat --version 2 after mv over a file = %q", got)
+	}
+	if tr := r.ok("trash"); strings.Contains(tr, "docs/2026/a.txt") {
+		t.Fatalf("trash after mv over a file = %q", tr)
+	}
 
 	// stats, gc, fsck.
 	var st map[string]any

@@ -17,6 +17,7 @@ package dav
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -248,6 +249,11 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	locks := &reqLocks{m: h.locks, fs: h.fs, ctx: r.Context(), method: r.Method,
 		src: slashClean(r.URL.Path), dst: dst, submitted: ifTokens(lists)}
+	if r.Method == "MOVE" && dst != "" {
+		// An overwriting MOVE of a file onto a file keeps the
+		// destination's history (FS.RemoveAll, FS.Rename).
+		r = r.WithContext(context.WithValue(r.Context(), moveKey{}, moveOf{src: locks.src, dst: dst}))
+	}
 	switch r.Method {
 	case "COPY", "MOVE":
 		// x/net/webdav would copy a collection into itself until its

@@ -125,15 +125,34 @@ func TestExchange(t *testing.T) {
 	if got := string(f.content("/c.bin")); got != "version two" {
 		t.Fatalf("moved file holds %q", got)
 	}
+	// A file moved over a file (an editor's save through WebDAV: a
+	// temporary file moved over the original) becomes the next version
+	// of the destination's history; nothing goes to the trash.
+	f.status(http.StatusCreated, "PUT", "/docs/save.tmp", "version three")
+	f.status(http.StatusNoContent, "MOVE", "/docs/save.tmp", "", "Destination", f.srv.URL+"/docs/a.bin", "Overwrite", "T")
+	f.status(http.StatusNotFound, "GET", "/docs/save.tmp", "")
+	if e, err = f.vol.Meta.Lookup(ctx, []string{"docs", "a.bin"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.Versions) != 3 || e.Versions[2].N != 3 || string(f.content("/docs/a.bin")) != "version three" {
+		t.Fatalf("after a MOVE over a.bin: %d versions, content %q", len(e.Versions), f.content("/docs/a.bin"))
+	}
+	var prev bytes.Buffer
+	if err := f.vol.ReadFile(ctx, e, &e.Versions[1], &prev); err != nil || prev.String() != "version two" {
+		t.Fatalf("a.bin's version 2 after the MOVE: %q, %v", prev.String(), err)
+	}
+	if trash, err := f.vol.Meta.Trash(ctx); err != nil || len(trash) != 0 {
+		t.Fatalf("trash after a MOVE over a file: %d items, %v", len(trash), err)
+	}
 	// A collection moves with its contents.
 	f.status(http.StatusCreated, "MOVE", "/docs", "", "Destination", f.srv.URL+"/papers")
-	if got := string(f.content("/papers/a.bin")); got != "version two" {
+	if got := string(f.content("/papers/a.bin")); got != "version three" {
 		t.Fatalf("moved collection's file holds %q", got)
 	}
 	f.status(http.StatusForbidden, "MOVE", "/papers", "", "Destination", f.srv.URL+"/papers/inside")
 	f.status(http.StatusForbidden, "COPY", "/papers", "", "Destination", f.srv.URL+"/papers/inside")
 	f.status(http.StatusForbidden, "MOVE", "/papers/a.bin", "", "Destination", f.srv.URL+"/papers", "Overwrite", "T")
-	if got := string(f.content("/papers/a.bin")); got != "version two" {
+	if got := string(f.content("/papers/a.bin")); got != "version three" {
 		t.Fatalf("a refused move onto an ancestor changed the source: %q", got)
 	}
 

@@ -219,12 +219,19 @@ func (f *FS) RemoveAll(ctx context.Context, name string) error {
 	if len(parts) == 0 {
 		return &os.PathError{Op: op, Path: name, Err: syscall.EPERM}
 	}
-	parent, _, err := f.resolve(ctx, op, name, parts)
+	parent, e, err := f.resolve(ctx, op, name, parts)
 	if errors.Is(err, syscall.ENOENT) {
 		return nil
 	}
 	if err != nil {
 		return err
+	}
+	if mv, ok := ctx.Value(moveKey{}).(moveOf); ok && e.Type == meta.TypeFile && slashClean(name) == mv.dst && f.isFile(ctx, mv.src) {
+		// x/net/webdav deletes the destination of an overwriting MOVE
+		// before the move: a file moved onto a file instead replaces
+		// it in the move itself, which keeps its history (versions
+		// follow the path: meta.Vol.Rename).
+		return nil
 	}
 	_, err = f.vol.Meta.Remove(ctx, parent, parts[len(parts)-1], f.volPath(parts), true)
 	if errors.Is(err, cairn.ErrNotFound) {
@@ -233,9 +240,26 @@ func (f *FS) RemoveAll(ctx context.Context, name string) error {
 	return f.pathErr(op, name, err)
 }
 
+// moveKey keys the context of a MOVE request: its moveOf.
+type moveKey struct{}
+
+// moveOf is a MOVE's source and destination, as slashClean paths.
+type moveOf struct{ src, dst string }
+
+// isFile reports whether name is a regular file.
+func (f *FS) isFile(ctx context.Context, name string) bool {
+	parts, err := f.split("move", name)
+	if err != nil || len(parts) == 0 {
+		return false
+	}
+	_, e, err := f.resolve(ctx, "move", name, parts)
+	return err == nil && e.Type == meta.TypeFile
+}
+
 // Rename moves oldName to newName. x/net/webdav has already removed an
-// existing destination that MOVE may overwrite; a collection cannot move
-// below itself.
+// existing destination that MOVE may overwrite, except a file that a file
+// replaces (RemoveAll): the rename replaces it, and the name keeps its
+// history. A collection cannot move below itself.
 func (f *FS) Rename(ctx context.Context, oldName, newName string) error {
 	const op = "move"
 	from, err := f.split(op, oldName)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -173,13 +174,18 @@ func TestTrashRenameRestore(t *testing.T) {
 	if e := mustLookup(t, v, "d", "x"); e.Size != 1 {
 		t.Fatalf("restored file = %+v", e)
 	}
-	// Rename a file over another: the replaced one goes to the trash.
+	// Rename a file over another: the replaced one's history stays
+	// with the name (TestRenameFollowsPath); an empty file with no
+	// version renamed over it sends it to the trash.
 	commit(t, s, v, root, "y", 2, 2)
 	d = mustLookup(t, v, "d")
-	if err := v.Rename(ctx, d, "x", root, "y", "home:/y"); err != nil {
+	if _, err := v.Create(ctx, d, meta.Entry{Name: "empty", Type: meta.TypeFile, Mode: 0o644}); err != nil {
 		t.Fatal(err)
 	}
-	if e := mustLookup(t, v, "y"); e.Size != 1 {
+	if err := v.Rename(ctx, d, "empty", root, "y", "home:/y"); err != nil {
+		t.Fatal(err)
+	}
+	if e := mustLookup(t, v, "y"); e.Size != 0 || len(e.Versions) != 0 {
 		t.Fatalf("after rename y = %+v", e)
 	}
 	trash, _ := v.Trash(ctx)
@@ -399,6 +405,80 @@ func TestCreateLocked(t *testing.T) {
 	}
 	if _, l, err := v.CreateLocked(ctx, d, meta.Entry{Name: "x", Type: meta.TypeFile}); !errors.Is(err, cairn.ErrNotFound) || l != nil {
 		t.Fatalf("second CreateLocked in a removed directory = %v (the in-process lock was kept?)", err)
+	}
+}
+
+// TestRenameFollowsPath: a file renamed over another (an editor's save)
+// becomes the next version of the name's history, in one transaction:
+// the destination's versions, then the source's renumbered after them,
+// at most KeepVersions, with the source's inode, mode and owner; nothing
+// goes to the trash and the replaced inode's attributes go. A source
+// with no version yet takes the history along when its commit is pending
+// (RenamePending), and its commit lands as the next version.
+func TestRenameFollowsPath(t *testing.T) {
+	ctx := context.Background()
+	s, v, root := newVolRoot(t, 4)
+	commit(t, s, v, root, "f", 1, 1)
+	commit(t, s, v, root, "f", 2, 2)
+	f := commit(t, s, v, root, "f", 3, 3)
+	if err := v.SetXattr(ctx, f.Ino, "user.x", []byte("1"), meta.XattrAny); err != nil {
+		t.Fatal(err)
+	}
+	tmp := commit(t, s, v, root, "f.tmp", 4, 4)
+	tmp.Mode, tmp.UID = 0o600, 7
+	tmp, err := v.Update(ctx, tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Rename(ctx, root, "f.tmp", root, "f", "home:/f"); err != nil {
+		t.Fatal(err)
+	}
+	sizes := func(e *meta.Entry) (out []int64, ns []uint64) {
+		for _, ver := range e.Versions {
+			out, ns = append(out, ver.Size), append(ns, ver.N)
+		}
+		return out, ns
+	}
+	e := mustLookup(t, v, "f")
+	got, ns := sizes(e)
+	if !slices.Equal(got, []int64{1, 2, 3, 4}) || !slices.Equal(ns, []uint64{1, 2, 3, 4}) || e.Size != 4 ||
+		e.Ino != tmp.Ino || e.Mode != 0o600 || e.UID != 7 {
+		t.Fatalf("f after the save: sizes %v, numbers %v, size %d, ino %x (source %x), mode %o, uid %d", got, ns, e.Size, e.Ino, tmp.Ino, e.Mode, e.UID)
+	}
+	if trash, _ := v.Trash(ctx); len(trash) != 0 {
+		t.Fatalf("trash after the save: %+v", trash)
+	}
+	if _, err := v.Xattr(ctx, f.Ino, "user.x"); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("the replaced inode's attribute: %v, want NotFound", err)
+	}
+	// A source with a history of its own: appended after the
+	// destination's, the oldest dropped past KeepVersions (4).
+	commit(t, s, v, root, "g", 5, 5)
+	commit(t, s, v, root, "g", 6, 6)
+	if err := v.Rename(ctx, root, "g", root, "f", "home:/f"); err != nil {
+		t.Fatal(err)
+	}
+	if got, ns = sizes(mustLookup(t, v, "f")); !slices.Equal(got, []int64{3, 4, 5, 6}) || !slices.Equal(ns, []uint64{3, 4, 5, 6}) {
+		t.Fatalf("f after a source with two versions: sizes %v, numbers %v", got, ns)
+	}
+	// A pending source (no version yet): the history follows it, and
+	// its commit is the next version.
+	if _, err := v.Create(ctx, root, meta.Entry{Name: "p", Type: meta.TypeFile, Mode: 0o644}); err != nil {
+		t.Fatal(err)
+	}
+	p := mustLookup(t, v, "p")
+	if err := v.RenamePending(ctx, root, "p", p, root, "f", "home:/f", nil); err != nil {
+		t.Fatal(err)
+	}
+	if e = mustLookup(t, v, "f"); e.Ino != p.Ino || e.Size != 6 || len(e.Versions) != 4 {
+		t.Fatalf("f after a pending source: %+v", e)
+	}
+	commit(t, s, v, root, "f", 7, 7)
+	if got, ns = sizes(mustLookup(t, v, "f")); !slices.Equal(got, []int64{4, 5, 6, 7}) || !slices.Equal(ns, []uint64{4, 5, 6, 7}) {
+		t.Fatalf("f after the pending commit: sizes %v, numbers %v", got, ns)
+	}
+	if trash, _ := v.Trash(ctx); len(trash) != 0 {
+		t.Fatalf("trash: %+v", trash)
 	}
 }
 

@@ -576,12 +576,34 @@ func (v *Vol) deleteSubtree(ctx context.Context, ino uint64) error {
 
 // ---- rename ----
 
-// Rename moves src (name srcName in srcParent) to dstName in dstParent. An
-// existing destination file is replaced and goes to the trash; an existing
-// destination directory must be empty and is replaced by a directory only.
-// The caller checks that a directory is not moved below itself.
+// Rename moves src (name srcName in srcParent) to dstName in dstParent.
+// An existing destination directory must be empty and is replaced by a
+// directory only. The caller checks that a directory is not moved below
+// itself.
+//
+// Versions follow the path: a file renamed over an existing file (an
+// editor's save: a temporary file renamed over the original) becomes the
+// destination's next version(s), in the same transaction. The name then
+// has the source's inode, mode and owner (as on a local disk), the
+// destination's kept versions followed by the source's, renumbered after
+// them (oldest first; a source whose first version has the content of the
+// destination's current one adds no version for it), at most
+// KeepVersions of them; nothing goes to the trash, and the replaced
+// inode's extended attributes go. A source with no version (an empty file
+// nobody is about to commit: see RenamePending) replaces the destination,
+// which goes to the trash, as does a file replaced by a symlink.
 func (v *Vol) Rename(ctx context.Context, srcParent *Entry, srcName string, dstParent *Entry, dstName, dstPath string) error {
 	return v.RenameKnown(ctx, srcParent, srcName, nil, dstParent, dstName, dstPath, nil)
+}
+
+// RenamePending is RenameKnown for a source file whose content the caller
+// is about to commit (written, its commit queued or still to come at its
+// close): a source with no version yet takes the destination's history
+// too, so that its commit, which lands under the new name, is the next
+// version of it. Until then the name's current version is the
+// destination's.
+func (v *Vol) RenamePending(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known) error {
+	return v.rename(ctx, srcParent, srcName, src, dstParent, dstName, dstPath, known, renameOpts{pending: true})
 }
 
 // RenameKnown is Rename with the source's entry (src) and the
@@ -590,7 +612,7 @@ func (v *Vol) Rename(ctx context.Context, srcParent *Entry, srcName string, dstP
 // them. The rename compares both with what is current: a stale one
 // fails it with Conflict, and the caller tries again without.
 func (v *Vol) RenameKnown(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known) error {
-	return v.rename(ctx, srcParent, srcName, src, dstParent, dstName, dstPath, known, false)
+	return v.rename(ctx, srcParent, srcName, src, dstParent, dstName, dstPath, known, renameOpts{})
 }
 
 // RenameNoReplace is RenameKnown that never replaces (renameat2's
@@ -599,10 +621,48 @@ func (v *Vol) RenameKnown(ctx context.Context, srcParent *Entry, srcName string,
 // A destination present fails it with Kind Exist; a stale src with
 // Conflict.
 func (v *Vol) RenameNoReplace(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string) error {
-	return v.rename(ctx, srcParent, srcName, src, dstParent, dstName, dstPath, KnownEntry(nil), true)
+	return v.rename(ctx, srcParent, srcName, src, dstParent, dstName, dstPath, KnownEntry(nil), renameOpts{noReplace: true})
 }
 
-func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known, noReplace bool) error {
+// renameOpts are the variants of rename: noReplace (RenameNoReplace),
+// pending (RenamePending).
+type renameOpts struct{ noReplace, pending bool }
+
+// FollowsPath reports whether src renamed over dst becomes dst's next
+// version(s) (Rename; pending: RenamePending) rather than sending dst to
+// the trash.
+func FollowsPath(src, dst *Entry, pending bool) bool {
+	return src.Type == TypeFile && dst.Type == TypeFile &&
+		(len(src.Versions) > 0 || len(dst.Versions) == 0 || pending)
+}
+
+// appendHistory returns the versions of a file renamed over another:
+// older's, then newer's renumbered after them (newer's first one dropped
+// if it has the content of older's current one, whose mtime and source
+// it then takes), the newest keep of them (keep 0: all).
+func appendHistory(older, newer []Version, keep int) []Version {
+	out := append([]Version(nil), older...)
+	var n uint64
+	if len(out) > 0 {
+		n = out[len(out)-1].N
+	}
+	for i, ver := range newer {
+		if last := len(out) - 1; i == 0 && last >= 0 && ver.Digest != "" && ver.Digest == out[last].Digest && ver.Size == out[last].Size {
+			out[last].Mtime, out[last].Src = ver.Mtime, ver.Src
+			continue
+		}
+		n++
+		ver.N = n
+		out = append(out, ver)
+	}
+	if keep > 0 && len(out) > keep {
+		out = out[len(out)-keep:]
+	}
+	return out
+}
+
+func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known, o renameOpts) error {
+	noReplace := o.noReplace
 	if !dstParent.IsDir() {
 		return cairn.E("rename", cairn.NotDir, dstPath, nil)
 	}
@@ -632,6 +692,13 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	}
 	n := *src
 	n.Parent, n.Name, n.Ctime = dstParent.Ino, dstName, time.Now().UnixNano()
+	follow := dst != nil && FollowsPath(src, dst, o.pending)
+	if follow {
+		n.Versions = appendHistory(dst.Versions, src.Versions, v.V.KeepVersions)
+		if cur := n.Current(); cur != nil {
+			n.Size, n.Mtime = cur.Size, cur.Mtime
+		}
+	}
 	b, _ := json.Marshal(n)
 	sk, dk := v.keyOf(src), v.entryKey(dstParent.Ino, dstName)
 	cmps := []clientv3.Cmp{
@@ -651,9 +718,14 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(v.dirPrefix(dst.Ino)), "=", 0).WithPrefix())
 		}
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(dk), "=", dst.Rev))
-		item := TrashItem{ID: fmt.Sprintf("%016x-%s", time.Now().UnixNano(), randomID()[:8]), Path: dstPath, Deleted: time.Now().UnixNano(), Entry: *dst}
-		tb, _ := json.Marshal(item)
-		ops = append(ops, clientv3.OpPut(v.base+"trash/"+item.ID, string(tb)))
+		if follow {
+			// The replaced inode is gone; its history lives on in n.
+			ops = append(ops, clientv3.OpDelete(v.xattrPrefix(dst.Ino), clientv3.WithPrefix()))
+		} else {
+			item := TrashItem{ID: fmt.Sprintf("%016x-%s", time.Now().UnixNano(), randomID()[:8]), Path: dstPath, Deleted: time.Now().UnixNano(), Entry: *dst}
+			tb, _ := json.Marshal(item)
+			ops = append(ops, clientv3.OpPut(v.base+"trash/"+item.ID, string(tb)))
+		}
 	}
 	cctx, cancel := v.s.opCtx(ctx)
 	defer cancel()

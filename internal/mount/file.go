@@ -79,6 +79,14 @@ type content struct {
 	// file's ctime does not move when the commit lands later (git
 	// compares it with its index).
 	ctime time.Time
+	// truncOnly: its only change since fetched or saved is the truncation
+	// of an open (O_TRUNC). A close of a descriptor of that open does not
+	// save it while it is so (deferTrunc): `echo x > f` closes the
+	// shell's own descriptor before the command writes through its dup,
+	// and an empty version in between would cost one of the kept ones
+	// and show other devices an empty file. The writes that follow are
+	// saved with their close; the last release saves a truncation alone.
+	truncOnly bool
 	// releasing counts last writers' releases still saving it: the
 	// kernel's writes to a passthrough copy are in its file, not yet in
 	// dirty, until the release has taken them in (harvest).
@@ -399,8 +407,50 @@ func (m *Mount) truncateContent(c *content, size int64) error {
 		c.size, c.dirty, c.mtime = size, true, time.Now()
 		c.ctime = c.mtime
 	}
+	c.truncOnly = false
 	c.mu.Unlock()
 	return nil
+}
+
+// truncatedAtOpen truncates c for an open with O_TRUNC: the truncation
+// is part of the writer's change, saved with its writes (truncOnly).
+func (m *Mount) truncatedAtOpen(c *content) error {
+	if err := m.truncateContent(c, 0); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.truncOnly = c.dirty
+	c.mu.Unlock()
+	return nil
+}
+
+// deferTrunc reports whether a close of a descriptor leaves c unsaved
+// because it holds nothing but the truncation of its open (truncOnly):
+// the last release saves it if nothing else does. A copy the kernel
+// writes itself (passthrough) is judged by its file.
+func (c *content) deferTrunc() bool {
+	c.mu.Lock()
+	only, ptw, size := c.truncOnly && c.dirty, c.ptw, c.size
+	c.mu.Unlock()
+	if !only {
+		return false
+	}
+	if ptw {
+		c.fmu.RLock()
+		if f := c.f; f != nil {
+			if fi, err := f.Stat(); err != nil || fi.Size() > 0 {
+				size = 1
+			}
+		}
+		c.fmu.RUnlock()
+	}
+	if size == 0 {
+		return true
+	}
+	c.mu.Lock()
+	c.truncOnly = false
+	c.mu.Unlock()
+	return false
 }
 
 // load returns a copy of e's current version with one reference: from
@@ -658,7 +708,7 @@ func (n *node) open(ctx context.Context, e *meta.Entry, flags uint32) (*handle, 
 	}
 	h := &handle{n: n, c: c, write: write, append: flags&syscall.O_APPEND != 0}
 	if trunc {
-		if err := n.m.truncateContent(c, 0); err != nil {
+		if err := n.m.truncatedAtOpen(c); err != nil {
 			if write {
 				c.mu.Lock()
 				c.writers--
@@ -874,7 +924,7 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 	}
 	n.committed(ctx)
 	c.mu.Lock()
-	c.dirty, c.keep = false, false
+	c.dirty, c.keep, c.truncOnly = false, false, false
 	c.sum, c.sumOK = sum, ptw
 	v := e.Current()
 	c.version, c.manifest = true, v.Manifest
@@ -931,6 +981,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 	if k > 0 {
 		c.dirty, c.mtime = true, time.Now()
 		c.ctime = c.mtime
+		c.truncOnly = false
 		if end := off + int64(k); end > c.size {
 			c.size = end
 		}
@@ -953,7 +1004,7 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 // writer's release saves (saveAtClose).
 func (h *handle) Flush(ctx context.Context) syscall.Errno {
 	h.n.m.flushCalls.Add(1)
-	if !h.saveAtClose() {
+	if !h.saveAtClose() || h.c.deferTrunc() {
 		return 0
 	}
 	ctx = bg(ctx)

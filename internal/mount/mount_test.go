@@ -556,7 +556,8 @@ func TestNamespace(t *testing.T) {
 		t.Fatalf("os.ReadDir = %v", got)
 	}
 	// rename over an existing file: the target's content is replaced, the
-	// source is gone, the replaced file is in the trash.
+	// source is gone, the replaced file's versions stay the name's
+	// history (versions follow the path), nothing goes to the trash.
 	xIno := f.entry("d/x").Ino
 	if err := os.Rename(f.path("d/x"), f.path("d/y")); err != nil {
 		t.Fatal(err)
@@ -571,8 +572,11 @@ func TestNamespace(t *testing.T) {
 		t.Fatalf("source after rename: %v", err)
 	}
 	trash, err := f.vol.Meta.Trash(context.Background())
-	if err != nil || len(trash) != 1 || trash[0].Path != "v:/d/y" {
+	if err != nil || len(trash) != 0 {
 		t.Fatalf("trash after rename over y: %+v, %v", trash, err)
+	}
+	if y := f.entry("d/y"); len(y.Versions) != 2 {
+		t.Fatalf("d/y after the rename over it has %d versions, want y's and x's", len(y.Versions))
 	}
 	// rename into another directory, and of a directory.
 	if err := os.Rename(f.path("d/z"), f.path("d/sub/z2")); err != nil {

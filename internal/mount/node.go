@@ -98,6 +98,17 @@ type nodeState struct {
 	// let go by the kernel (its caches evicted it): its queued commits
 	// still go where the file is.
 	removed atomic.Bool
+	// heir is the file renamed over this one on this mount that took its
+	// history (versions follow the path: meta.Vol.Rename). Commits of
+	// this file queued before that rename land where heir is, as the
+	// versions before heir's own (the queue runs in order), instead of
+	// being dropped: an editor's saves in quick succession each stay a
+	// version.
+	heir atomic.Pointer[node]
+	// firstQueued is the queue sequence number of the file's first
+	// queued commit (0: none yet): a commit of a file it replaced that
+	// was queued after it is not made (queue.commit).
+	firstQueued atomic.Uint64
 }
 
 // stateFor returns the state of inode ino's nodes: the one a node of it
@@ -741,8 +752,11 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 	return n.remove(ctx, name, true)
 }
 
-// Rename moves an entry, replacing an existing file (to the trash) or an
-// empty directory. RENAME_EXCHANGE is not supported (EINVAL).
+// Rename moves an entry, replacing an existing file or an empty
+// directory. A file renamed over a file becomes the next version of its
+// history (meta.Vol.Rename: versions follow the path), also while its
+// own content is still to be committed here (unsaved): its commit then
+// lands as that version. RENAME_EXCHANGE is not supported (EINVAL).
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	ctx = bg(ctx)
 	if flags&gofs.RENAME_EXCHANGE != 0 {
@@ -772,12 +786,14 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	moving, replaced := n.kid(name), np.kid(newName)
 	unlockPlaces := lockPlaces(moving, replaced)
 	defer unlockPlaces()
+	// Read with the places held: no commit of it lands meanwhile.
+	unsaved := moving != nil && moving.unsaved()
 	// The first attempt takes both names' entries from the entry cache
 	// (a stale one fails the compare-and-swap: Conflict); a retry reads
 	// them from etcd. RENAME_NOREPLACE makes the destination's absence
 	// part of the compare-and-swap: a name made meanwhile on another
 	// device is never replaced (EEXIST).
-	fresh := false
+	fresh, follows := false, false
 	err := retryConflict(func() error {
 		se, err := n.m.ents.get(ctx, n.ino, name, fresh)
 		if err != nil {
@@ -792,6 +808,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			return err
 		}
 		fresh = true
+		follows = de != nil && meta.FollowsPath(se, de, unsaved)
+		if unsaved {
+			return n.m.vol.Meta.RenamePending(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
+		}
 		return n.m.vol.Meta.RenameKnown(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
 	})
 	n.m.ents.forget(n.ino, name)
@@ -800,6 +820,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		return n.m.errno("rename", n.path(name), err)
 	}
 	if replaced != nil && replaced != moving {
+		if follows && moving != nil {
+			replaced.heir.Store(moving)
+		}
 		replaced.setMoved(&movedTo{fromParent: np, fromName: newName, gone: true})
 	}
 	if moving != nil {
@@ -813,6 +836,27 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		}
 	}
 	return 0
+}
+
+// unsaved reports whether this mount holds content of n that is still to
+// be committed: writes not yet saved (passthrough: ones the kernel made
+// to the copy), a queued commit, a last writer's release saving it.
+func (n *node) unsaved() bool {
+	n.mu.Lock()
+	c := n.content
+	n.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	held := c.dirty || c.pending > 0 || c.releasing > 0
+	ptw := c.ptw && c.writers > 0
+	c.mu.Unlock()
+	if !held && ptw {
+		_, mt, ok := c.ptLocal()
+		held = ok && !mt.IsZero() // written by the kernel since armed
+	}
+	return held
 }
 
 // Statfs reports the space of the disk that holds the cache, where

@@ -411,7 +411,7 @@ func (n *node) share(ctx context.Context, b *content, e *meta.Entry, flags uint3
 	b.addWriter(write)
 	h := &handle{n: n, c: b, write: write, append: flags&syscall.O_APPEND != 0}
 	if trunc {
-		if err := m.truncateContent(b, 0); err != nil {
+		if err := m.truncatedAtOpen(b); err != nil {
 			h.abandon()
 			return nil, err
 		}

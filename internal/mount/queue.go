@@ -237,6 +237,9 @@ func (q *queue) add(j *job) error {
 	q.mu.Lock()
 	q.seq++
 	j.rec.Seq = q.seq
+	if j.n != nil {
+		j.n.firstQueued.CompareAndSwap(0, q.seq)
+	}
 	q.mu.Unlock()
 	j.rec.V, j.rec.Queued = queueVersion, time.Now().UnixNano()
 	if err := q.write(&j.rec); err != nil {
@@ -368,13 +371,28 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	var attrs fs.Attrs
 	var parent *node
 	recorded := j.n == nil
+	// tn is the file the commit goes to: j.n, or, if a file renamed over
+	// it on this mount took its history, that file (node.heir).
+	tn := j.n
 	if j.n != nil {
 		// From the place read to the compare-and-swap, no rename or
 		// removal of the file on this mount runs (node.placeMu).
-		j.n.placeMu.Lock()
-		defer j.n.placeMu.Unlock()
+		tn.placeMu.Lock()
+		for h := tn.heir.Load(); h != nil; h = tn.heir.Load() {
+			// Replaced for good: nothing moves tn again.
+			tn.placeMu.Unlock()
+			if fq := h.firstQueued.Load(); fq != 0 && fq < rec.Seq {
+				// The heir's content was queued first (this close's
+				// release came late): this older content lands nowhere,
+				// as when its file is removed.
+				return nil, errDropped
+			}
+			tn = h
+			tn.placeMu.Lock()
+		}
+		defer tn.placeMu.Unlock()
 		var ok bool
-		if name, parent, ok = j.n.place(); !ok && j.n.removed.Load() {
+		if name, parent, ok = tn.place(); !ok && (tn.removed.Load() || tn != j.n) {
 			return nil, errDropped
 		} else if !ok {
 			// Not removed: the kernel let the node go (it evicted the
@@ -389,10 +407,15 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 			return nil, cairn.E("commit", cairn.NotFound, j.n.path(""), errno)
 		}
 		var err error
-		if attrs, err = j.n.commitAttrs(ctx, parent, name, mtime); err != nil {
+		if attrs, err = tn.commitAttrs(ctx, parent, name, mtime); err != nil {
 			return nil, err
 		}
-		if attrs.Lock, err = j.n.commitLock(ctx, parent, name); err != nil {
+		if tn != j.n {
+			// Under the heir's writer lock, counted as a user of it.
+			tn.holdLock()
+			defer tn.unlockWrite(ctx)
+		}
+		if attrs.Lock, err = tn.commitLock(ctx, parent, name); err != nil {
 			return nil, err
 		}
 		attrs.Path = volPath(parent, name)
@@ -453,8 +476,8 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	}
 	e, _, err := m.vol.WriteFile(ctx, dir, name, open, attrs)
 	if err != nil {
-		if j.n != nil {
-			j.n.commitFailed()
+		if tn != nil {
+			tn.commitFailed()
 		}
 		return nil, err
 	}
@@ -470,7 +493,7 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 			// Before finish lets the copy go (node.wrote).
 			j.n.wroteEntry(e)
 		}
-		j.n.committed(ctx)
+		tn.committed(ctx)
 	}
 	m.ents.put(e)
 	return e, nil
@@ -667,7 +690,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	n.holdLock()
 	c.mu.Lock()
 	c.frozen = c.frozen || !unseen
-	c.dirty = false
+	c.dirty, c.truncOnly = false, false
 	c.pending++
 	c.mu.Unlock()
 	if err := m.queue.add(j); err != nil {
