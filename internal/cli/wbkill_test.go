@@ -148,3 +148,57 @@ func keptUnsaved(files []string, data []byte) bool {
 	}
 	return false
 }
+
+// TestUmountWaitsForQueue (issue 14, item 5): 'cairn umount' of a
+// write-back mount whose commits are queued returns only once they are
+// committed, saying what it waited for; --lazy returns at once and the
+// mount's process finishes the queue in the background.
+func TestUmountWaitsForQueue(t *testing.T) {
+	skipWithoutFUSE(t)
+	r := newRealm(t)
+	mnt := mountPoint(t)
+	// The queue holds each commit an hour: only the unmount makes them.
+	hold := []string{"CAIRN_MOUNT_QUEUE_DELAY=1h"}
+	_, exited, out := r.foregroundWith(mnt, hold, "--mode", "write-back")
+	files := map[string][]byte{}
+	for i := 0; i < 3; i++ {
+		name := fmt.Sprintf("f%d", i)
+		files[name] = randBytes(100<<10 + i)
+		if err := os.WriteFile(filepath.Join(mnt, name), files[name], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "3 commits queued", 60*time.Second, func() bool { return len(queueRecords(t, r.home)) == 3 })
+	res := r.run("umount", mnt)
+	if res.code != 0 {
+		t.Fatalf("umount: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if !strings.Contains(res.stderr, "waiting for 3 queued commits") || !strings.Contains(res.stderr, "after its 3 queued commits") {
+		t.Fatalf("umount said: %q", res.stderr)
+	}
+	if recs := queueRecords(t, r.home); len(recs) != 0 {
+		t.Fatalf("umount returned with commits queued: %v", recs)
+	}
+	for name, data := range files {
+		if got := r.ok("cat", "home:/"+name); got != string(data) {
+			t.Fatalf("%s after umount: %d bytes, want %d", name, len(got), len(data))
+		}
+	}
+	waitExit(t, exited, out)
+
+	// --lazy: detached at once; the process commits, then exits.
+	_, exited, out = r.foregroundWith(mnt, hold, "--mode", "write-back")
+	late := randBytes(50 << 10)
+	if err := os.WriteFile(filepath.Join(mnt, "late"), late, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "1 commit queued", 60*time.Second, func() bool { return len(queueRecords(t, r.home)) == 1 })
+	res = r.run("umount", "--lazy", mnt)
+	if res.code != 0 || !strings.Contains(res.stderr, "commits its 1 queued file in the background") {
+		t.Fatalf("umount --lazy: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	waitExit(t, exited, out)
+	if got := r.ok("cat", "home:/late"); got != string(late) {
+		t.Fatalf("late after the lazy unmount's process exited: %d bytes, want %d", len(got), len(late))
+	}
+}
