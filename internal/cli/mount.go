@@ -161,16 +161,24 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 	u := &cobra.Command{
 		Use:   "umount [--lazy] MOUNTPOINT",
 		Short: "Unmount a volume mounted with 'cairn mount'",
-		Long: `Unmount MOUNTPOINT (fusermount3 -u). Every close has already committed its file;
-the mount's process exits once the kernel lets go. It fails while a file there is
-open or a process works in it; --lazy detaches it at once and lets them finish.
+		Long: `Unmount MOUNTPOINT (fusermount3 -u). In blocking mode every close has already
+committed its file. In non-blocking and write-back modes, the mount's process
+commits its queued files before it exits, and 'cairn umount' waits for that,
+saying on stderr how many commits it is waiting for; it returns once the
+process has exited, and says how many (if any) it left queued for the next
+mount of the volume (a commit that failed: the mount log says why). Ctrl-C
+stops the waiting, not the commits.
+
+It fails while a file there is open or a process works in it; --lazy detaches
+it at once and lets them finish, and returns without waiting: the mount's
+process finishes its queue in the background and exits (its log says when).
 A mount point left broken by a killed mount is unmounted too.`,
 		Args: exactArgs(1, "MOUNTPOINT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return mount.Unmount(args[0], lazy)
+			return e.umount(cmd.Context(), args[0], lazy)
 		},
 	}
-	u.Flags().BoolVar(&lazy, "lazy", false, "detach now even if busy (fusermount3 -u -z)")
+	u.Flags().BoolVar(&lazy, "lazy", false, "detach now even if busy (fusermount3 -u -z), and let the mount's process finish its queued commits in the background")
 	return []*cobra.Command{m, u}
 }
 
@@ -393,4 +401,60 @@ func parseMountError(msg string) (int, string, bool) {
 		code = ExitError
 	}
 	return code, text, true
+}
+
+// umountPoll is how often 'cairn umount' looks at the queue it waits for.
+const umountPoll = 100 * time.Millisecond
+
+// umount unmounts dir and, unless lazy, waits until the mount's process
+// has committed its queue (or given up on it) and exited.
+func (e *env) umount(ctx context.Context, dir string, lazy bool) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return cairn.E("unmount", cairn.Invalid, dir, err)
+	}
+	cache := mount.Serving(filepath.Join(e.home, "mountcache"), abs)
+	if err := mount.Unmount(abs, lazy); err != nil {
+		return err
+	}
+	if cache == "" {
+		return nil // not a mount of this realm's (or its process is gone)
+	}
+	busy, queued := mount.CacheState(cache)
+	if lazy {
+		if busy && queued > 0 {
+			fmt.Fprintf(e.stderr, "cairn: detached %s; its mount process commits its %d queued %s in the background, then exits (log: %s)\n", abs, queued, plural(queued, "file", "files"), filepath.Join(e.home, "mount.log"))
+		}
+		return nil
+	}
+	most, said := queued, -1
+	for busy {
+		if queued != said && queued > 0 {
+			fmt.Fprintf(e.stderr, "cairn: waiting for %d queued %s of %s\n", queued, plural(queued, "commit", "commits"), abs)
+			said = queued
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintf(e.stderr, "cairn: stopped waiting; the mount's process goes on committing %d queued %s in the background\n", queued, plural(queued, "file", "files"))
+			return ctx.Err()
+		case <-time.After(umountPoll):
+		}
+		busy, queued = mount.CacheState(cache)
+		most = max(most, queued)
+	}
+	switch {
+	case queued > 0:
+		fmt.Fprintf(e.stderr, "cairn: unmounted %s with %d %s still queued (the mount log says why): the next mount of the volume commits them\n", abs, queued, plural(queued, "commit", "commits"))
+	case most > 0:
+		fmt.Fprintf(e.stderr, "cairn: unmounted %s after its %d queued %s\n", abs, most, plural(most, "commit", "commits"))
+	}
+	return nil
+}
+
+// plural is one if n is 1, else many.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

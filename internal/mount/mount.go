@@ -42,6 +42,7 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
@@ -244,6 +245,9 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 		return nil, err
 	}
 	m.cache = cache
+	// The lock file names the mount point too: 'cairn umount' finds the
+	// mount's queue by it (Serving).
+	fmt.Fprintf(cache.lockf, "mountpoint %s\n", dir)
 	q, queued, err := loadQueue(m, filepath.Join(cache.dir, "queue"), o.QueueDelay)
 	if err != nil {
 		cache.close()
@@ -717,3 +721,45 @@ func (m *Mount) errno(op, path string, err error) syscall.Errno {
 
 // String describes the mount for logs.
 func (m *Mount) String() string { return fmt.Sprintf("%s on %s", m.vol.Name(), m.dir) }
+
+// Serving returns the cache directory (under cacheRoot, Options.CacheDir)
+// held by the mount process serving mount point dir, or "" if none is
+// found: the directory whose lock file names dir and is locked.
+func Serving(cacheRoot, dir string) string {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return ""
+	}
+	locks, _ := filepath.Glob(filepath.Join(cacheRoot, "*", "lock"))
+	for _, l := range locks {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if p, ok := strings.CutPrefix(line, "mountpoint "); ok && p == abs {
+				if busy, _ := CacheState(filepath.Dir(l)); busy {
+					return filepath.Dir(l)
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// CacheState reports whether a mount process still holds cache directory
+// dir (it lets it go last, once its queue has committed what it could),
+// and how many commits are queued in it.
+func CacheState(dir string) (busy bool, queued int) {
+	recs, _ := filepath.Glob(filepath.Join(dir, "queue", "*.json"))
+	f, err := os.Open(filepath.Join(dir, "lock"))
+	if err != nil {
+		return false, len(recs)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		return errors.Is(err, unix.EWOULDBLOCK), len(recs)
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false, len(recs)
+}

@@ -794,11 +794,13 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	// part of the compare-and-swap: a name made meanwhile on another
 	// device is never replaced (EEXIST).
 	fresh, follows := false, false
+	var movedIno, replacedIno uint64
 	err := retryConflict(func() error {
 		se, err := n.m.ents.get(ctx, n.ino, name, fresh)
 		if err != nil {
 			return err
 		}
+		movedIno, replacedIno = se.Ino, 0
 		if noReplace {
 			fresh = true
 			return n.m.vol.Meta.RenameNoReplace(ctx, src, name, se, dst, newName, np.path(newName))
@@ -807,6 +809,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
 			return err
 		}
+		if de != nil && de.Ino != se.Ino {
+			replacedIno = de.Ino
+		}
 		fresh = true
 		follows = de != nil && meta.FollowsPath(se, de, unsaved)
 		if unsaved {
@@ -814,6 +819,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		}
 		return n.m.vol.Meta.RenameKnown(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
 	})
+	if err == nil && n.m.queue != nil {
+		n.m.queue.moved(movedIno, dst, newName, volPath(np, newName), replacedIno)
+	}
 	n.m.ents.forget(n.ino, name)
 	n.m.ents.forget(np.ino, newName)
 	if err != nil {

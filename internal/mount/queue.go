@@ -604,6 +604,35 @@ func (q *queue) renamed(ino, dir uint64, name string) {
 	}
 }
 
+// moved records that this mount renamed file ino to name in directory
+// dir (whose place is path): the records of its queued commits are
+// written again with the new place, so that the next mount, should this
+// one be killed, commits them under the name the file has now and not
+// under the one it was closed under (a temporary name that a program
+// renamed over the real one, say). The records of the file replaced,
+// replacedIno (0: none), are removed: its queued writes go with it, as
+// on a local disk (this mount's own commit of them finds the file
+// removed; after a kill, its data is a work copy no record names, kept
+// in unsaved/ by the next mount).
+func (q *queue) moved(ino uint64, dir *meta.Entry, name, path string, replacedIno uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, j := range q.jobs {
+		switch {
+		case j.rec.Ino == ino:
+			j.rec.Name, j.rec.Path = name, path
+			j.rec.Dir, j.rec.DirParent, j.rec.DirName = dir.Ino, dir.Parent, dir.Name
+			if err := q.write(&j.rec); err != nil {
+				q.m.log.Warn("could not write a queued commit's record again with the file's new name", "record", q.recordPath(j.rec.Seq), "path", path, "err", err)
+			}
+		case replacedIno != 0 && j.rec.Ino == replacedIno && j.n != nil:
+			if err := os.Remove(q.recordPath(j.rec.Seq)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				q.m.log.Warn("could not remove the queued commit's record of a file replaced by a rename", "record", q.recordPath(j.rec.Seq), "err", err)
+			}
+		}
+	}
+}
+
 // queuedBefore reports whether a commit of inode ino queued before the
 // mount started is not done yet. Until it is, the mount shows the file's
 // committed version and refuses to open it for writing (EBUSY): the
@@ -632,6 +661,10 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	if !dirty {
 		return nil
 	}
+	// No rename of the file on this mount runs from here until its
+	// record is queued: a rename rewrites the queued records (queue.moved).
+	n.placeMu.Lock()
+	defer n.placeMu.Unlock()
 	name, parent, ok := n.place()
 	if !ok {
 		m.log.Info("a file removed while open was closed: its unsaved writes are dropped", "ino", n.ino)
