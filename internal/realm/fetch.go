@@ -279,9 +279,9 @@ func (rt *router) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 		if ctx.Err() != nil {
 			return nil, store.CtxErr(ctx, "get", id.String())
 		}
-		if errors.Is(err, cairn.ErrPermission) {
-			return nil, err // this device was removed: no other node will answer either
-		}
+		// Any other error, Permission included (one node's word, maybe
+		// on a stale list: this device learns it was removed from its
+		// revocation watch), moves on to the next node.
 		notFound := errors.Is(err, cairn.ErrNotFound)
 		if !notFound {
 			unavailable = true

@@ -129,7 +129,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	// The chunk service checks rev on every request; the handshake refuses
 	// only what rev says is revoked, so that a peer can tell a removal
 	// from a list that cannot be trusted for the moment (503).
-	tlsConf, err := pki.ServerTLS(creds, pki.TLSOptions{Revocations: node.HandshakeRevocations(rev)})
+	tlsConf, err := node.ServerTLS(creds)
 	if err != nil {
 		return err
 	}
