@@ -86,6 +86,65 @@ func (s *Service) PutNode(ctx context.Context, rec NodeRecord) error {
 	return nil
 }
 
+// ClaimNode records a node that joins under rec.Name, unless the registry
+// already has a node of that name that is not removed (Kind Exist): of
+// concurrent claims of one name exactly one succeeds (compare-and-swap on
+// the record's revision). A removed node's record is replaced. undo puts
+// back what was there before (nothing, or the removed node's record) if
+// the record is still the one the claim wrote: for a join that fails
+// after its claim.
+func (s *Service) ClaimNode(ctx context.Context, rec NodeRecord) (func(context.Context) error, error) {
+	const op = "register node"
+	if rec.Name == "" {
+		return nil, cairn.E(op, cairn.Invalid, "", errors.New("no name"))
+	}
+	if rec.Registered == 0 {
+		rec.Registered = time.Now().UnixNano()
+	}
+	b, _ := json.Marshal(rec)
+	k := s.nodeKey(rec.Name)
+	octx, cancel := s.opCtx(ctx)
+	defer cancel()
+	for {
+		resp, err := s.cli.Get(octx, k)
+		if err != nil {
+			return nil, etcdErr(op, rec.Name, err)
+		}
+		var modRev int64
+		var prev []byte
+		if len(resp.Kvs) > 0 {
+			var old NodeRecord
+			if jerr := json.Unmarshal(resp.Kvs[0].Value, &old); jerr != nil {
+				return nil, cairn.E(op, cairn.Corrupt, rec.Name, jerr)
+			}
+			if old.Removed == 0 {
+				return nil, cairn.E(op, cairn.Exist, rec.Name, fmt.Errorf("the realm already has a %s named %s", old.Role, rec.Name))
+			}
+			modRev, prev = resp.Kvs[0].ModRevision, resp.Kvs[0].Value
+		}
+		tr, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", modRev)).Then(clientv3.OpPut(k, string(b))).Commit()
+		if err != nil {
+			return nil, etcdErr(op, rec.Name, err)
+		}
+		if !tr.Succeeded {
+			continue // claimed or changed in between: look again
+		}
+		mine := tr.Header.Revision
+		return func(ctx context.Context) error {
+			ctx, ucancel := s.opCtx(ctx)
+			defer ucancel()
+			put := clientv3.OpDelete(k)
+			if prev != nil {
+				put = clientv3.OpPut(k, string(prev))
+			}
+			if _, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", mine)).Then(put).Commit(); err != nil {
+				return etcdErr("undo register node", rec.Name, err)
+			}
+			return nil
+		}, nil
+	}
+}
+
 // Node returns one node's record and state; NotFound if there is none.
 func (s *Service) Node(ctx context.Context, name string) (*NodeStatus, error) {
 	ctx, cancel := s.opCtx(ctx)
@@ -204,21 +263,13 @@ type Registration struct {
 // Register starts a node's heartbeat: a lease of ttl (at least 1 s), kept
 // alive in the background, holding alive/<name>, and rec written at
 // node/<name> (its Registered time kept from an existing record). It fails
-// with Permission if the node is removed.
+// with Permission if the node is removed. The record is written only if it
+// is still the one read (compare-and-swap on its revision): a removal made
+// in between is never overwritten.
 func (s *Service) Register(ctx context.Context, rec NodeRecord, ttl time.Duration) (*Registration, error) {
 	const op = "register node"
 	if ttl < time.Second {
 		return nil, cairn.E(op, cairn.Invalid, rec.Name, fmt.Errorf("lease %v below 1s", ttl))
-	}
-	old, err := s.Node(ctx, rec.Name)
-	switch {
-	case err == nil && old.Removed != 0:
-		return nil, cairn.E(op, cairn.Permission, rec.Name, errors.New("this node was removed from the realm (join again with a new invitation)"))
-	case err == nil:
-		rec.Registered = old.Registered
-	case errors.Is(err, cairn.ErrNotFound):
-	default:
-		return nil, err
 	}
 	octx, ocancel := s.opCtx(ctx)
 	defer ocancel()
@@ -226,15 +277,52 @@ func (s *Service) Register(ctx context.Context, rec NodeRecord, ttl time.Duratio
 	if err != nil {
 		return nil, etcdErr(op, rec.Name, err)
 	}
-	now := time.Now().UnixNano()
-	if rec.Registered == 0 {
-		rec.Registered = now
+	fail := func(err error) (*Registration, error) {
+		rctx, cancel := s.opCtx(context.WithoutCancel(ctx))
+		defer cancel()
+		_, _ = s.cli.Revoke(rctx, lg.ID)
+		return nil, err
 	}
-	rec.LastSeen, rec.Lease = now, int64(ttl)
-	b, _ := json.Marshal(rec)
-	ab, _ := json.Marshal(map[string]any{"addr": rec.Addr, "since": now})
-	if _, err := s.cli.Txn(octx).Then(clientv3.OpPut(s.nodeKey(rec.Name), string(b)), clientv3.OpPut(s.aliveKey(rec.Name), string(ab), clientv3.WithLease(lg.ID))).Commit(); err != nil {
-		return nil, etcdErr(op, rec.Name, err)
+	k := s.nodeKey(rec.Name)
+	given := rec.Registered
+	var now int64
+	for {
+		resp, gerr := s.cli.Get(octx, k)
+		if gerr != nil {
+			return fail(etcdErr(op, rec.Name, gerr))
+		}
+		var modRev int64 // 0: no record (etcd compares a missing key's revisions as 0)
+		rec.Registered = given
+		if len(resp.Kvs) > 0 {
+			var old NodeRecord
+			if jerr := json.Unmarshal(resp.Kvs[0].Value, &old); jerr != nil {
+				return fail(cairn.E(op, cairn.Corrupt, rec.Name, jerr))
+			}
+			if old.Removed != 0 {
+				return fail(cairn.E(op, cairn.Permission, rec.Name, errors.New("this node was removed from the realm (join again with a new invitation)")))
+			}
+			rec.Registered, modRev = old.Registered, resp.Kvs[0].ModRevision
+		}
+		if testHookRegister != nil {
+			testHookRegister()
+		}
+		now = time.Now().UnixNano()
+		if rec.Registered == 0 {
+			rec.Registered = now
+		}
+		rec.LastSeen, rec.Lease = now, int64(ttl)
+		b, _ := json.Marshal(rec)
+		ab, _ := json.Marshal(map[string]any{"addr": rec.Addr, "since": now})
+		tr, terr := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", modRev)).
+			Then(clientv3.OpPut(k, string(b)), clientv3.OpPut(s.aliveKey(rec.Name), string(ab), clientv3.WithLease(lg.ID))).Commit()
+		if terr != nil {
+			return fail(etcdErr(op, rec.Name, terr))
+		}
+		if tr.Succeeded {
+			break
+		}
+		// The record changed in between (a removal, another report): read
+		// it again.
 	}
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	ch, err := s.cli.KeepAlive(kctx, lg.ID)
@@ -250,6 +338,10 @@ func (s *Service) Register(ctx context.Context, rec NodeRecord, ttl time.Duratio
 	}()
 	return r, nil
 }
+
+// testHookRegister, if set (tests), runs in Register between reading the
+// record and writing it.
+var testHookRegister func()
 
 // Lost is closed when the heartbeat ends (Close, or the lease expired
 // because etcd could not be reached in time).
