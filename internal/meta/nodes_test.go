@@ -312,3 +312,56 @@ func TestRevocationListPrefix(t *testing.T) {
 		t.Fatalf("RevocationList: %v %v", names, err)
 	}
 }
+
+// A record of format 2 lists its certificates' serials: removing the node
+// revokes those and not its name. A record of format 1 (no format, no
+// serials: written before cairn recorded them) has its name revoked, as
+// format 1 did.
+func TestRemoveNodeRevokesSerials(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	if err := s.PutNode(ctx, meta.NodeRecord{Name: "new", Role: "device", Serials: []string{"abc"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddNodeSerial(ctx, "new", "def"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client().Put(ctx, "/cairn/v1/node/old", `{"name":"old","role":"device","registered":1}`); err != nil {
+		t.Fatal(err)
+	}
+	// An hour behind: a serial's revocation compares no clocks.
+	at := time.Now().Add(-time.Hour)
+	for _, n := range []string{"new", "old"} {
+		if err := s.RemoveNode(ctx, n, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names, serials, _, err := s.RevocationList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := names["new"]; ok || len(serials) != 2 || serials["abc"].IsZero() || serials["def"].IsZero() {
+		t.Fatalf("format 2 removal: names %v serials %v", names, serials)
+	}
+	if names["old"].IsZero() {
+		t.Fatalf("format 1 removal did not revoke the name: %v", names)
+	}
+	if err := s.AddNodeSerial(ctx, "new", "fed"); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("a serial for a removed node: %v", err)
+	}
+	// A report keeps the serials.
+	if err := s.PutNode(ctx, meta.NodeRecord{Name: "live", Role: "device", Serials: []string{"123"}}); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := s.Register(ctx, meta.NodeRecord{Name: "live", Role: "device", Addr: "h:1"}, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close(ctx)
+	if err := reg.Update(ctx, meta.NodeRecord{Name: "live", Role: "device", Addr: "h:2"}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Node(ctx, "live"); err != nil || len(st.Serials) != 1 || st.Serials[0] != "123" || st.Format != meta.NodeRecordFormat {
+		t.Fatalf("after reports: %+v %v", st, err)
+	}
+}

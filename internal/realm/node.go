@@ -2,6 +2,7 @@ package realm
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -122,7 +123,10 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		if err != nil {
 			return err
 		}
-		auth := &pki.Authority{CA: ca, Tokens: registeringTokens{TokenStore: tokens, meta: r.Meta, log: r.log}, Addr: addr, Logger: r.log}
+		auth := &pki.Authority{CA: ca, Tokens: registeringTokens{TokenStore: tokens, meta: r.Meta, log: r.log}, Addr: addr, Logger: r.log,
+			Issued: func(ctx context.Context, id pki.NodeIdentity, cert *x509.Certificate) error {
+				return r.Meta.AddNodeSerial(ctx, id.Name, cert.SerialNumber.Text(16))
+			}}
 		join = auth.JoinHandler()
 	} else if !errors.Is(err, cairn.ErrNotFound) {
 		return err
