@@ -152,9 +152,10 @@ func (e *env) serveDav(ctx context.Context, name, listen string, plain bool, hos
 
 // davCertificate returns the certificate the gateway presents and a line
 // telling the user what clients must trust. On the device holding the
-// realm CA it is made now, for this device's identity (so revoking the
-// device revokes it too) with the names clients use as SANs, and kept
-// only in memory; elsewhere it is the device's own.
+// realm CA it is made now, for this device's identity with the names
+// clients use as SANs (its serial recorded with the device, so removing the
+// device revokes it too), and kept only in memory; elsewhere it is the
+// device's own.
 func (e *env) davCertificate(ctx context.Context, r *realm.Realm, listen string, hostnames []string) (tls.Certificate, string, error) {
 	creds, err := r.Credentials(ctx)
 	if err != nil {
@@ -172,6 +173,10 @@ func (e *env) davCertificate(ctx context.Context, r *realm.Realm, listen string,
 	hosts := davHosts(listen, hostnames)
 	gw, err := ca.NewCredentials(creds.Identity, pki.IssueOptions{Hosts: hosts})
 	if err != nil {
+		return tls.Certificate{}, "", err
+	}
+	// Recorded with the device, so that removing it revokes this one too.
+	if err := r.Meta.AddNodeSerial(ctx, creds.Identity.Name, gw.Leaf.SerialNumber.Text(16)); err != nil {
 		return tls.Certificate{}, "", err
 	}
 	note := fmt.Sprintf("certificate: signed by the realm CA (trust %s) for %s", caFile, strings.Join(hosts, ", "))

@@ -164,10 +164,11 @@ It prints "serving NAME on ADDRESS" once ready.`,
 	remove := &cobra.Command{
 		Use:   "remove NAME",
 		Short: "Remove a node from the realm: its certificates are refused everywhere",
-		Long: `Remove a node: its name is revoked in the realm's revocation list (kept in the
-metadata service, so every running node refuses it within moments, also on
-connections already open), and the registry marks it removed. The machine
-can join again only with a new invitation.`,
+		Long: `Remove a node: the certificates the realm issued to it are revoked in the
+realm's revocation list (kept in the metadata service, so every running node
+refuses them within moments, also on connections already open), and the
+registry marks it removed. The machine can join again only with a new
+invitation.`,
 		Args: exactArgs(1, "a node name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]

@@ -4,13 +4,15 @@ package meta
 // has a record at node/<name>; a node that runs (cairn node serve) holds
 // alive/<name> bound to its lease, its heartbeat. A node whose lease lapses
 // is offline; a node removed by its owner keeps its record, marked removed,
-// and its name is revoked under revoked/name/<name> (see revoke.go). Key
+// and its certificates are revoked under revoked/serial/<hex> (revoke.go;
+// a record of format 1 has its name revoked, revoked/name/<name>). Key
 // layout: doc/format.md, "Metadata keys", node registry.
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -20,10 +22,19 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 )
 
+// NodeRecordFormat is the format of node records this cairn writes: 2
+// records the serials of the node's certificates (Serials), and a removal
+// revokes those. A record without a format is of format 1 (no serials
+// recorded at join): its removal revokes the node's name, as format 1 did.
+const NodeRecordFormat = 2
+
 // NodeRecord is a node's entry in the registry, at node/<name>.
 type NodeRecord struct {
-	Name string `json:"name"`
-	Role string `json:"role"` // device, benefactor or surrogate
+	// Format is NodeRecordFormat for a record made by this cairn; 0 reads
+	// as 1 (see NodeRecordFormat).
+	Format int    `json:"format,omitempty"`
+	Name   string `json:"name"`
+	Role   string `json:"role"` // device, benefactor or surrogate
 	// Addr is where the node's chunk service listens (host:port); empty
 	// until it first serves.
 	Addr string `json:"addr,omitempty"`
@@ -49,6 +60,15 @@ type NodeRecord struct {
 	// Lease is the running node's heartbeat lease (ns); it reports every
 	// Lease/3.
 	Lease int64 `json:"lease,omitempty"`
+	// Serials are the serial numbers (hex) of the certificates the realm
+	// CA issued to the node (at join; a WebDAV gateway's own), recorded
+	// when they are issued: RemoveNode revokes exactly these.
+	Serials []string `json:"serials,omitempty"`
+}
+
+// keep carries what a report does not know from the record it replaces.
+func (rec *NodeRecord) keep(old *NodeRecord) {
+	rec.Format, rec.Serials, rec.Registered = old.Format, old.Serials, old.Registered
 }
 
 // Node states, as `cairn devices` shows them.
@@ -69,13 +89,20 @@ func (s *Service) aliveKey(name string) string { return s.key("alive", name) }
 
 // PutNode records a node that joins (or the realm's first device): a fresh
 // record, replacing any earlier one of that name (a removed node invited
-// again under its old name).
+// again under its old name). A record given no Serials is of format 1:
+// its removal revokes the name.
 func (s *Service) PutNode(ctx context.Context, rec NodeRecord) error {
 	if rec.Name == "" {
 		return cairn.E("register node", cairn.Invalid, "", errors.New("no name"))
 	}
 	if rec.Registered == 0 {
 		rec.Registered = time.Now().UnixNano()
+	}
+	// Format 2 only with the serials given: without them a removal must
+	// revoke the name (format 1).
+	rec.Format = 0
+	if len(rec.Serials) > 0 {
+		rec.Format = NodeRecordFormat
 	}
 	b, _ := json.Marshal(rec)
 	ctx, cancel := s.opCtx(ctx)
@@ -84,6 +111,67 @@ func (s *Service) PutNode(ctx context.Context, rec NodeRecord) error {
 		return etcdErr("register node", rec.Name, err)
 	}
 	return nil
+}
+
+// ClaimNode records a node that joins under rec.Name, unless the registry
+// already has a node of that name that is not removed (Kind Exist): of
+// concurrent claims of one name exactly one succeeds (compare-and-swap on
+// the record's revision). A removed node's record is replaced. undo puts
+// back what was there before (nothing, or the removed node's record) if
+// the record is still the one the claim wrote: for a join that fails
+// after its claim. The record is of format 2: the caller records the
+// certificate it issues (AddNodeSerial) before handing it out.
+func (s *Service) ClaimNode(ctx context.Context, rec NodeRecord) (func(context.Context) error, error) {
+	const op = "register node"
+	if rec.Name == "" {
+		return nil, cairn.E(op, cairn.Invalid, "", errors.New("no name"))
+	}
+	if rec.Registered == 0 {
+		rec.Registered = time.Now().UnixNano()
+	}
+	rec.Format = NodeRecordFormat
+	b, _ := json.Marshal(rec)
+	k := s.nodeKey(rec.Name)
+	octx, cancel := s.opCtx(ctx)
+	defer cancel()
+	for {
+		resp, err := s.cli.Get(octx, k)
+		if err != nil {
+			return nil, etcdErr(op, rec.Name, err)
+		}
+		var modRev int64
+		var prev []byte
+		if len(resp.Kvs) > 0 {
+			var old NodeRecord
+			if jerr := json.Unmarshal(resp.Kvs[0].Value, &old); jerr != nil {
+				return nil, cairn.E(op, cairn.Corrupt, rec.Name, jerr)
+			}
+			if old.Removed == 0 {
+				return nil, cairn.E(op, cairn.Exist, rec.Name, fmt.Errorf("the realm already has a %s named %s", old.Role, rec.Name))
+			}
+			modRev, prev = resp.Kvs[0].ModRevision, resp.Kvs[0].Value
+		}
+		tr, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", modRev)).Then(clientv3.OpPut(k, string(b))).Commit()
+		if err != nil {
+			return nil, etcdErr(op, rec.Name, err)
+		}
+		if !tr.Succeeded {
+			continue // claimed or changed in between: look again
+		}
+		mine := tr.Header.Revision
+		return func(ctx context.Context) error {
+			ctx, ucancel := s.opCtx(ctx)
+			defer ucancel()
+			put := clientv3.OpDelete(k)
+			if prev != nil {
+				put = clientv3.OpPut(k, string(prev))
+			}
+			if _, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", mine)).Then(put).Commit(); err != nil {
+				return etcdErr("undo register node", rec.Name, err)
+			}
+			return nil
+		}, nil
+	}
 }
 
 // Node returns one node's record and state; NotFound if there is none.
@@ -153,8 +241,11 @@ func (s *Service) Nodes(ctx context.Context) ([]NodeStatus, error) {
 }
 
 // RemoveNode marks a node removed, ends its liveness key and revokes its
-// name (every certificate issued to it so far), in one transaction. at is
-// the removal time (0: now). NotFound if the registry has no such node.
+// certificates, in one transaction: the serials its record lists (format
+// 2), compared with nothing but themselves; for a record of format 1 (no
+// serials recorded at join), its name as of at, which compares at (this
+// machine's clock) with the issuing CA host's clock. at is the removal
+// time (0: now). NotFound if the registry has no such node.
 func (s *Service) RemoveNode(ctx context.Context, name string, at time.Time) error {
 	if at.IsZero() {
 		at = time.Now()
@@ -170,15 +261,21 @@ func (s *Service) RemoveNode(ctx context.Context, name string, at time.Time) err
 			return cairn.E("remove node", cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
 		}
 		var rec NodeRecord
-		if err = json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
-			return cairn.E("remove node", cairn.Corrupt, name, err)
+		if jerr := json.Unmarshal(resp.Kvs[0].Value, &rec); jerr != nil {
+			return cairn.E("remove node", cairn.Corrupt, name, jerr)
 		}
 		rec.Removed = at.UnixNano()
 		b, _ := json.Marshal(rec)
 		rb, _ := json.Marshal(revocation{At: at.UTC()})
 		k := s.nodeKey(name)
-		tr, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
-			Then(clientv3.OpPut(k, string(b)), clientv3.OpDelete(s.aliveKey(name)), clientv3.OpPut(s.revokedNameKey(name), string(rb))).Commit()
+		ops := []clientv3.Op{clientv3.OpPut(k, string(b)), clientv3.OpDelete(s.aliveKey(name))}
+		for _, serial := range rec.Serials {
+			ops = append(ops, clientv3.OpPut(s.key("revoked", "serial", serial), string(rb)))
+		}
+		if rec.Format < NodeRecordFormat {
+			ops = append(ops, clientv3.OpPut(s.revokedNameKey(name), string(rb)))
+		}
+		tr, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).Then(ops...).Commit()
 		if err != nil {
 			return etcdErr("remove node", name, err)
 		}
@@ -186,6 +283,44 @@ func (s *Service) RemoveNode(ctx context.Context, name string, at time.Time) err
 			return nil
 		}
 		// The node reported in between: apply the removal to its new record.
+	}
+}
+
+// AddNodeSerial records, in node name's record, the serial (hex) of a
+// certificate the realm CA issued to it, so that its removal revokes it.
+// Permission if the node was removed, NotFound if it has no record.
+func (s *Service) AddNodeSerial(ctx context.Context, name, serial string) error {
+	const op = "record certificate"
+	k := s.nodeKey(name)
+	octx, cancel := s.opCtx(ctx)
+	defer cancel()
+	for {
+		resp, err := s.cli.Get(octx, k)
+		if err != nil {
+			return etcdErr(op, name, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return cairn.E(op, cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
+		}
+		var rec NodeRecord
+		if jerr := json.Unmarshal(resp.Kvs[0].Value, &rec); jerr != nil {
+			return cairn.E(op, cairn.Corrupt, name, jerr)
+		}
+		if rec.Removed != 0 {
+			return cairn.E(op, cairn.Permission, name, errors.New("this node was removed from the realm"))
+		}
+		if slices.Contains(rec.Serials, serial) {
+			return nil
+		}
+		rec.Serials = append(rec.Serials, serial)
+		b, _ := json.Marshal(rec)
+		tr, terr := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).Then(clientv3.OpPut(k, string(b))).Commit()
+		if terr != nil {
+			return etcdErr(op, name, terr)
+		}
+		if tr.Succeeded {
+			return nil
+		}
 	}
 }
 
@@ -204,21 +339,13 @@ type Registration struct {
 // Register starts a node's heartbeat: a lease of ttl (at least 1 s), kept
 // alive in the background, holding alive/<name>, and rec written at
 // node/<name> (its Registered time kept from an existing record). It fails
-// with Permission if the node is removed.
+// with Permission if the node is removed. The record is written only if it
+// is still the one read (compare-and-swap on its revision): a removal made
+// in between is never overwritten.
 func (s *Service) Register(ctx context.Context, rec NodeRecord, ttl time.Duration) (*Registration, error) {
 	const op = "register node"
 	if ttl < time.Second {
 		return nil, cairn.E(op, cairn.Invalid, rec.Name, fmt.Errorf("lease %v below 1s", ttl))
-	}
-	old, err := s.Node(ctx, rec.Name)
-	switch {
-	case err == nil && old.Removed != 0:
-		return nil, cairn.E(op, cairn.Permission, rec.Name, errors.New("this node was removed from the realm (join again with a new invitation)"))
-	case err == nil:
-		rec.Registered = old.Registered
-	case errors.Is(err, cairn.ErrNotFound):
-	default:
-		return nil, err
 	}
 	octx, ocancel := s.opCtx(ctx)
 	defer ocancel()
@@ -226,15 +353,55 @@ func (s *Service) Register(ctx context.Context, rec NodeRecord, ttl time.Duratio
 	if err != nil {
 		return nil, etcdErr(op, rec.Name, err)
 	}
-	now := time.Now().UnixNano()
-	if rec.Registered == 0 {
-		rec.Registered = now
+	fail := func(err error) (*Registration, error) {
+		rctx, cancel := s.opCtx(context.WithoutCancel(ctx))
+		defer cancel()
+		_, _ = s.cli.Revoke(rctx, lg.ID)
+		return nil, err
 	}
-	rec.LastSeen, rec.Lease = now, int64(ttl)
-	b, _ := json.Marshal(rec)
-	ab, _ := json.Marshal(map[string]any{"addr": rec.Addr, "since": now})
-	if _, err = s.cli.Txn(octx).Then(clientv3.OpPut(s.nodeKey(rec.Name), string(b)), clientv3.OpPut(s.aliveKey(rec.Name), string(ab), clientv3.WithLease(lg.ID))).Commit(); err != nil {
-		return nil, etcdErr(op, rec.Name, err)
+	k := s.nodeKey(rec.Name)
+	given := rec.Registered
+	var now int64
+	for {
+		resp, gerr := s.cli.Get(octx, k)
+		if gerr != nil {
+			return fail(etcdErr(op, rec.Name, gerr))
+		}
+		var modRev int64 // 0: no record (etcd compares a missing key's revisions as 0)
+		// A record Register makes itself knows no serials: format 1, whose
+		// removal revokes the name.
+		rec.Registered, rec.Format, rec.Serials = given, 0, nil
+		if len(resp.Kvs) > 0 {
+			var old NodeRecord
+			if jerr := json.Unmarshal(resp.Kvs[0].Value, &old); jerr != nil {
+				return fail(cairn.E(op, cairn.Corrupt, rec.Name, jerr))
+			}
+			if old.Removed != 0 {
+				return fail(cairn.E(op, cairn.Permission, rec.Name, errors.New("this node was removed from the realm (join again with a new invitation)")))
+			}
+			rec.keep(&old)
+			modRev = resp.Kvs[0].ModRevision
+		}
+		if testHookRegister != nil {
+			testHookRegister()
+		}
+		now = time.Now().UnixNano()
+		if rec.Registered == 0 {
+			rec.Registered = now
+		}
+		rec.LastSeen, rec.Lease = now, int64(ttl)
+		b, _ := json.Marshal(rec)
+		ab, _ := json.Marshal(map[string]any{"addr": rec.Addr, "since": now})
+		tr, terr := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", modRev)).
+			Then(clientv3.OpPut(k, string(b)), clientv3.OpPut(s.aliveKey(rec.Name), string(ab), clientv3.WithLease(lg.ID))).Commit()
+		if terr != nil {
+			return fail(etcdErr(op, rec.Name, terr))
+		}
+		if tr.Succeeded {
+			break
+		}
+		// The record changed in between (a removal, another report): read
+		// it again.
 	}
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	ch, err := s.cli.KeepAlive(kctx, lg.ID)
@@ -250,6 +417,10 @@ func (s *Service) Register(ctx context.Context, rec NodeRecord, ttl time.Duratio
 	}()
 	return r, nil
 }
+
+// testHookRegister, if set (tests), runs in Register between reading the
+// record and writing it.
+var testHookRegister func()
 
 // Lost is closed when the heartbeat ends (Close, or the lease expired
 // because etcd could not be reached in time).
@@ -278,7 +449,8 @@ func (r *Registration) Update(ctx context.Context, rec NodeRecord) error {
 		if old.Removed != 0 {
 			return cairn.E(op, cairn.Permission, r.name, errors.New("this node was removed from the realm"))
 		}
-		rec.Name, rec.Registered, rec.LastSeen, rec.Lease = r.name, old.Registered, time.Now().UnixNano(), int64(r.ttl)
+		rec.keep(&old)
+		rec.Name, rec.LastSeen, rec.Lease = r.name, time.Now().UnixNano(), int64(r.ttl)
 		b, _ := json.Marshal(rec)
 		k := s.nodeKey(r.name)
 		tr, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).

@@ -3,6 +3,7 @@ package meta_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -214,5 +215,153 @@ func TestRevocationsWatch(t *testing.T) {
 	defer rev2.Close()
 	if revoked, _ := rev2.Revoked(laptop.Leaf); !revoked {
 		t.Fatal("fresh list does not revoke the removed node")
+	}
+}
+
+// A removal made while Register is between reading the node's record and
+// writing it is not overwritten: Register reads again and refuses.
+func TestRegisterRacingRemoval(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	if err := s.PutNode(ctx, meta.NodeRecord{Name: "donor", Role: "benefactor"}); err != nil {
+		t.Fatal(err)
+	}
+	once := false
+	defer meta.SetTestHookRegister(func() {
+		if once {
+			return
+		}
+		once = true
+		if err := s.RemoveNode(ctx, "donor", time.Time{}); err != nil {
+			t.Error(err)
+		}
+	})()
+	reg, err := s.Register(ctx, meta.NodeRecord{Name: "donor", Role: "benefactor", Addr: "h:1"}, 2*time.Second)
+	if !errors.Is(err, cairn.ErrPermission) {
+		if reg != nil {
+			reg.Close(ctx)
+		}
+		t.Fatalf("Register racing a removal: %v, want Permission", err)
+	}
+	st, err := s.Node(ctx, "donor")
+	if err != nil || st.Removed == 0 || st.State != meta.NodeRemoved {
+		t.Fatalf("after the race the record is %+v %v: the removal was lost", st, err)
+	}
+}
+
+// Of concurrent claims of one name exactly one succeeds; a removed node's
+// name can be claimed again, and undo puts the removed record back.
+func TestClaimNode(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	const n = 8
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, err := s.ClaimNode(ctx, meta.NodeRecord{Name: "twin", Role: "device", Addr: fmt.Sprint(i)})
+			errs <- err
+		}()
+	}
+	won := 0
+	for range n {
+		err := <-errs
+		switch {
+		case err == nil:
+			won++
+		case !errors.Is(err, cairn.ErrExist):
+			t.Fatalf("claim: %v", err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d claims of one name succeeded", won)
+	}
+	if err := s.RemoveNode(ctx, "twin", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	undo, err := s.ClaimNode(ctx, meta.NodeRecord{Name: "twin", Role: "benefactor"})
+	if err != nil {
+		t.Fatalf("claim of a removed node's name: %v", err)
+	}
+	if st, _ := s.Node(ctx, "twin"); st.Role != "benefactor" || st.Removed != 0 {
+		t.Fatalf("after the claim: %+v", st)
+	}
+	if err := undo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Node(ctx, "twin"); st.Removed == 0 {
+		t.Fatalf("undo did not put the removed record back: %+v", st)
+	}
+}
+
+// RevocationList reads the list under the service's own prefix.
+func TestRevocationListPrefix(t *testing.T) {
+	ctx := context.Background()
+	s, err := meta.New(etcdtest.New(t), meta.Options{Prefix: "/other/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.PutNode(ctx, meta.NodeRecord{Name: "gone", Role: "device"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveNode(ctx, "gone", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	names, _, _, err := s.RevocationList(ctx)
+	if err != nil || names["gone"].IsZero() {
+		t.Fatalf("RevocationList: %v %v", names, err)
+	}
+}
+
+// A record of format 2 lists its certificates' serials: removing the node
+// revokes those and not its name. A record of format 1 (no format, no
+// serials: written before cairn recorded them) has its name revoked, as
+// format 1 did.
+func TestRemoveNodeRevokesSerials(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	if err := s.PutNode(ctx, meta.NodeRecord{Name: "new", Role: "device", Serials: []string{"abc"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddNodeSerial(ctx, "new", "def"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client().Put(ctx, "/cairn/v1/node/old", `{"name":"old","role":"device","registered":1}`); err != nil {
+		t.Fatal(err)
+	}
+	// An hour behind: a serial's revocation compares no clocks.
+	at := time.Now().Add(-time.Hour)
+	for _, n := range []string{"new", "old"} {
+		if err := s.RemoveNode(ctx, n, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names, serials, _, err := s.RevocationList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := names["new"]; ok || len(serials) != 2 || serials["abc"].IsZero() || serials["def"].IsZero() {
+		t.Fatalf("format 2 removal: names %v serials %v", names, serials)
+	}
+	if names["old"].IsZero() {
+		t.Fatalf("format 1 removal did not revoke the name: %v", names)
+	}
+	if err := s.AddNodeSerial(ctx, "new", "fed"); !errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("a serial for a removed node: %v", err)
+	}
+	// A report keeps the serials.
+	if err := s.PutNode(ctx, meta.NodeRecord{Name: "live", Role: "device", Serials: []string{"123"}}); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := s.Register(ctx, meta.NodeRecord{Name: "live", Role: "device", Addr: "h:1"}, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close(ctx)
+	if err := reg.Update(ctx, meta.NodeRecord{Name: "live", Role: "device", Addr: "h:2"}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Node(ctx, "live"); err != nil || len(st.Serials) != 1 || st.Serials[0] != "123" || st.Format != meta.NodeRecordFormat {
+		t.Fatalf("after reports: %+v %v", st, err)
 	}
 }

@@ -68,26 +68,37 @@ func (s *Service) WatchRevocations(ctx context.Context) (*Revocations, error) {
 	return r, nil
 }
 
-// load reads the whole list and returns the revision it read at.
-func (r *Revocations) load(ctx context.Context) (int64, error) {
-	s := r.s
+// RevocationList reads the realm's whole revocation list: the revoked
+// names and serials (hex), each with its time, and the revision it was
+// read at. The one reader of the revoked/ keys (a registrar hands the list
+// to its nodes; Revocations keeps it current by a watch).
+func (s *Service) RevocationList(ctx context.Context) (names, serials map[string]time.Time, rev int64, err error) {
 	octx, cancel := s.opCtx(ctx)
 	defer cancel()
 	p := s.key("revoked") + "/"
-	resp, err := s.cli.Get(octx, p, clientv3.WithPrefix())
-	if err != nil {
-		return 0, etcdErr("load revocations", "", err)
+	resp, gerr := s.cli.Get(octx, p, clientv3.WithPrefix())
+	if gerr != nil {
+		return nil, nil, 0, etcdErr("load revocations", "", gerr)
 	}
-	names, serials := map[string]time.Time{}, map[string]time.Time{}
+	names, serials = map[string]time.Time{}, map[string]time.Time{}
 	for _, kv := range resp.Kvs {
-		if err := apply(names, serials, strings.TrimPrefix(string(kv.Key), p), kv.Value); err != nil {
-			return 0, err
+		if aerr := apply(names, serials, strings.TrimPrefix(string(kv.Key), p), kv.Value); aerr != nil {
+			return nil, nil, 0, aerr
 		}
+	}
+	return names, serials, resp.Header.Revision, nil
+}
+
+// load reads the whole list and returns the revision it read at.
+func (r *Revocations) load(ctx context.Context) (int64, error) {
+	names, serials, rev, err := r.s.RevocationList(ctx)
+	if err != nil {
+		return 0, err
 	}
 	r.mu.Lock()
 	r.names, r.serials, r.err = names, serials, nil
 	r.mu.Unlock()
-	return resp.Header.Revision, nil
+	return rev, nil
 }
 
 // apply records one key (relative to revoked/); a nil value deletes it.

@@ -35,13 +35,8 @@ func start(t *testing.T, tune func(*Config)) *fixture {
 	if tune != nil {
 		tune(&cfg)
 	}
-	// A test that replaces the revocation source gets it at the handshake
-	// the way the product's nodes do (HandshakeRevocations).
-	var tlsRev pki.Revocations = f.rev
-	if cfg.Revocations != pki.Revocations(f.rev) {
-		tlsRev = HandshakeRevocations(cfg.Revocations)
-	}
-	tlsConf, err := pki.ServerTLS(f.creds(t, "node", pki.Benefactor), pki.TLSOptions{Revocations: tlsRev})
+	// As the product's nodes: revocations are checked per request only.
+	tlsConf, err := ServerTLS(f.creds(t, "node", pki.Benefactor))
 	if err != nil {
 		t.Fatal(err)
 	}

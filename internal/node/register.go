@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"net/http"
 
@@ -52,15 +53,24 @@ func (h *Handler) register(w http.ResponseWriter, r *http.Request, peer pki.Node
 	h.reply(w, wire.TypeJSON, b)
 }
 
+// ServerTLS returns the TLS configuration of a node's server
+// (pki.ServerTLS): it refuses no realm certificate for being revoked at the
+// handshake. The chunk service checks the revocation list on every request
+// instead and answers a revoked client with 403 (Kind Permission) over the
+// finished, mutually authenticated connection. A TLS alert comes from a
+// peer nobody has authenticated yet (anyone on the path, a stranger at a
+// stale address can send one), so clients never take one for "you were
+// removed"; a 403 from a node they have verified they may. A revoked
+// client gains nothing by finishing the handshake: only GET /health and
+// the join exchange, open to anyone, answer it.
+func ServerTLS(c *pki.Credentials) (*tls.Config, error) {
+	return pki.ServerTLS(c, pki.TLSOptions{Revocations: pki.NoRevocations{}})
+}
+
 // HandshakeRevocations is the revocation source for the TLS configuration
-// of a node's server (pki.ServerTLS) whose chunk service checks rev on
-// every request: it refuses at the handshake only a certificate that rev
-// says is revoked, and lets the handshake through while rev cannot answer
-// (not loaded yet, its source lost). The request is then refused all the
-// same, by the chunk service, with 503 (Kind Unavailable) instead of a TLS
-// alert: the client can tell "you are revoked" (which a TLS alert then
-// always means) from "try again later". Only GET /health and the join
-// exchange, open to anyone without a certificate, are reachable meanwhile.
+// of a standalone node dialing its registrar (pki.ClientTLS): it refuses a
+// registrar that rev says is revoked, and lets the handshake through while
+// rev cannot answer (not received yet): the registrar's reply brings it.
 func HandshakeRevocations(rev pki.Revocations) pki.Revocations {
 	return handshakeRevocations{rev}
 }

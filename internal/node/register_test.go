@@ -126,9 +126,12 @@ func (failingRevocations) Revoked(*x509.Certificate) (bool, error) {
 	return true, cairn.E("watch revocations", cairn.Unavailable, "", errors.New("lost the metadata service"))
 }
 
-// While the revocation list cannot be trusted, the handshake goes through
-// (HandshakeRevocations) and every request is refused with 503: an outage,
-// not a removal. A revoked certificate is still refused at the handshake.
+// While the revocation list cannot be trusted, every request is refused
+// with 503: an outage, not a removal. A revoked certificate finishes the
+// handshake (ServerTLS) and is refused with an authenticated 403; a
+// standalone node dialing a registrar (HandshakeRevocations) refuses a
+// revoked one at the handshake, and lets one through while its list is
+// unknown.
 func TestRevocationsUnavailable(t *testing.T) {
 	f := start(t, func(c *Config) { c.Revocations = failingRevocations{}; c.Registrar = &fakeRegistrar{} })
 	dev := f.client(t, f.creds(t, "laptop", pki.Device))
@@ -156,9 +159,10 @@ func TestRevocationsUnavailable(t *testing.T) {
 	if ok, err := HandshakeRevocations(failingRevocations{}).Revoked(gone.Leaf); ok || err != nil {
 		t.Fatalf("unanswerable list at the handshake: %v %v", ok, err)
 	}
-	// The revoked device is refused before any request.
+	// The revoked device finishes the handshake and is refused, 403.
 	g := start(t, func(c *Config) { c.Revocations = rev })
-	if _, err := g.try(g.client(t, gone), "GET", wire.PathStats, nil); err == nil || !strings.Contains(err.Error(), "certificate") {
-		t.Fatalf("revoked device: %v", err)
+	r, err := g.try(g.client(t, g.creds(t, "gone", pki.Device)), "GET", wire.PathStats, nil)
+	if err != nil || r.status != http.StatusForbidden || !errors.Is(r.err(), cairn.ErrPermission) || !strings.Contains(r.err().Error(), "revoked") {
+		t.Fatalf("revoked device: %+v %v", r, err)
 	}
 }

@@ -54,6 +54,11 @@ type Authority struct {
 	// endpoint; it goes into every token.
 	Addr   string
 	Logger *slog.Logger // nil discards
+	// Issued, if set, is called with each certificate Redeem issues,
+	// before the joiner gets it (the realm records its serial, so that a
+	// removal revokes exactly the node's certificates): if it fails, so
+	// does the join.
+	Issued func(ctx context.Context, id NodeIdentity, cert *x509.Certificate) error
 
 	now func() time.Time // tests
 }
@@ -269,6 +274,11 @@ func (a *Authority) Redeem(ctx context.Context, req JoinRequest) (*JoinResponse,
 	cert, err := a.CA.Issue(csr.PublicKey, id, o)
 	if err != nil {
 		return nil, err
+	}
+	if a.Issued != nil {
+		if err := a.Issued(ctx, id, cert); err != nil {
+			return nil, err
+		}
 	}
 	resp := &JoinResponse{Format: joinFormat, Cert: cert.Raw, CA: a.CA.Cert.Raw, Payload: rec.Payload}
 	resp.MAC = responseMAC(rec.MACKey, req.Token, resp)

@@ -32,8 +32,8 @@ const cacheDir = "cache"
 // where they were written (ZZFS §3.2), or the node the realm was opened to
 // write to (Options.Target). Reads try this device's store, then the chunk
 // cache, which fetches what it lacks from the nodes that hold it (the
-// target among them): those the version names first (store.Sources),
-// nearest and fastest first, then any other online node.
+// target among them): only those the version names (store.Sources),
+// nearest and fastest first (see router.order).
 type deviceStore struct {
 	local  cairn.Store
 	target cairn.Store // == local unless writing to another node
@@ -279,9 +279,9 @@ func (rt *router) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 		if ctx.Err() != nil {
 			return nil, store.CtxErr(ctx, "get", id.String())
 		}
-		if errors.Is(err, cairn.ErrPermission) {
-			return nil, err // this device was removed: no other node will answer either
-		}
+		// Any other error, Permission included (one node's word, maybe
+		// on a stale list: this device learns it was removed from its
+		// revocation watch), moves on to the next node.
 		notFound := errors.Is(err, cairn.ErrNotFound)
 		if !notFound {
 			unavailable = true
@@ -326,12 +326,17 @@ func (rt *router) observe(p *peer, d time.Duration, err error) {
 	}
 }
 
-// order returns the online nodes to read from: those named by the version
-// (hint) first, then every other online node other than this device; each
-// group nearest first (smallest measured round trip, nodes never measured
-// probed now), then by reported serving rate; nodes that failed recently
-// last. skipped names hinted nodes that are offline, "NAME (offline)", and
-// hinted stores that could not be opened, "NAME (why)".
+// order returns what to read from: the registered stores and placement
+// wrappers the version names (hint), in its order, then the online nodes it
+// names, nearest first (smallest measured round trip, nodes never measured
+// probed now), then by reported serving rate, nodes that failed recently
+// last. No other node is asked: a request tells its node what this device
+// reads (and under which name), and each miss costs a round trip. Only
+// when the hint names no node or store but this device (a version written
+// before versions named nodes says "local", or none at all) are the
+// realm's other online devices asked, never a benefactor or surrogate.
+// skipped names hinted nodes that are offline, "NAME (offline)", and hinted
+// stores that could not be opened, "NAME (why)".
 func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skipped []string, err error) {
 	nodes, err := rt.registry(ctx)
 	if err != nil {
@@ -342,14 +347,46 @@ func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skip
 	for _, n := range hint {
 		hinted[n] = true
 	}
+	isNode := func(name string) bool {
+		return slices.ContainsFunc(nodes, func(n meta.NodeStatus) bool { return n.Name == name })
+	}
+	named := false // the hint names a node or store other than this device
+	// Hinted names that are no node: registered stores (cloud buckets,
+	// directories), read first, in the version's order.
+	var stores []*peer
+	for _, name := range hint {
+		if name == self {
+			continue
+		}
+		if isNode(name) {
+			named = true
+			continue
+		}
+		p, err := rt.storePeer(ctx, name)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, nil, ctx.Err()
+			}
+			rt.r.log.Warn("opening a store the version names", "store", name, "err", err)
+			skipped = append(skipped, name+" ("+err.Error()+")")
+			named = true
+			continue
+		}
+		if p != nil {
+			stores = append(stores, p)
+			named = true
+		}
+	}
 	type cand struct {
-		p      *peer
-		hinted bool
-		rate   float64
+		p    *peer
+		rate float64
 	}
 	var cs []cand
 	for _, n := range nodes {
 		if n.Name == self || n.Removed != 0 {
+			continue
+		}
+		if !hinted[n.Name] && (named || n.Role != string(pki.Device)) {
 			continue
 		}
 		if n.State != meta.NodeOnline || n.Addr == "" {
@@ -362,7 +399,7 @@ func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skip
 		if err != nil {
 			return nil, nil, err
 		}
-		cs = append(cs, cand{p: p, hinted: hinted[n.Name], rate: n.Rate})
+		cs = append(cs, cand{p: p, rate: n.Rate})
 	}
 	ps := make([]*peer, len(cs))
 	for i, c := range cs {
@@ -372,12 +409,6 @@ func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skip
 	now := time.Now()
 	rt.mu.Lock()
 	slices.SortStableFunc(cs, func(a, b cand) int {
-		if a.hinted != b.hinted {
-			if a.hinted {
-				return -1
-			}
-			return 1
-		}
 		if da, db := now.Before(a.p.downUntil), now.Before(b.p.downUntil); da != db {
 			if db {
 				return -1
@@ -399,26 +430,6 @@ func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skip
 	rt.mu.Unlock()
 	for _, c := range cs {
 		cands = append(cands, c.p)
-	}
-	// Hinted names that are no node: registered stores (cloud buckets,
-	// directories), read first, in the version's order.
-	var stores []*peer
-	for _, name := range hint {
-		if slices.ContainsFunc(nodes, func(n meta.NodeStatus) bool { return n.Name == name }) || name == self {
-			continue
-		}
-		p, err := rt.storePeer(ctx, name)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, nil, ctx.Err()
-			}
-			rt.r.log.Warn("opening a store the version names", "store", name, "err", err)
-			skipped = append(skipped, name+" ("+err.Error()+")")
-			continue
-		}
-		if p != nil {
-			stores = append(stores, p)
-		}
 	}
 	return append(stores, cands...), skipped, nil
 }

@@ -2,8 +2,10 @@ package realm
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -121,7 +123,10 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		if oerr != nil {
 			return oerr
 		}
-		auth := &pki.Authority{CA: ca, Tokens: registeringTokens{TokenStore: tokens, meta: r.Meta}, Addr: addr, Logger: r.log}
+		auth := &pki.Authority{CA: ca, Tokens: registeringTokens{TokenStore: tokens, meta: r.Meta, log: r.log}, Addr: addr, Logger: r.log,
+			Issued: func(ctx context.Context, id pki.NodeIdentity, cert *x509.Certificate) error {
+				return r.Meta.AddNodeSerial(ctx, id.Name, cert.SerialNumber.Text(16))
+			}}
 		join = auth.JoinHandler()
 	} else if !errors.Is(lerr, cairn.ErrNotFound) {
 		return lerr
@@ -129,7 +134,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	// The chunk service checks rev on every request; the handshake refuses
 	// only what rev says is revoked, so that a peer can tell a removal
 	// from a list that cannot be trusted for the moment (503).
-	tlsConf, err := pki.ServerTLS(creds, pki.TLSOptions{Revocations: node.HandshakeRevocations(rev)})
+	tlsConf, err := node.ServerTLS(creds)
 	if err != nil {
 		return err
 	}
@@ -325,22 +330,31 @@ func (m *meteredStore) rate(now time.Time) float64 {
 type registeringTokens struct {
 	pki.TokenStore
 	meta *meta.Service
+	log  *slog.Logger
 }
 
 func (t registeringTokens) Redeem(ctx context.Context, id, usedBy string, now time.Time) (pki.TokenRecord, error) {
 	// A joiner that proposes its own name must not take a member's: its
-	// certificate would carry that node's identity. Checked before the
-	// token is used, so the joiner can try again with another name.
-	if st, err := t.meta.Node(ctx, usedBy); err == nil && st.Removed == 0 {
-		return pki.TokenRecord{}, cairn.E("join", cairn.Exist, usedBy, fmt.Errorf("the realm already has a %s named %s: join with another --name", st.Role, usedBy))
-	} else if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+	// certificate would carry that node's identity. The name is claimed
+	// (one transaction: of two joiners asking for it, one gets it) before
+	// the token is used, so the joiner can try again with another name;
+	// the claim is undone if the token cannot be used.
+	tok, err := t.TokenStore.Get(ctx, id)
+	if err != nil {
+		return pki.TokenRecord{}, err
+	}
+	undo, err := t.meta.ClaimNode(ctx, meta.NodeRecord{Name: usedBy, Role: string(tok.Role), Registered: now.UnixNano()})
+	if err != nil {
+		if errors.Is(err, cairn.ErrExist) {
+			return pki.TokenRecord{}, cairn.E("join", cairn.Exist, usedBy, fmt.Errorf("%w: join with another --name", err))
+		}
 		return pki.TokenRecord{}, err
 	}
 	rec, err := t.TokenStore.Redeem(ctx, id, usedBy, now)
 	if err != nil {
-		return rec, err
-	}
-	if err := t.meta.PutNode(ctx, meta.NodeRecord{Name: usedBy, Role: string(rec.Role), Registered: now.UnixNano()}); err != nil {
+		if uerr := undo(context.WithoutCancel(ctx)); uerr != nil {
+			t.log.Warn("join: give back a claimed name", "node", usedBy, "err", uerr)
+		}
 		return rec, err
 	}
 	return rec, nil

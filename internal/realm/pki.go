@@ -91,7 +91,7 @@ func (r *Realm) createCA(ctx context.Context, name string) (*pki.CA, error) {
 	if err := creds.Save(CredentialsDir(r.Home)); err != nil {
 		return nil, err
 	}
-	if err := r.Meta.PutNode(ctx, meta.NodeRecord{Name: name, Role: string(pki.Device)}); err != nil {
+	if err := r.Meta.PutNode(ctx, meta.NodeRecord{Name: name, Role: string(pki.Device), Serials: []string{creds.Leaf.SerialNumber.Text(16)}}); err != nil {
 		return nil, err
 	}
 	return ca, nil

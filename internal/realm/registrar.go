@@ -2,15 +2,11 @@ package realm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
@@ -259,36 +255,11 @@ func (g *registrar) reply(ctx context.Context, lease time.Duration) (wire.Regist
 }
 
 // readRevocations reads the realm's whole revocation list from the
-// metadata: the revoked/name/<name> and revoked/serial/<hex> keys, each
-// {"at": RFC 3339} (doc/format.md, "Metadata keys"). meta keeps the same
-// list current by a watch (meta.Revocations) but does not hand it out.
+// metadata (meta.RevocationList).
 func readRevocations(ctx context.Context, m *meta.Service) (wire.Revocations, error) {
-	const op = "read revocations"
-	rev := wire.Revocations{Names: map[string]time.Time{}, Serials: map[string]time.Time{}}
-	p := fmt.Sprintf("/cairn/v%d/revoked/", meta.FormatVersion) // meta's default prefix, which a realm uses
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	resp, err := m.Client().Get(ctx, p, clientv3.WithPrefix())
+	names, serials, _, err := m.RevocationList(ctx)
 	if err != nil {
-		return rev, cairn.E(op, cairn.Unavailable, "", fmt.Errorf("metadata service (etcd): %w", err))
+		return wire.Revocations{}, err
 	}
-	for _, kv := range resp.Kvs {
-		kind, id, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), p), "/")
-		if !ok {
-			continue
-		}
-		var v struct {
-			At time.Time `json:"at"`
-		}
-		if err := json.Unmarshal(kv.Value, &v); err != nil {
-			return rev, cairn.E(op, cairn.Corrupt, string(kv.Key), err)
-		}
-		switch kind {
-		case "name":
-			rev.Names[id] = v.At
-		case "serial":
-			rev.Serials[id] = v.At
-		}
-	}
-	return rev, nil
+	return wire.Revocations{Names: names, Serials: serials}, nil
 }

@@ -224,7 +224,7 @@ func TestBenefactorRegistersThroughADevice(t *testing.T) {
 	}
 	for {
 		// Kept in the home just after it is applied.
-		if st, err = loadRegistrarState(home); err == nil && !st.Revoked.Names["laptop"].IsZero() {
+		if st, err = loadRegistrarState(home); err == nil && !st.Revoked.Serials[leafOf(t, laptop).SerialNumber.Text(16)].IsZero() {
 			break
 		}
 		if time.Now().After(deadline) {

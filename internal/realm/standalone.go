@@ -171,7 +171,7 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 	if err = wire.CheckAddr(addr); err != nil {
 		return cairn.E(op, cairn.Invalid, addr, err)
 	}
-	tlsConf, err := pki.ServerTLS(creds, pki.TLSOptions{Revocations: node.HandshakeRevocations(rev)})
+	tlsConf, err := node.ServerTLS(creds)
 	if err != nil {
 		return err
 	}
@@ -293,7 +293,7 @@ func (l *learnedRevocations) Revoked(cert *x509.Certificate) (bool, error) {
 type heartbeat struct {
 	home       string
 	rev        *learnedRevocations
-	tlsConf    *tls.Config
+	leaf       *x509.Certificate // this node's certificate
 	tr         *http.Transport
 	client     *http.Client
 	timeout    time.Duration
@@ -322,7 +322,7 @@ func newHeartbeat(home string, creds *pki.Credentials, rev *learnedRevocations, 
 		HTTP2:                  &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 10 * time.Second},
 	}
 	return &heartbeat{
-		home: home, rev: rev, tlsConf: tlsConf, tr: tr, client: &http.Client{Transport: tr},
+		home: home, rev: rev, leaf: creds.Leaf, tr: tr, client: &http.Client{Transport: tr},
 		timeout: max(lease/2, 2*time.Second), configured: configured, log: log,
 		state: state, order: dedup(configured),
 	}, nil
@@ -344,7 +344,9 @@ func dedup(lists ...[]string) []string {
 
 // round sends rep to the registrars in turn until one takes it, and
 // returns that one's address. Kind Permission if a registrar refused this
-// node (it was removed); Unavailable if none could be reached.
+// node in an answer (403 over a connection this node verified) or its
+// revocation list names this node: it was removed; Unavailable if none
+// took the report (an error from one registrar moves on to the next).
 func (h *heartbeat) round(ctx context.Context, rep wire.Report) (string, error) {
 	var errs []error
 	for _, a := range h.order {
@@ -353,6 +355,11 @@ func (h *heartbeat) round(ctx context.Context, rep wire.Report) (string, error) 
 		cancel()
 		if err == nil {
 			h.learn(a, reply)
+			// The list a verified registrar sent names this node:
+			// removed (its own revocation watch).
+			if revoked, rerr := h.rev.Revoked(h.leaf); rerr == nil && revoked {
+				return "", cairn.E("node report", cairn.Permission, a, errors.New("the realm's revocation list names this node's certificate"))
+			}
 			return a, nil
 		}
 		if ctx.Err() != nil {
@@ -424,65 +431,20 @@ func (h *heartbeat) report(ctx context.Context, addr string, rep wire.Report) (w
 	return r, nil
 }
 
-// transportErr classifies a failure to get a reply. Only a registrar that
-// refuses this node's certificate (a TLS alert: it is revoked; a registrar
-// whose list cannot be trusted lets the handshake through and answers
-// 503, node.HandshakeRevocations) gives Kind Permission; this node
-// refusing the registrar (not a device of the realm, or revoked) and
-// anything else give Unavailable: try another.
+// transportErr classifies a failure to get a reply: always Unavailable
+// (try another registrar). A TLS alert is no refusal of this node: before
+// the handshake ends nobody is authenticated, and anyone on the path, or a
+// stranger at a stale address, can send one. Registrars finish the
+// handshake with a revoked node and refuse it with a 403 (node.ServerTLS),
+// which report turns into Kind Permission.
 func (h *heartbeat) transportErr(ctx context.Context, addr string, err error) error {
 	const op = "node report"
 	if ctx.Err() != nil {
 		return cairn.E(op, cairn.Unavailable, addr, ctx.Err())
 	}
-	if refusedByPeer(err) {
-		return cairn.E(op, cairn.Permission, addr, err)
-	}
 	var verify *tls.CertificateVerificationError
 	if cairn.KindOf(err) == cairn.Permission || errors.As(err, &verify) {
 		return cairn.E(op, cairn.Unavailable, addr, fmt.Errorf("not a registrar of this realm: %w", err))
 	}
-	var oe *net.OpError
-	if !errors.As(err, &oe) || oe.Op != "dial" {
-		// A connection was made and then failed. In TLS 1.3 a server
-		// refuses a client certificate only after the client has
-		// finished its handshake, so HTTP/2 may report a refusal as a
-		// broken connection: ask once more, by hand.
-		if perr := h.probe(ctx, addr); perr != nil {
-			return cairn.E(op, cairn.Permission, addr, perr)
-		}
-	}
 	return cairn.E(op, cairn.Unavailable, addr, err)
-}
-
-// refusedByPeer reports whether err is a TLS alert the peer sent.
-func refusedByPeer(err error) bool {
-	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "remote error"
-}
-
-// probe makes one TLS connection to addr and reads from it briefly: it
-// returns the refusal if the registrar refuses this node's certificate,
-// nil otherwise.
-func (h *heartbeat) probe(ctx context.Context, addr string) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil
-	}
-	defer raw.Close()
-	conn := tls.Client(raw, h.tlsConf.Clone())
-	if err := conn.HandshakeContext(ctx); err != nil {
-		if refusedByPeer(err) {
-			return err
-		}
-		return nil
-	}
-	dl, _ := ctx.Deadline()
-	_ = conn.SetReadDeadline(dl)
-	if _, err := conn.Read(make([]byte, 1)); err != nil && refusedByPeer(err) {
-		return err
-	}
-	return nil
 }

@@ -91,12 +91,12 @@ func TestRefusals(t *testing.T) {
 	}
 	oc, _ := other.NewCredentials(pki.NodeIdentity{Realm: "r1", Name: "laptop", Role: pki.Device}, pki.IssueOptions{})
 	foreign := r.clientAs(t, addr, oc, "node")
-	check("other CA", foreign, cairn.Permission, "")
+	check("other CA", foreign, cairn.Unavailable, "")
 	foreign.Close()
 
 	// The wrong node answers.
 	wrong := r.client(t, addr, "laptop", "elsewhere")
-	check("wrong node", wrong, cairn.Permission, "expected node elsewhere")
+	check("wrong node", wrong, cairn.Unavailable, "expected node elsewhere")
 	wrong.Close()
 
 	// Surrogate and benefactor certificates open nothing.
@@ -129,13 +129,14 @@ func TestRefusals(t *testing.T) {
 		t.Fatalf("the object is gone after refused deletes: %v", err)
 	}
 
-	// Revoked: refused at once on the open connection, and on a new one.
+	// Revoked: refused at once on the open connection, and on a new one,
+	// by an answer of the verified node (not a TLS alert).
 	if err := r.rev.RevokeName("laptop"); err != nil {
 		t.Fatal(err)
 	}
 	check("revoked, open connection", dev, cairn.Permission, "revoked")
 	dev.tr.CloseIdleConnections()
-	check("revoked, new connection", dev, cairn.Permission, "")
+	check("revoked, new connection", dev, cairn.Permission, "revoked")
 
 	// Nobody listening.
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -301,5 +302,26 @@ func TestClosed(t *testing.T) {
 	}
 	if _, err := New(Options{Addr: "nohost", TLS: nil}); !errors.Is(err, cairn.ErrInvalid) {
 		t.Fatalf("New with a bad address: %v", err)
+	}
+}
+
+// A peer that answers every ClientHello with a forged TLS alert (what
+// anyone on the path, or a stranger at a stale address, can send) makes a
+// call fail with Unavailable, never Permission: only the verified node
+// says that a client is not admitted.
+func TestForgedAlertIsNotARefusal(t *testing.T) {
+	r := newRealm(t)
+	addr := ForgedAlertPeer(t)
+	s := r.client(t, addr, "laptop", "node")
+	defer s.Close()
+	id, data := storetest.Blob(1, 1000)
+	if _, err := s.Get(bg, id); !errors.Is(err, cairn.ErrUnavailable) || errors.Is(err, cairn.ErrPermission) {
+		t.Fatalf("Get from a forged alert: %v, want Unavailable", err)
+	}
+	if err := s.Put(bg, id, data); !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("Put to a forged alert: %v, want Unavailable", err)
+	}
+	if _, err := s.Has(bg, []cairn.ID{id}); !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("Has to a forged alert: %v, want Unavailable", err)
 	}
 }

@@ -49,7 +49,7 @@ func (r *realm) serve(t testing.TB, name string, st cairn.Store) string {
 // receives.
 func (r *realm) serveWith(t testing.TB, name string, st cairn.Store, wrap func(http.Handler) http.Handler) (string, *countingListener) {
 	t.Helper()
-	tlsConf, err := pki.ServerTLS(r.creds(t, name, pki.Device), pki.TLSOptions{Revocations: r.rev})
+	tlsConf, err := node.ServerTLS(r.creds(t, name, pki.Device))
 	if err != nil {
 		t.Fatal(err)
 	}

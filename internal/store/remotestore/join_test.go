@@ -24,7 +24,7 @@ func TestJoinThenUseNode(t *testing.T) {
 	tokens := pki.NewTokenList()
 	auth := &pki.Authority{CA: r.ca, Tokens: tokens}
 	home := r.creds(t, "home", pki.Device)
-	tlsConf, err := pki.ServerTLS(home, pki.TLSOptions{Revocations: r.rev})
+	tlsConf, err := node.ServerTLS(home)
 	if err != nil {
 		t.Fatal(err)
 	}

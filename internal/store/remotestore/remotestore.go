@@ -13,9 +13,11 @@
 // missing (put.go; Options.SendAlways turns this off).
 //
 // Errors keep the Kind the node gave them (errors.Is(err, cairn.ErrNotFound)
-// for a missing object); a node that cannot be reached gives Kind
-// Unavailable; a node or client refused during the TLS handshake gives Kind
-// Permission; a canceled context gives Kind Canceled. Get verifies that what
+// for a missing object; Permission for a node's 401 or 403: this client
+// is not admitted, which only the verified node can say); a node that
+// cannot be reached, or a handshake that fails either way (a TLS alert is
+// not authenticated: anyone can send one), gives Kind Unavailable; a
+// canceled context gives Kind Canceled. Get verifies that what
 // it received hashes to the ID it asked for (Kind Corrupt otherwise): a node
 // may lie, the client does not believe it.
 package remotestore
@@ -243,75 +245,30 @@ func (s *Store) wrap(op, path string, err error) error {
 	return cairn.E("remote "+op, cairn.KindOf(err), path, err)
 }
 
-// transportErr classifies a failure to get a response.
+// transportErr classifies a failure to get a response: Kind Canceled if
+// ctx ended, else Unavailable. A TLS alert, or a peer whose certificate is
+// not the node's (another CA, another name, revoked), comes from a peer
+// nobody has authenticated: a stale address, anyone on the path. It never
+// means that this client was removed (only an answer of the verified node
+// says so: 403, Kind Permission); the caller tries another node.
 func (s *Store) transportErr(ctx context.Context, op, path string, err error) error {
 	if ctx.Err() != nil {
 		return cairn.E(op, cairn.Canceled, path, ctx.Err())
 	}
-	if k := cairn.KindOf(err); k != cairn.Other {
-		return s.wrap(op, path, err) // from pki's VerifyConnection
-	}
-	var oe *net.OpError
-	if errors.As(err, &oe) && oe.Op == "remote error" {
-		// The node sent a TLS alert: it refused our certificate.
-		return cairn.E("remote "+op, cairn.Permission, s.o.Addr, err)
-	}
 	var (
+		oe      *net.OpError
 		alert   tls.AlertError
 		unknown x509.UnknownAuthorityError
 		invalid x509.CertificateInvalidError
 		verify  *tls.CertificateVerificationError
 	)
-	if errors.As(err, &alert) || errors.As(err, &unknown) || errors.As(err, &invalid) || errors.As(err, &verify) {
-		return cairn.E("remote "+op, cairn.Permission, s.o.Addr, err)
-	}
-	if !errors.As(err, &oe) || oe.Op != "dial" {
-		// A connection was made and then failed. In TLS 1.3 a server
-		// refuses a client certificate only after the client thinks the
-		// handshake is done, so HTTP/2 may report a refusal as a broken
-		// connection: ask once more, by hand, to tell the two apart.
-		if perr := s.probe(ctx); perr != nil {
-			return cairn.E("remote "+op, cairn.Permission, s.o.Addr, perr)
-		}
+	switch {
+	case errors.As(err, &oe) && oe.Op == "remote error":
+		err = fmt.Errorf("the peer refused the TLS handshake (not taken for a removal: it is not authenticated): %w", err)
+	case cairn.KindOf(err) != cairn.Other || errors.As(err, &alert) || errors.As(err, &unknown) || errors.As(err, &invalid) || errors.As(err, &verify):
+		err = fmt.Errorf("the peer failed this client's checks of the node: %w", err)
 	}
 	return cairn.E("remote "+op, cairn.Unavailable, s.o.Addr, err)
-}
-
-// probe makes one TLS connection to the node and reads from it briefly. It
-// returns the refusal if the node refuses this client (a TLS alert, or our
-// own verification of the node failing), nil otherwise.
-func (s *Store) probe(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	raw, err := s.o.DialContext(ctx, "tcp", s.o.Addr)
-	if err != nil {
-		return nil
-	}
-	defer raw.Close()
-	conn := tls.Client(raw, s.o.TLS.Clone())
-	refused := func(err error) error {
-		var oe *net.OpError
-		if errors.As(err, &oe) && oe.Op == "remote error" {
-			return err
-		}
-		if cairn.KindOf(err) == cairn.Permission {
-			return err
-		}
-		var verify *tls.CertificateVerificationError
-		if errors.As(err, &verify) {
-			return err
-		}
-		return nil
-	}
-	if err := conn.HandshakeContext(ctx); err != nil {
-		return refused(err)
-	}
-	dl, _ := ctx.Deadline()
-	_ = conn.SetReadDeadline(dl)
-	if _, err := conn.Read(make([]byte, 1)); err != nil {
-		return refused(err)
-	}
-	return nil
 }
 
 // readBody reads a response body of at most max bytes.
