@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,5 +68,50 @@ func TestLsFlagsAndVersion(t *testing.T) {
 	json.Unmarshal([]byte(r.ok("fsck", "--json")), &fsck)
 	if n, _ := fsck["chunks_checked"].(float64); st.Chunks == 0 || int(n) != st.Chunks {
 		t.Fatalf("fsck checked %v chunks, stats counts %d", fsck["chunks_checked"], st.Chunks)
+	}
+}
+
+// TestFailedJoinLeavesNoHome: a join that fails before anything was
+// written (here: the token was used already) removes the home directories
+// it made, and only those.
+func TestFailedJoinLeavesNoHome(t *testing.T) {
+	r := newRealm(t)
+	r.serve("2s")
+	tok := strings.TrimSpace(r.ok("invite", "--role", "benefactor"))
+	joiner(t).ok("join", tok, "--name", "giver")
+	parent := t.TempDir()
+	home := filepath.Join(parent, "a", "b", "home")
+	res := r.runEnv([]string{"CAIRN_HOME=" + home}, "join", tok, "--name", "giver2")
+	if res.code == 0 {
+		t.Fatalf("join with no node serving succeeded:\n%s", res.stdout)
+	}
+	if _, err := os.Stat(filepath.Join(parent, "a")); !os.IsNotExist(err) {
+		t.Fatalf("a failed join left %s behind (stat: %v); stderr: %s", filepath.Join(parent, "a"), err, res.stderr)
+	}
+	if _, err := os.Stat(parent); err != nil {
+		t.Fatalf("the join removed a directory it did not make: %v", err)
+	}
+}
+
+// TestServeNamesTheListener: a port in use makes 'node serve' fail naming
+// the listener it was for: the chunk service or the metadata gateway.
+func TestServeNamesTheListener(t *testing.T) {
+	r := newRealm(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	busy := ln.Addr().String()
+	res := r.run("node", "serve", "--listen", busy)
+	if res.code == 0 || !strings.Contains(res.stderr, "chunk service") || !strings.Contains(res.stderr, busy) {
+		t.Fatalf("serve on a busy port: exit %d, stderr %s", res.code, res.stderr)
+	}
+	res = r.run("node", "serve", "--listen", "127.0.0.1:0", "--gateway-listen", busy)
+	if res.code == 0 || !strings.Contains(res.stderr, "metadata gateway") || !strings.Contains(res.stderr, busy) {
+		t.Fatalf("gateway on a busy port: exit %d, stderr %s", res.code, res.stderr)
+	}
+	if help := r.ok("node", "serve", "--help"); !strings.Contains(help, "--gateway-listen") || !strings.Contains(help, "port + 1") {
+		t.Fatalf("node serve --help says nothing of the gateway's port:\n%s", help)
 	}
 }
