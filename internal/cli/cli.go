@@ -99,6 +99,9 @@ type env struct {
 	realm          *realm.Realm
 	pass           []byte // the passphrase once read (for a background drainer)
 	cmdPath        string // the command run ("cairn put", ...)
+	// readPassword, if set, reads a passphrase instead of the terminal
+	// (tests).
+	readPassword func() ([]byte, error)
 }
 
 // Main runs the command line and returns the process exit code.
@@ -151,6 +154,7 @@ lease, default 15s: how long a crashed writer can block others),
 CAIRN_CHUNK_CACHE (bound of the cache of chunks read from other nodes, e.g.
 512MiB or 4GiB; default 1GiB), CAIRN_NO_AUTODRAIN=1 (no background drainer of
 the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
+		Version:       VersionString(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
@@ -187,6 +191,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 			}
 		},
 	}
+	root.SetVersionTemplate("cairn {{.Version}}\n")
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -283,38 +288,80 @@ func parseSize(s string) (int64, error) {
 	return n << sh, nil
 }
 
-// passphrase reads CAIRN_PASSPHRASE or prompts on the terminal.
+// minPassphrase is the length under which a new passphrase draws a
+// warning (it is still accepted: the keyring's KDF is slow, but a short
+// passphrase is guessed quickly all the same).
+const minPassphrase = 8
+
+// passphraseTries bounds the prompts for a new passphrase whose two
+// entries differ.
+const passphraseTries = 3
+
+// passphrase reads CAIRN_PASSPHRASE or prompts on the terminal. With
+// confirm (a new keyring) it asks twice, again if the two differ, and
+// warns about a short passphrase.
 func (e *env) passphrase(confirm bool) func() ([]byte, error) {
 	return func() ([]byte, error) {
 		if p, ok := os.LookupEnv("CAIRN_PASSPHRASE"); ok {
+			if confirm {
+				e.warnShort([]byte(p))
+			}
 			return []byte(p), nil
 		}
 		if e.pass != nil {
 			return e.pass, nil
 		}
-		fd := int(os.Stdin.Fd())
-		if !term.IsTerminal(fd) {
-			return nil, cairn.E("passphrase", cairn.Permission, "", errors.New("a passphrase is needed: set CAIRN_PASSPHRASE or run on a terminal"))
+		read := e.readPassword
+		if read == nil {
+			fd := int(os.Stdin.Fd())
+			if !term.IsTerminal(fd) {
+				return nil, cairn.E("passphrase", cairn.Permission, "", errors.New("a passphrase is needed: set CAIRN_PASSPHRASE or run on a terminal"))
+			}
+			read = func() ([]byte, error) { return term.ReadPassword(fd) }
 		}
-		fmt.Fprint(e.stderr, "cairn passphrase: ")
-		p, err := term.ReadPassword(fd)
-		fmt.Fprintln(e.stderr)
-		if err != nil {
-			return nil, cairn.E("passphrase", cairn.IO, "", err)
-		}
-		if confirm {
-			fmt.Fprint(e.stderr, "again: ")
-			q, err := term.ReadPassword(fd)
+		ask := func(prompt string) ([]byte, error) {
+			fmt.Fprint(e.stderr, prompt)
+			p, err := read()
 			fmt.Fprintln(e.stderr)
 			if err != nil {
 				return nil, cairn.E("passphrase", cairn.IO, "", err)
 			}
-			if string(p) != string(q) {
-				return nil, cairn.E("passphrase", cairn.Invalid, "", errors.New("the two passphrases differ"))
-			}
+			return p, nil
 		}
-		e.pass = p
-		return p, nil
+		if !confirm {
+			p, err := ask("cairn passphrase: ")
+			if err != nil {
+				return nil, err
+			}
+			e.pass = p
+			return p, nil
+		}
+		for try := 1; ; try++ {
+			p, err := ask("new cairn passphrase: ")
+			if err != nil {
+				return nil, err
+			}
+			e.warnShort(p)
+			q, err := ask("again: ")
+			if err != nil {
+				return nil, err
+			}
+			if string(p) == string(q) {
+				e.pass = p
+				return p, nil
+			}
+			if try == passphraseTries {
+				return nil, cairn.E("passphrase", cairn.Invalid, "", fmt.Errorf("the two passphrases differ (%d tries)", try))
+			}
+			fmt.Fprintln(e.stderr, "the two passphrases differ: try again")
+		}
+	}
+}
+
+// warnShort warns on stderr about a new passphrase that is short.
+func (e *env) warnShort(p []byte) {
+	if n := len([]rune(string(p))); n > 0 && n < minPassphrase {
+		fmt.Fprintf(e.stderr, "warning: a passphrase of %d characters is easy to guess; %d or more are better\n", n, minPassphrase)
 	}
 }
 

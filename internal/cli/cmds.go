@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -176,20 +178,24 @@ func modeString(e *meta.Entry) string {
 }
 
 func (e *env) lsCmd() *cobra.Command {
-	var long, asJSON bool
+	var long, humanSizes, recursive, asJSON, help bool
 	c := &cobra.Command{
-		Use:   "ls [flags] [VOLUME:/PATH...]",
+		Use:   "ls [-lhR] [--json] [VOLUME:/PATH...]",
 		Short: "List a directory (default home:/)",
-		Args:  cobra.ArbitraryArgs,
+		Long: `List directories and files (default home:/). As in ls(1), -l prints mode,
+size and mtime, -h prints sizes as 1.5K, 3.0M, ... and -R lists the
+subdirectories too. --help (not -h) prints this help.`,
+		Example: `  cairn ls -lh home:/photos
+  cairn ls -R --json home:/projects`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			if len(args) == 0 {
 				args = []string{realm.DefaultVolume + ":/"}
 			}
-			var all []lsEntry
-			w := bufio.NewWriter(e.stdout)
-			defer w.Flush()
-			for i, a := range args {
+			l := &lister{w: bufio.NewWriter(e.stdout), long: long, human: humanSizes, recursive: recursive, asJSON: asJSON, headers: len(args) > 1 || recursive}
+			defer l.w.Flush()
+			for _, a := range args {
 				mv, p, err := e.metaVol(ctx, a)
 				if err != nil {
 					return err
@@ -198,53 +204,117 @@ func (e *env) lsCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				list := []meta.Entry{*ent}
-				base := p.Dir()
-				if ent.IsDir() {
-					if list, err = mv.ReadDir(ctx, ent.Ino); err != nil {
-						return err
-					}
-					base = p
+				if !ent.IsDir() {
+					l.print([]meta.Entry{*ent}, p.Dir())
+					continue
 				}
-				if len(args) > 1 && ent.IsDir() && !asJSON {
-					if i > 0 {
-						fmt.Fprintln(w)
-					}
-					fmt.Fprintf(w, "%s:\n", p)
-				}
-				for j := range list {
-					le := toLS(&list[j], base)
-					if asJSON {
-						all = append(all, le)
-						continue
-					}
-					name := le.Name
-					if le.Type == "dir" {
-						name += "/"
-					}
-					if !long {
-						fmt.Fprintln(w, name)
-						continue
-					}
-					if le.Target != "" {
-						name += " -> " + le.Target
-					}
-					fmt.Fprintf(w, "%s %10d %s %s\n", le.Mode, le.Size, le.Mtime.Local().Format("2006-01-02 15:04"), name)
+				if err := l.dir(ctx, mv, ent, p); err != nil {
+					return err
 				}
 			}
 			if asJSON {
-				if all == nil {
-					all = []lsEntry{}
+				if l.all == nil {
+					l.all = []lsEntry{}
 				}
-				w.Flush()
-				return e.printJSON(all)
+				l.w.Flush()
+				return e.printJSON(l.all)
 			}
 			return nil
 		},
 	}
 	c.Flags().BoolVarP(&long, "long", "l", false, "mode, size, mtime")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().BoolVarP(&humanSizes, "human-readable", "h", false, "with -l, sizes as 1.5K, 3.0M, ... (powers of 1024)")
+	c.Flags().BoolVarP(&recursive, "recursive", "R", false, "list subdirectories recursively")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (with -R: every entry below, each with its path)")
+	// -h is --human-readable here, as in ls(1): help is --help only.
+	c.Flags().BoolVar(&help, "help", false, "help for ls")
 	return c
+}
+
+// lister prints what ls finds.
+type lister struct {
+	w                              *bufio.Writer
+	long, human, recursive, asJSON bool
+	headers                        bool // print "PATH:" above each directory's entries
+	blocks                         int  // blocks printed so far (a blank line separates them)
+	all                            []lsEntry
+}
+
+// dir lists the directory ent at p, and with -R the directories below it.
+func (l *lister) dir(ctx context.Context, mv *meta.Vol, ent *meta.Entry, p vpath.Path) error {
+	list, err := mv.ReadDir(ctx, ent.Ino)
+	if err != nil {
+		return err
+	}
+	if l.headers && !l.asJSON {
+		if l.blocks > 0 {
+			fmt.Fprintln(l.w)
+		}
+		fmt.Fprintf(l.w, "%s:\n", p)
+	}
+	l.print(list, p)
+	if !l.recursive {
+		return nil
+	}
+	for i := range list {
+		if list[i].IsDir() {
+			if err := l.dir(ctx, mv, &list[i], p.Join(list[i].Name)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (l *lister) print(list []meta.Entry, base vpath.Path) {
+	l.blocks++
+	for j := range list {
+		le := toLS(&list[j], base)
+		if l.asJSON {
+			l.all = append(l.all, le)
+			continue
+		}
+		name := le.Name
+		if le.Type == "dir" {
+			name += "/"
+		}
+		if !l.long {
+			fmt.Fprintln(l.w, name)
+			continue
+		}
+		if le.Target != "" {
+			name += " -> " + le.Target
+		}
+		size := strconv.FormatInt(le.Size, 10)
+		if l.human {
+			size = humanLS(le.Size)
+		}
+		fmt.Fprintf(l.w, "%s %10s %s %s\n", le.Mode, size, le.Mtime.Local().Format("2006-01-02 15:04"), name)
+	}
+}
+
+// humanLS writes a size as ls -h does: 999, 1.5K, 12M (powers of 1024,
+// rounded up, one decimal below 10).
+func humanLS(n int64) string {
+	if n < 1024 {
+		return strconv.FormatInt(n, 10)
+	}
+	v, i := float64(n), -1
+	for v >= 1024 && i < 5 {
+		v /= 1024
+		i++
+	}
+	unit := "KMGTPE"[i]
+	if v < 10 {
+		if r := math.Ceil(v*10) / 10; r < 10 {
+			return fmt.Sprintf("%.1f%c", r, unit)
+		}
+	}
+	r := math.Ceil(v)
+	if r >= 1024 && i < 5 {
+		return fmt.Sprintf("1.0%c", "KMGTPE"[i+1])
+	}
+	return fmt.Sprintf("%.0f%c", r, unit)
 }
 
 func toLS(ent *meta.Entry, dir vpath.Path) lsEntry {

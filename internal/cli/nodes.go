@@ -94,7 +94,7 @@ func (e *env) nodeCmd() *cobra.Command {
 	var registrars []string
 	var lease time.Duration
 	serve := &cobra.Command{
-		Use:   "serve [--listen HOST:PORT] [--registrar ADDR]",
+		Use:   "serve [--listen HOST:PORT] [--gateway-listen HOST:PORT] [--registrar ADDR]",
 		Short: "Serve this machine's store to the realm's devices (and, on a device, the join and registrar endpoints)",
 		Long: `Serve this machine's local store to the realm's devices over HTTP/2 with mutual
 TLS 1.3 (realm certificates only). The node registers in the realm's registry
@@ -108,7 +108,8 @@ endpoint that 'cairn invite' tokens point to, and on every device the
 registrar of benefactors and surrogates. The device that runs the realm's
 embedded etcd also serves it to the other devices, over mutual TLS with
 their node certificates (the metadata gateway: only devices get in), on
---gateway-listen (default: the node's port + 1); a device that joins gets
+--gateway-listen (default: the --listen host and port + 1, so that port
+must be free too; --no-gateway serves none); a device that joins gets
 the gateways of the online devices, so run 'node serve' here before 'cairn
 invite', and keep it running while other devices use the realm.
 
@@ -155,10 +156,10 @@ It prints "serving NAME on ADDRESS" once ready.`,
 			return nil
 		},
 	}
-	serve.Flags().StringVar(&listen, "listen", ":7461", "address to listen on (port 0 picks one)")
+	serve.Flags().StringVar(&listen, "listen", ":7461", "address of the chunk service (port 0 picks one); the metadata gateway takes port + 1 unless --gateway-listen says otherwise")
 	serve.Flags().StringVar(&advertise, "advertise", "", "address other nodes dial (default: the listening address, the host name for an unspecified host)")
 	serve.Flags().DurationVar(&lease, "lease", realm.DefaultLease, "heartbeat lease: a node that stops shows offline after this long")
-	serve.Flags().StringVar(&gatewayListen, "gateway-listen", "", "device running the embedded etcd: where the metadata gateway listens (default: the node's port + 1)")
+	serve.Flags().StringVar(&gatewayListen, "gateway-listen", "", "device running the embedded etcd: where the metadata gateway listens (default: the --listen host, port + 1)")
 	serve.Flags().BoolVar(&noGateway, "no-gateway", false, "do not serve the metadata gateway (no other device can then reach this realm's metadata)")
 	serve.Flags().StringSliceVar(&registrars, "registrar", nil, "benefactor or surrogate: the registrars (devices' node addresses HOST:PORT) to report to, instead of those it knows")
 	remove := &cobra.Command{

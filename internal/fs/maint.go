@@ -373,8 +373,11 @@ type Damage struct {
 
 // FsckReport is the result of Fsck.
 type FsckReport struct {
-	Files       int      `json:"files"`
-	Versions    int      `json:"versions"`
+	Files    int `json:"files"`
+	Versions int `json:"versions"`
+	// Chunks counts the distinct chunks (delta bases included) the
+	// versions checked here reference, as Stats.Chunks counts those of
+	// every version: the two differ only by the versions in Elsewhere.
 	Chunks      int      `json:"chunks_checked"`
 	BytesRead   int64    `json:"bytes_read"`
 	Damaged     []Damage `json:"damaged"`
@@ -408,7 +411,7 @@ func (v *Volume) storedHere(ver *meta.Version) bool {
 // it also reads every chunk and verifies its hash and AEAD tag, and asks the
 // store to verify every object it holds.
 func Fsck(ctx context.Context, vols []*Volume, st cairn.Store, readData bool, progress func(done, total int)) (*FsckReport, error) {
-	rep := &FsckReport{}
+	rep := &FsckReport{Damaged: []Damage{}}
 	vers, err := versions(ctx, vols, time.Now(), false)
 	if err != nil {
 		return nil, err
@@ -434,7 +437,8 @@ func Fsck(ctx context.Context, vols []*Volume, st cairn.Store, readData bool, pr
 		rep.Damaged = append(rep.Damaged, d)
 		mu.Unlock()
 	}
-	seen := sync.Map{} // chunk ID → error string ("" = good), so shared chunks are read once
+	seen := sync.Map{}                 // chunk ID → error string ("" = good), so shared chunks are read once
+	counted := map[cairn.ID]struct{}{} // the distinct chunks checked (under mu)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(2 * runtime.GOMAXPROCS(0))
 	var done int
@@ -466,12 +470,17 @@ func Fsck(ctx context.Context, vols []*Volume, st cairn.Store, readData bool, pr
 				damage(Damage{vol: vr.vol, Path: vr.path, Version: vr.ver.N, Object: vr.ver.Manifest.String(), Problem: err.Error()})
 				return nil
 			}
-			problems, n, nbytes, err := checkChunks(gctx, vr.vol, st, m.Chunks, readData, &seen)
+			problems, nbytes, err := checkChunks(gctx, vr.vol, st, m.Chunks, readData, &seen)
 			if err != nil {
 				return err
 			}
 			mu.Lock()
-			rep.Chunks += n
+			for _, r := range m.Chunks {
+				counted[r.ID] = struct{}{}
+				if r.Base != nil {
+					counted[r.Base.ID] = struct{}{}
+				}
+			}
 			rep.BytesRead += nbytes
 			mu.Unlock()
 			for _, p := range problems {
@@ -480,8 +489,10 @@ func Fsck(ctx context.Context, vols []*Volume, st cairn.Store, readData bool, pr
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return rep, err
+	werr := g.Wait()
+	rep.Chunks = len(counted)
+	if werr != nil {
+		return rep, werr
 	}
 	if vf, ok := st.(store.Verifier); ok && readData {
 		err := vf.Verify(ctx, func(id cairn.ID, err error) {
@@ -510,7 +521,7 @@ func bytesCompareString(a, b string) int {
 	return 0
 }
 
-func checkChunks(ctx context.Context, v *Volume, st cairn.Store, refs []manifest.Ref, readData bool, seen *sync.Map) ([]Damage, int, int64, error) {
+func checkChunks(ctx context.Context, v *Volume, st cairn.Store, refs []manifest.Ref, readData bool, seen *sync.Map) ([]Damage, int64, error) {
 	var out []Damage
 	var nbytes int64
 	if !readData {
@@ -524,7 +535,7 @@ func checkChunks(ctx context.Context, v *Volume, st cairn.Store, refs []manifest
 		}
 		found, err := st.Has(ctx, ids)
 		if err != nil {
-			return nil, 0, 0, err
+			return nil, 0, err
 		}
 		for k, ok := range found {
 			if !ok {
@@ -535,7 +546,7 @@ func checkChunks(ctx context.Context, v *Volume, st cairn.Store, refs []manifest
 				out = append(out, Damage{Object: ids[k].String(), Problem: fmt.Sprintf("%s %d missing from the store", what, idx[k])})
 			}
 		}
-		return out, len(refs), 0, nil
+		return out, 0, nil
 	}
 	// decode reads and decodes one chunk; a delta needs its base's
 	// plaintext.
@@ -572,7 +583,7 @@ func checkChunks(ctx context.Context, v *Volume, st cairn.Store, refs []manifest
 			var err error
 			base, err = decode(*b, nil)
 			if ctx.Err() != nil {
-				return nil, 0, 0, ctx.Err()
+				return nil, 0, ctx.Err()
 			}
 			if _, done := seen.Load(b.ID); !done {
 				record(b.ID, fmt.Sprintf("base of chunk %d", i), err)
@@ -584,11 +595,11 @@ func checkChunks(ctx context.Context, v *Volume, st cairn.Store, refs []manifest
 		}
 		_, err := decode(r, base)
 		if err != nil && ctx.Err() != nil {
-			return nil, 0, 0, ctx.Err()
+			return nil, 0, ctx.Err()
 		}
 		record(r.ID, fmt.Sprintf("chunk %d", i), err)
 	}
-	return out, len(refs), nbytes, nil
+	return out, nbytes, nil
 }
 
 // Stats describes what a realm's volumes hold.
@@ -600,7 +611,7 @@ type Stats struct {
 	LogicalBytes   int64   `json:"logical_bytes"`  // current versions of live files
 	Versions       int     `json:"versions"`       // kept versions, trash included
 	VersionBytes   int64   `json:"version_bytes"`  // plaintext of every kept version
-	Chunks         int     `json:"chunks"`         // distinct chunks referenced
+	Chunks         int     `json:"chunks"`         // distinct chunks referenced (delta bases included), as fsck counts them
 	UniqueBytes    int64   `json:"unique_bytes"`   // plaintext of distinct chunks
 	ChunkBytes     int64   `json:"chunk_bytes"`    // stored (compressed, encrypted) size of distinct chunks
 	StoredBytes    int64   `json:"stored_bytes"`   // everything the store holds (incl. manifests, garbage)

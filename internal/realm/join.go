@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -167,11 +168,15 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 	if _, err := pki.LoadCredentials(CredentialsDir(home)); err == nil {
 		return nil, cairn.E(op, cairn.Exist, home, errors.New("this home already joined a realm"))
 	}
-	if err := os.MkdirAll(home, 0o700); err != nil {
+	made, err := mkdirAll(home)
+	if err != nil {
 		return nil, cairn.E(op, cairn.IO, home, err)
 	}
 	creds, payload, err := pki.Join(ctx, token, pki.JoinOptions{Name: o.Name})
 	if err != nil {
+		// Nothing was written: leave no empty home behind (only the
+		// directories made here, and only while empty).
+		removeEmpty(made)
 		return nil, err
 	}
 	if creds.Identity.Role != pki.Device {
@@ -248,4 +253,32 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 		return creds, err
 	}
 	return creds, nil
+}
+
+// mkdirAll makes dir and its missing parents (mode 0700) and returns the
+// directories it made, deepest first.
+func mkdirAll(dir string) ([]string, error) {
+	var missing []string
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil || !errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		missing = append(missing, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	return missing, nil
+}
+
+// removeEmpty removes the directories dirs (deepest first) that are empty.
+func removeEmpty(dirs []string) {
+	for _, d := range dirs {
+		if os.Remove(d) != nil {
+			return
+		}
+	}
 }

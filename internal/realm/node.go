@@ -100,12 +100,12 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		if gw, err = r.gateway(ctx, creds); err != nil {
 			return err
 		}
-		gl := o.GatewayListen
+		gl, what := o.GatewayListen, "metadata gateway"
 		if gl == "" {
-			gl = nextPort(o.Listen)
+			gl, what = nextPort(o.Listen), "metadata gateway (by default on the node's port + 1; choose its address with --gateway-listen, or --no-gateway)"
 		}
 		if gln, err = net.Listen("tcp", gl); err != nil {
-			return cairn.E(op, cairn.Unavailable, gl, fmt.Errorf("metadata gateway: %w", err))
+			return cairn.E(op, cairn.Unavailable, gl, fmt.Errorf("%s: %w", what, err))
 		}
 		defer gln.Close()
 		gwAddr = advertised(gln.Addr().(*net.TCPAddr))
@@ -244,7 +244,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 func listen(op, addr, advertise string) (net.Listener, string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, "", cairn.E(op, cairn.Unavailable, addr, err)
+		return nil, "", cairn.E(op, cairn.Unavailable, addr, fmt.Errorf("chunk service: %w", err))
 	}
 	if advertise == "" {
 		advertise = advertised(ln.Addr().(*net.TCPAddr))
