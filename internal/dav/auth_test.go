@@ -5,7 +5,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
 )
@@ -102,5 +105,45 @@ func TestCheckPassword(t *testing.T) {
 		if _, err := checkPassword(bad, "secret"); err == nil {
 			t.Errorf("checkPassword accepted the hash %q", bad)
 		}
+	}
+}
+
+// TestUsersFullDisk adds a user on a full file system: Add must fail and
+// the password file written before must still hold its users (a lost
+// write error once renamed an empty file over it and reported success).
+func TestUsersFullDisk(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
+		t.Skipf("cannot mount a small tmpfs to fill (needs root or CAP_SYS_ADMIN): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	path := filepath.Join(dir, "dav", "passwd.json")
+	u := OpenUsers(path)
+	pass, err := u.Add("alice", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for buf := make([]byte, 4096); ; {
+		if _, err = f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("fill: %v", err)
+	}
+	if _, err = u.Add("bob", false); !errors.Is(err, cairn.ErrIO) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Add on a full disk = %v, want an IO error wrapping ENOSPC", err)
+	}
+	u2 := OpenUsers(path)
+	if ok, verr := u2.Verify("alice", pass); verr != nil || !ok {
+		t.Fatalf("Verify(alice) after the failed Add = %v, %v; want the user saved before", ok, verr)
+	}
+	if n, cerr := u2.Count(); cerr != nil || n != 1 {
+		t.Fatalf("Count = %d, %v; want 1", n, cerr)
 	}
 }
