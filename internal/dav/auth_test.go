@@ -34,20 +34,20 @@ func TestUsers(t *testing.T) {
 	if strings.Contains(string(b), pass) || !strings.Contains(string(b), "$argon2id$v=19$m=19456,t=2,p=1$") {
 		t.Fatalf("users file holds the password or no argon2id hash:\n%s", b)
 	}
-	if _, err := u.Add("alice", false); !errors.Is(err, cairn.ErrExist) {
-		t.Fatalf("adding an existing user: %v", err)
+	if _, aerr := u.Add("alice", false); !errors.Is(aerr, cairn.ErrExist) {
+		t.Fatalf("adding an existing user: %v", aerr)
 	}
 	for _, bad := range []string{"", "a:b", "a b", strings.Repeat("x", 65), "é"} {
-		if _, err := u.Add(bad, false); !errors.Is(err, cairn.ErrInvalid) {
-			t.Errorf("Add(%q): %v, want Invalid", bad, err)
+		if _, aerr := u.Add(bad, false); !errors.Is(aerr, cairn.ErrInvalid) {
+			t.Errorf("Add(%q): %v, want Invalid", bad, aerr)
 		}
 	}
 	for _, c := range []struct {
 		user, pass string
 		want       bool
 	}{{"alice", pass, true}, {"alice", pass, true}, {"alice", pass + "x", false}, {"bob", pass, false}, {"alice", "", false}} {
-		if ok, err := u.Verify(c.user, c.pass); err != nil || ok != c.want {
-			t.Errorf("Verify(%s, %q) = %v, %v; want %v", c.user, c.pass, ok, err, c.want)
+		if ok, verr := u.Verify(c.user, c.pass); verr != nil || ok != c.want {
+			t.Errorf("Verify(%s, %q) = %v, %v; want %v", c.user, c.pass, ok, verr, c.want)
 		}
 	}
 	// A new password replaces the old one, also in a verifier that
@@ -63,8 +63,8 @@ func TestUsers(t *testing.T) {
 	if ok, _ := u.Verify("alice", pass2); !ok {
 		t.Error("the new password does not work")
 	}
-	if _, err := u.Add("bob", false); err != nil {
-		t.Fatal(err)
+	if _, aerr := u.Add("bob", false); aerr != nil {
+		t.Fatal(aerr)
 	}
 	list, err := u.List()
 	if err != nil || len(list) != 2 || list[0].Name != "alice" || list[1].Name != "bob" || list[0].Created.IsZero() {

@@ -21,8 +21,8 @@ func TestSealedRoundTrip(t *testing.T) {
 	}
 	m := NewMaster()
 	k.Add("vol1", m)
-	if err := k.Save(); err != nil {
-		t.Fatal(err)
+	if serr := k.Save(); serr != nil {
+		t.Fatal(serr)
 	}
 	st, _ := os.Stat(p)
 	if st.Mode().Perm() != 0o600 {
@@ -40,8 +40,8 @@ func TestSealedRoundTrip(t *testing.T) {
 	if err != nil || got != m {
 		t.Fatalf("Key = %x, %v", got, err)
 	}
-	if _, err := k2.Key("other", "x"); !errors.Is(err, cairn.ErrPermission) {
-		t.Fatalf("missing key err = %v", err)
+	if _, kerr := k2.Key("other", "x"); !errors.Is(kerr, cairn.ErrPermission) {
+		t.Fatalf("missing key err = %v", kerr)
 	}
 	_, err = Open(p, func() ([]byte, error) { return []byte("wrong"), nil })
 	if !errors.Is(err, cairn.ErrPermission) {

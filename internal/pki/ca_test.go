@@ -85,8 +85,8 @@ func TestIssueAndIdentity(t *testing.T) {
 			t.Fatalf("hosts: DNS %v IP %v", c.Leaf.DNSNames, c.Leaf.IPAddresses)
 		}
 		dir := t.TempDir()
-		if err := c.Save(dir); err != nil {
-			t.Fatal(err)
+		if serr := c.Save(dir); serr != nil {
+			t.Fatal(serr)
 		}
 		back, err := LoadCredentials(dir)
 		if err != nil {
@@ -187,15 +187,15 @@ func TestRevocationList(t *testing.T) {
 	}
 	check := func(l *RevocationList, c *Credentials, want bool) {
 		t.Helper()
-		got, err := l.Revoked(c.Leaf)
-		if err != nil || got != want {
-			t.Fatalf("Revoked(%s) = %v, %v; want %v", c.Identity.Name, got, err, want)
+		got, rerr := l.Revoked(c.Leaf)
+		if rerr != nil || got != want {
+			t.Fatalf("Revoked(%s) = %v, %v; want %v", c.Identity.Name, got, rerr, want)
 		}
 	}
 	check(l1, a, false)
 	check(l2, a, false)
-	if err := l1.RevokeSerial(a.Leaf.SerialNumber); err != nil {
-		t.Fatal(err)
+	if rerr := l1.RevokeSerial(a.Leaf.SerialNumber); rerr != nil {
+		t.Fatal(rerr)
 	}
 	check(l1, a, true)
 	check(l1, b, false)
@@ -205,8 +205,8 @@ func TestRevocationList(t *testing.T) {
 	clock = clock.Add(RecheckInterval)
 	check(l2, a, true)
 	// Both writers' revocations survive (read-modify-write under the lock).
-	if err := l2.RevokeName("b"); err != nil {
-		t.Fatal(err)
+	if rerr := l2.RevokeName("b"); rerr != nil {
+		t.Fatal(rerr)
 	}
 	l1.now = func() time.Time { return clock.Add(2 * RecheckInterval) }
 	check(l1, b, true)
