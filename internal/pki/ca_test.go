@@ -11,8 +11,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
 )
@@ -235,5 +238,48 @@ func TestRevocationList(t *testing.T) {
 	l1.now = func() time.Time { return clock.Add(time.Hour) }
 	if got, err := l1.Revoked(b.Leaf); err == nil || !got {
 		t.Fatalf("Revoked with a damaged list = %v, %v; want true and an error", got, err)
+	}
+}
+
+// TestCredentialsSaveFullDisk saves new credentials over good ones on a
+// full file system: Save fails and the old credentials still load.
+func TestCredentialsSaveFullDisk(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
+		t.Skipf("cannot mount a small tmpfs to fill (needs root or CAP_SYS_ADMIN): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	ca := newCA(t, "r1")
+	old := creds(t, ca, "n1", Device)
+	credDir := filepath.Join(dir, "pki")
+	if err := old.Save(credDir); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for buf := make([]byte, 4096); ; {
+		if _, err = f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("fill: %v", err)
+	}
+	if err = creds(t, ca, "n1", Device).Save(credDir); !errors.Is(err, cairn.ErrIO) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Save on a full disk = %v, want an IO error wrapping ENOSPC", err)
+	}
+	back, err := LoadCredentials(credDir)
+	if err != nil {
+		t.Fatalf("the credentials saved before the full disk do not load: %v", err)
+	}
+	if !back.Leaf.Equal(old.Leaf) {
+		t.Fatal("the node certificate is not the one saved before")
+	}
+	fi, err := os.Stat(filepath.Join(credDir, NodeKeyFile))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("node key: %v %v; want mode 0600", err, fi)
 	}
 }
