@@ -365,7 +365,7 @@ func TestBadInput(t *testing.T) {
 	r.fails(cli.ExitNotFound, "cat", "home:/missing")
 	r.fails(cli.ExitNotFound, "put", "/no/such/file", "home:/")
 	r.fails(cli.ExitExist, "init", "--no-passphrase")
-	if res := r.fails(cli.ExitError, "ls", "home:/f.bin/x"); res.stderr == "" {
+	if res2 := r.fails(cli.ExitError, "ls", "home:/f.bin/x"); res2.stderr == "" {
 		t.Error("no message")
 	}
 

@@ -267,8 +267,8 @@ func TestDavfs2(t *testing.T) {
 	umount := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if out, err := exec.CommandContext(ctx, "umount", mnt).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v\n%s", mnt, err, out)
+		if out, cerr := exec.CommandContext(ctx, "umount", mnt).CombinedOutput(); cerr != nil {
+			t.Errorf("umount %s: %v\n%s", mnt, cerr, out)
 			exec.Command("umount", "-l", mnt).Run()
 		}
 	}

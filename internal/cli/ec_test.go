@@ -133,8 +133,8 @@ func TestPolicyFourClouds(t *testing.T) {
 	if !strings.Contains(out, "  m1: ") || !strings.Contains(out, "  gcs: ") || strings.Contains(out, "  az: ") || strings.Contains(out, " 0 rebuilt") {
 		t.Fatalf("repair after the outages:\n%s", out)
 	}
-	if out := ok("repair"); !strings.Contains(out, " 0 missing") || strings.Contains(out, "  m1: ") {
-		t.Fatalf("second repair:\n%s", out)
+	if out2 := ok("repair"); !strings.Contains(out2, " 0 missing") || strings.Contains(out2, "  m1: ") {
+		t.Fatalf("second repair:\n%s", out2)
 	}
 	catAll("all back")
 

@@ -360,18 +360,18 @@ func TestMountTwoDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	if x, err := os.OpenFile(pb, os.O_WRONLY, 0); !errors.Is(err, syscall.EBUSY) {
-		if err == nil {
+	if x, oerr := os.OpenFile(pb, os.O_WRONLY, 0); !errors.Is(oerr, syscall.EBUSY) {
+		if oerr == nil {
 			x.Close()
 		}
-		t.Fatalf("the laptop opens for writing a file the desk writes: %v, want EBUSY", err)
+		t.Fatalf("the laptop opens for writing a file the desk writes: %v, want EBUSY", oerr)
 	}
 	waitFor(t, "the laptop's mount logs the refusal, naming the file", 5*time.Second, func() bool {
 		return strings.Contains(outB.String(), "open for writing on another device") && strings.Contains(outB.String(), "home:/doc")
 	})
 	w.WriteString("appended on the desk\n")
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
+	if cerr := w.Close(); cerr != nil {
+		t.Fatal(cerr)
 	}
 	readsAs(pb, "written on the laptop\nappended on the desk\n")
 

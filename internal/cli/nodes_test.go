@@ -382,11 +382,11 @@ func TestLazyCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Client().Delete(ctx, "/cairn/v1/pki/ca"); err != nil {
-		t.Fatal(err)
+	if _, derr := conn.Client().Delete(ctx, "/cairn/v1/pki/ca"); derr != nil {
+		t.Fatal(derr)
 	}
-	if _, err := conn.Client().Delete(ctx, "/cairn/v1/node/desk"); err != nil {
-		t.Fatal(err)
+	if _, derr := conn.Client().Delete(ctx, "/cairn/v1/node/desk"); derr != nil {
+		t.Fatal(derr)
 	}
 	conn.Close()
 	old := r.ok("devices", "--json")

@@ -82,8 +82,8 @@ func TestBenefactorAndSurrogateServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	claim := wire.Compress(nil, []byte(`{"name":"desk","role":"device","addr":"evil.example:1","capacity":1,"lease":2000000000}`))
-	if status, err := register(t, s.addr, cafe, true, claim); err != nil || status != 200 {
-		t.Fatalf("cafe's report: %d %v", status, err)
+	if status, rerr := register(t, s.addr, cafe, true, claim); rerr != nil || status != 200 {
+		t.Fatalf("cafe's report: %d %v", status, rerr)
 	}
 	devs := a.devices()
 	if d := devs["desk"]; d["role"] != "device" || d["addr"] != s.addr {

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 )
 
 // App passwords. Who may use a gateway is a list of users, each with a
@@ -198,27 +199,7 @@ func (u *Users) update(fn func(m map[string]userRecord) error) error {
 	}
 	sort.Slice(f.Users, func(i, j int) bool { return f.Users[i].Name < f.Users[j].Name })
 	b, _ := json.MarshalIndent(f, "", "  ")
-	tmp, err := os.CreateTemp(dir, ".passwd-*")
-	if err != nil {
-		return cairn.E(op, cairn.IO, dir, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err = tmp.Write(append(b, '\n')); err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o600)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), u.path)
-	}
-	if err != nil {
-		return cairn.E(op, cairn.IO, u.path, err)
-	}
-	return nil
+	return durable.ReplaceFile(u.path, append(b, '\n'), 0o600)
 }
 
 // Add makes a user with a new random app password and returns it: the

@@ -5,7 +5,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
 )
@@ -31,20 +34,20 @@ func TestUsers(t *testing.T) {
 	if strings.Contains(string(b), pass) || !strings.Contains(string(b), "$argon2id$v=19$m=19456,t=2,p=1$") {
 		t.Fatalf("users file holds the password or no argon2id hash:\n%s", b)
 	}
-	if _, err := u.Add("alice", false); !errors.Is(err, cairn.ErrExist) {
-		t.Fatalf("adding an existing user: %v", err)
+	if _, aerr := u.Add("alice", false); !errors.Is(aerr, cairn.ErrExist) {
+		t.Fatalf("adding an existing user: %v", aerr)
 	}
 	for _, bad := range []string{"", "a:b", "a b", strings.Repeat("x", 65), "é"} {
-		if _, err := u.Add(bad, false); !errors.Is(err, cairn.ErrInvalid) {
-			t.Errorf("Add(%q): %v, want Invalid", bad, err)
+		if _, aerr := u.Add(bad, false); !errors.Is(aerr, cairn.ErrInvalid) {
+			t.Errorf("Add(%q): %v, want Invalid", bad, aerr)
 		}
 	}
 	for _, c := range []struct {
 		user, pass string
 		want       bool
 	}{{"alice", pass, true}, {"alice", pass, true}, {"alice", pass + "x", false}, {"bob", pass, false}, {"alice", "", false}} {
-		if ok, err := u.Verify(c.user, c.pass); err != nil || ok != c.want {
-			t.Errorf("Verify(%s, %q) = %v, %v; want %v", c.user, c.pass, ok, err, c.want)
+		if ok, verr := u.Verify(c.user, c.pass); verr != nil || ok != c.want {
+			t.Errorf("Verify(%s, %q) = %v, %v; want %v", c.user, c.pass, ok, verr, c.want)
 		}
 	}
 	// A new password replaces the old one, also in a verifier that
@@ -60,8 +63,8 @@ func TestUsers(t *testing.T) {
 	if ok, _ := u.Verify("alice", pass2); !ok {
 		t.Error("the new password does not work")
 	}
-	if _, err := u.Add("bob", false); err != nil {
-		t.Fatal(err)
+	if _, aerr := u.Add("bob", false); aerr != nil {
+		t.Fatal(aerr)
 	}
 	list, err := u.List()
 	if err != nil || len(list) != 2 || list[0].Name != "alice" || list[1].Name != "bob" || list[0].Created.IsZero() {
@@ -102,5 +105,45 @@ func TestCheckPassword(t *testing.T) {
 		if _, err := checkPassword(bad, "secret"); err == nil {
 			t.Errorf("checkPassword accepted the hash %q", bad)
 		}
+	}
+}
+
+// TestUsersFullDisk adds a user on a full file system: Add must fail and
+// the password file written before must still hold its users (a lost
+// write error once renamed an empty file over it and reported success).
+func TestUsersFullDisk(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
+		t.Skipf("cannot mount a small tmpfs to fill (needs root or CAP_SYS_ADMIN): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	path := filepath.Join(dir, "dav", "passwd.json")
+	u := OpenUsers(path)
+	pass, err := u.Add("alice", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for buf := make([]byte, 4096); ; {
+		if _, err = f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("fill: %v", err)
+	}
+	if _, err = u.Add("bob", false); !errors.Is(err, cairn.ErrIO) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Add on a full disk = %v, want an IO error wrapping ENOSPC", err)
+	}
+	u2 := OpenUsers(path)
+	if ok, verr := u2.Verify("alice", pass); verr != nil || !ok {
+		t.Fatalf("Verify(alice) after the failed Add = %v, %v; want the user saved before", ok, verr)
+	}
+	if n, cerr := u2.Count(); cerr != nil || n != 1 {
+		t.Fatalf("Count = %d, %v; want 1", n, cerr)
 	}
 }

@@ -288,8 +288,8 @@ func TestDeadPropsPersist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.vol.Meta.SetXattr(ctx, e.Ino, "user.colour", []byte("not a dead property"), meta.XattrAny); err != nil {
-		t.Fatal(err)
+	if serr := f.vol.Meta.SetXattr(ctx, e.Ino, "user.colour", []byte("not a dead property"), meta.XattrAny); serr != nil {
+		t.Fatal(serr)
 	}
 	attrs, err := f.vol.Meta.Xattrs(ctx, e.Ino)
 	if err != nil {
@@ -543,7 +543,7 @@ func TestBadPaths(t *testing.T) {
 	if resp.StatusCode < 400 {
 		t.Fatalf("MKCOL /a/../b: status %d", resp.StatusCode)
 	}
-	if _, err := f.vol.Meta.Lookup(context.Background(), []string{"b"}); err == nil {
+	if _, lerr := f.vol.Meta.Lookup(context.Background(), []string{"b"}); lerr == nil {
 		t.Fatal("MKCOL /a/../b made /b")
 	}
 	lockBody := `<D:lockinfo xmlns:D="DAV:"><D:lockscope><D:exclusive/></D:lockscope><D:locktype><D:write/></D:locktype></D:lockinfo>`

@@ -65,9 +65,9 @@ func newFixture(t *testing.T) *fixture {
 	}
 	t.Cleanup(func() { svc.Close() })
 	master := keyring.NewMaster()
-	if err := svc.CreateVolume(ctx, meta.Volume{Name: "v", KeyCheck: fs.KeyCheck(master), ChunkMin: 4096, ChunkAvg: 16384, ChunkMax: 131072,
-		KeepVersions: 10, TrashTTL: time.Hour}, 0o755, uint32(os.Getuid()), uint32(os.Getgid())); err != nil {
-		t.Fatal(err)
+	if cerr := svc.CreateVolume(ctx, meta.Volume{Name: "v", KeyCheck: fs.KeyCheck(master), ChunkMin: 4096, ChunkAvg: 16384, ChunkMax: 131072,
+		KeepVersions: 10, TrashTTL: time.Hour}, 0o755, uint32(os.Getuid()), uint32(os.Getgid())); cerr != nil {
+		t.Fatal(cerr)
 	}
 	f := &fixture{t: t, svc: svc, master: master, st: memstore.New(), logs: &syncBuf{}}
 	f.vol = f.openVolume()

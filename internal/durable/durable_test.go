@@ -5,8 +5,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
+	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/durable"
 )
 
@@ -41,5 +47,109 @@ func TestWriteAppendSync(t *testing.T) {
 	}
 	if err := durable.SyncDir(filepath.Dir(missing)); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("SyncDir of a missing directory: %v", err)
+	}
+}
+
+func TestReplaceFile(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "f")
+	if err := durable.ReplaceFile(p, []byte("first"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := durable.ReplaceFile(p, []byte("second"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil || string(b) != "second" {
+		t.Fatalf("content %q (%v), want the second", b, err)
+	}
+	if fi, serr := os.Stat(p); serr != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v (%v), want 0600", fi.Mode(), serr)
+	}
+	checkNoTemp(t, dir)
+	missing := filepath.Join(dir, "missing", "f")
+	err = durable.ReplaceFile(missing, nil, 0o600)
+	if !errors.Is(err, fs.ErrNotExist) || !errors.Is(err, cairn.ErrIO) {
+		t.Fatalf("replace in a missing directory: %v, want an IO error wrapping ENOENT", err)
+	}
+	var ce *cairn.Error
+	if !errors.As(err, &ce) || ce.Path != missing || ce.Op == "" {
+		t.Fatalf("error %#v: want Op and Path %s", err, missing)
+	}
+}
+
+// TestReplaceFileFullDisk replaces a file on a full file system: the write
+// fails, and the old file must be left whole, with no temporary file.
+func TestReplaceFileFullDisk(t *testing.T) {
+	dir := smallTmpfs(t)
+	p := filepath.Join(dir, "keyring")
+	old := []byte(strings.Repeat("old ", 100))
+	if err := durable.ReplaceFile(p, old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	filler := fill(t, dir)
+	err := durable.ReplaceFile(p, []byte(strings.Repeat("new ", 1000)), 0o600)
+	if !errors.Is(err, syscall.ENOSPC) || !errors.Is(err, cairn.ErrIO) {
+		t.Fatalf("replace on a full disk: %v, want an IO error wrapping ENOSPC", err)
+	}
+	if b, err := os.ReadFile(p); err != nil || string(b) != string(old) {
+		t.Fatalf("after a failed replace the file holds %d bytes (%v), want the old %d", len(b), err, len(old))
+	}
+	checkNoTemp(t, dir, "keyring", filler)
+	// With room again it works.
+	if err := os.Remove(filepath.Join(dir, filler)); err != nil {
+		t.Fatal(err)
+	}
+	if err := durable.ReplaceFile(p, []byte("new"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(p); err != nil || string(b) != "new" {
+		t.Fatalf("content %q (%v), want new", b, err)
+	}
+}
+
+// checkNoTemp fails if dir holds any file but those named.
+func checkNoTemp(t *testing.T, dir string, names ...string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() != "f" && !slices.Contains(names, e.Name()) {
+			t.Errorf("left behind: %s", e.Name())
+		}
+	}
+}
+
+// smallTmpfs mounts a 64 KiB tmpfs for the test (it needs root, as the
+// tests run in CI and here).
+func smallTmpfs(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
+		t.Skipf("cannot mount a small tmpfs to fill (needs root or CAP_SYS_ADMIN): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+// fill writes a file in dir until the file system is full and returns its
+// name.
+func fill(t *testing.T, dir string) string {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("fill: %v", err)
+			}
+			return "filler"
+		}
 	}
 }

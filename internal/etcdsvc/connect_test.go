@@ -44,8 +44,8 @@ func clientMain(home string) int {
 	defer conn.Close()
 	prefix := fmt.Sprintf("/child/%d/", os.Getpid())
 	for i := range 20 {
-		if _, err := conn.Client().Put(ctx, fmt.Sprintf("%s%02d", prefix, i), "x"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
+		if _, perr := conn.Client().Put(ctx, fmt.Sprintf("%s%02d", prefix, i), "x"); perr != nil {
+			fmt.Fprintln(os.Stderr, perr)
 			return 1
 		}
 	}
@@ -161,15 +161,15 @@ func TestConnectConcurrentProcesses(t *testing.T) {
 	}
 	t0 := time.Now()
 	for _, c := range cmds {
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
+		if serr := c.Start(); serr != nil {
+			t.Fatal(serr)
 		}
 	}
 	servers := map[string]bool{}
 	var pid int
 	for i, c := range cmds {
-		if err := c.Wait(); err != nil {
-			t.Errorf("client %d: %v\nstderr: %s", i, err, errs[i].String())
+		if werr := c.Wait(); werr != nil {
+			t.Errorf("client %d: %v\nstderr: %s", i, werr, errs[i].String())
 			continue
 		}
 		f := strings.Fields(outs[i].String())
@@ -250,8 +250,8 @@ func TestConnectLingerReuse(t *testing.T) {
 	if !pidAlive(pid) || daemonPID(home) != pid {
 		t.Fatal("daemon left while a client was connected")
 	}
-	if _, err := conn.Client().Put(ctx, "k", "v2"); err != nil {
-		t.Fatal(err)
+	if _, perr := conn.Client().Put(ctx, "k", "v2"); perr != nil {
+		t.Fatal(perr)
 	}
 	conn.Close()
 	d := waitDaemonGone(t, home, pid, 10*time.Second)
@@ -327,28 +327,28 @@ func TestConnectWaitsForShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := tryLock(f, syscall.LOCK_EX); !ok || err != nil {
-		t.Fatal(ok, err)
+	if ok, terr := tryLock(f, syscall.LOCK_EX); !ok || terr != nil {
+		t.Fatal(ok, terr)
 	}
 	done := make(chan error, 1)
 	go func() {
-		conn, err := Connect(context.Background(), home, testOpts)
-		if err == nil {
+		conn, cerr := Connect(context.Background(), home, testOpts)
+		if cerr == nil {
 			conn.Close()
 		}
-		done <- err
+		done <- cerr
 	}()
 	select {
-	case err := <-done:
-		t.Fatalf("Connect returned while clients.lock was held exclusively: %v", err)
+	case err2 := <-done:
+		t.Fatalf("Connect returned while clients.lock was held exclusively: %v", err2)
 	case <-time.After(300 * time.Millisecond):
 	}
-	if _, err := os.Stat(filepath.Join(dir, endpointName)); err == nil {
+	if _, serr := os.Stat(filepath.Join(dir, endpointName)); serr == nil {
 		t.Fatal("a server was started while the old one was shutting down")
 	}
 	f.Close()
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	if err2 := <-done; err2 != nil {
+		t.Fatal(err2)
 	}
 
 	// And a Connect whose limit ends first reports Unavailable.

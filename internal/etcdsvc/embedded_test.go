@@ -37,12 +37,12 @@ func TestEmbeddedStartStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("fresh start: %v", s.StartTime())
-	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
-		t.Errorf("data dir: %v, %v; want mode 0700", fi.Mode(), err)
+	if fi, serr := os.Stat(dir); serr != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("data dir: %v, %v; want mode 0700", fi.Mode(), serr)
 	}
 	cli := testClient(t, s.Endpoint())
-	if _, err := cli.Put(ctx, "k", "v"); err != nil {
-		t.Fatal(err)
+	if _, perr := cli.Put(ctx, "k", "v"); perr != nil {
+		t.Fatal(perr)
 	}
 	st, err := cli.Status(ctx, s.Endpoint())
 	if err != nil || st.Header.MemberId != s.MemberID() {
@@ -65,8 +65,8 @@ func TestEmbeddedStartStop(t *testing.T) {
 	default:
 		t.Error("Done not closed after Close")
 	}
-	if err := s.Close(); err != nil {
-		t.Errorf("second Close: %v", err)
+	if cerr := s.Close(); cerr != nil {
+		t.Errorf("second Close: %v", cerr)
 	}
 
 	// Reopen (on new ports): the data is there.
@@ -130,8 +130,8 @@ func TestEmbeddedRestartReplay(t *testing.T) {
 			t.Fatal(err)
 		}
 		kctx, kcancel := context.WithCancel(ctx)
-		if _, err := cli.KeepAlive(kctx, lease.ID); err != nil {
-			t.Fatal(err)
+		if _, kerr := cli.KeepAlive(kctx, lease.ID); kerr != nil {
+			t.Fatal(kerr)
 		}
 		for i := range 2 * memorySnapshotCount {
 			k := fmt.Sprintf("/k/%d/%d", round, i%40)

@@ -62,8 +62,8 @@ func TestConnectExternalHung(t *testing.T) {
 	defer l.Close()
 	go func() {
 		for {
-			c, err := l.Accept()
-			if err != nil {
+			c, aerr := l.Accept()
+			if aerr != nil {
 				return
 			}
 			defer c.Close()

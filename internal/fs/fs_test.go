@@ -57,16 +57,16 @@ func newFixture(t *testing.T, keep int) *fixture {
 	}
 	t.Cleanup(func() { svc.Close() })
 	master := keyring.NewMaster()
-	if err := svc.CreateVolume(ctx, meta.Volume{Name: "v", KeyCheck: fs.KeyCheck(master), ChunkMin: 4096, ChunkAvg: 16384, ChunkMax: 131072,
-		KeepVersions: keep, TrashTTL: time.Hour}, 0o755, 0, 0); err != nil {
-		t.Fatal(err)
+	if cerr := svc.CreateVolume(ctx, meta.Volume{Name: "v", KeyCheck: fs.KeyCheck(master), ChunkMin: 4096, ChunkAvg: 16384, ChunkMax: 131072,
+		KeepVersions: keep, TrashTTL: time.Hour}, 0o755, 0, 0); cerr != nil {
+		t.Fatal(cerr)
 	}
 	mv, err := svc.Open(ctx, "v")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fs.Open(svc, mv, keyring.NewMaster(), memstore.New(), fs.Options{}); !errors.Is(err, cairn.ErrPermission) {
-		t.Fatalf("open with the wrong key = %v, want Permission", err)
+	if _, oerr := fs.Open(svc, mv, keyring.NewMaster(), memstore.New(), fs.Options{}); !errors.Is(oerr, cairn.ErrPermission) {
+		t.Fatalf("open with the wrong key = %v, want Permission", oerr)
 	}
 	st := &tamper{Store: memstore.New(), bad: map[cairn.ID][]byte{}}
 	v, err := fs.Open(svc, mv, master, st, fs.Options{})
@@ -164,8 +164,8 @@ func TestGCKeepsLiveDropsDead(t *testing.T) {
 	if err != nil || rep2.DeletedObjects != rep.DeletedObjects || rep2.FreedBytes < 200<<10 {
 		t.Fatalf("gc = %+v, %v (dry run said %+v)", rep2, err, rep)
 	}
-	if got, err := f.read(t, "keep"); err != nil || !bytes.Equal(got, keep) {
-		t.Fatalf("live file after gc: %v", err)
+	if got, rerr := f.read(t, "keep"); rerr != nil || !bytes.Equal(got, keep) {
+		t.Fatalf("live file after gc: %v", rerr)
 	}
 	fr, err := fs.Fsck(ctx, []*fs.Volume{f.vol}, f.st, true, nil)
 	if err != nil || !fr.OK() {
@@ -212,10 +212,10 @@ func TestFsckNamesDamagedFiles(t *testing.T) {
 	if rep.OK() || len(rep.Damaged) != 1 || rep.Damaged[0].Path != "v:/bad" {
 		t.Fatalf("fsck = %+v", rep)
 	}
-	if _, err := f.read(t, "bad"); !errors.Is(err, cairn.ErrCorrupt) {
-		t.Fatalf("read of damaged file = %v, want Corrupt", err)
+	if _, rerr := f.read(t, "bad"); !errors.Is(rerr, cairn.ErrCorrupt) {
+		t.Fatalf("read of damaged file = %v, want Corrupt", rerr)
 	}
-	if got, err := f.read(t, "good"); err != nil || !bytes.Equal(got, good) {
+	if got, rerr := f.read(t, "good"); rerr != nil || !bytes.Equal(got, good) {
 		t.Fatal("undamaged file unreadable")
 	}
 	// A missing chunk is found even without --read-data.
@@ -367,8 +367,8 @@ func TestDeltaSmallFileEdit(t *testing.T) {
 	if st.NewStoredBytes*4 > plain.NewStoredBytes {
 		t.Fatalf("delta write stored %d bytes (manifest included), plain %d", st.NewStoredBytes, plain.NewStoredBytes)
 	}
-	if got, err := f.read(t, "s"); err != nil || !bytes.Equal(got, v2) {
-		t.Fatalf("read v2: %v", err)
+	if got, rerr := f.read(t, "s"); rerr != nil || !bytes.Equal(got, v2) {
+		t.Fatalf("read v2: %v", rerr)
 	}
 	if len(e.Versions) != 1 {
 		t.Fatalf("%d versions kept, want 1 (the base's version is pruned)", len(e.Versions))
@@ -376,19 +376,19 @@ func TestDeltaSmallFileEdit(t *testing.T) {
 	// Version 3 edits the delta chunk again: its base is still v1's chunk.
 	v3 := bytes.Clone(v2)
 	copy(v3[31<<10:], "EDITED")
-	if _, st, err := f.vol.WriteFile(ctx, f.root, "s", source(v3), fs.Attrs{Mode: 0o644}); err != nil || st.DeltaChunks == 0 {
-		t.Fatalf("v3: %+v, %v", st, err)
+	if _, st2, werr := f.vol.WriteFile(ctx, f.root, "s", source(v3), fs.Attrs{Mode: 0o644}); werr != nil || st2.DeltaChunks == 0 {
+		t.Fatalf("v3: %+v, %v", st2, werr)
 	}
-	if _, err := fs.GC(ctx, f.svc, []*fs.Volume{f.vol}, f.st, fs.GCOptions{}); err != nil {
-		t.Fatal(err)
+	if _, gerr := fs.GC(ctx, f.svc, []*fs.Volume{f.vol}, f.st, fs.GCOptions{}); gerr != nil {
+		t.Fatal(gerr)
 	}
-	if got, err := f.read(t, "s"); err != nil || !bytes.Equal(got, v3) {
-		t.Fatalf("read v3 after gc: %v", err)
+	if got, rerr := f.read(t, "s"); rerr != nil || !bytes.Equal(got, v3) {
+		t.Fatalf("read v3 after gc: %v", rerr)
 	}
 	for _, readData := range []bool{false, true} {
-		fr, err := fs.Fsck(ctx, []*fs.Volume{f.vol}, f.st, readData, nil)
-		if err != nil || !fr.OK() {
-			t.Fatalf("fsck (read data %t) = %+v, %v", readData, fr, err)
+		fr, ferr := fs.Fsck(ctx, []*fs.Volume{f.vol}, f.st, readData, nil)
+		if ferr != nil || !fr.OK() {
+			t.Fatalf("fsck (read data %t) = %+v, %v", readData, fr, ferr)
 		}
 	}
 	stats, err := fs.ComputeStats(ctx, []*fs.Volume{f.vol}, f.st)

@@ -283,8 +283,8 @@ func TestCommitGroupDuringGC(t *testing.T) {
 		more[fmt.Sprintf("h%03d", i)] = random(4096)
 	}
 	pend = prepareAll(t, v, f.root, more)
-	if _, err := fs.GC(ctx, f.svc, []*fs.Volume{v}, ps, fs.GCOptions{}); err != nil {
-		t.Fatal(err)
+	if _, gerr := fs.GC(ctx, f.svc, []*fs.Volume{v}, ps, fs.GCOptions{}); gerr != nil {
+		t.Fatal(gerr)
 	}
 	for i, r := range v.CommitGroup(ctx, pend) {
 		if r.Err != nil {
@@ -296,8 +296,8 @@ func TestCommitGroupDuringGC(t *testing.T) {
 	}
 	// A later collection must not find anything to delete that a
 	// committed version names, and every file reads back.
-	if _, err := fs.GC(ctx, f.svc, []*fs.Volume{v}, ps, fs.GCOptions{}); err != nil {
-		t.Fatal(err)
+	if _, gerr := fs.GC(ctx, f.svc, []*fs.Volume{v}, ps, fs.GCOptions{}); gerr != nil {
+		t.Fatal(gerr)
 	}
 	frep, err := fs.Fsck(ctx, []*fs.Volume{v}, ps, true, nil)
 	if err != nil || !frep.OK() || frep.Files != len(files) {

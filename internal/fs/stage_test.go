@@ -78,11 +78,11 @@ func TestCommitStagedFencedByGC(t *testing.T) {
 	gcs := 0
 	target.gc = func(ctx context.Context) error {
 		gcs++
-		rep, err := fs.GC(ctx, f.svc, []*fs.Volume{tv}, target, fs.GCOptions{})
-		if err == nil && rep.DeletedObjects == 0 {
+		rep, gerr := fs.GC(ctx, f.svc, []*fs.Volume{tv}, target, fs.GCOptions{})
+		if gerr == nil && rep.DeletedObjects == 0 {
 			t.Errorf("the collection deleted nothing: the uploaded objects were not garbage")
 		}
-		return err
+		return gerr
 	}
 	files := []fs.StagedFile{{Dir: f.root, Name: "s", Version: ver, Attrs: a}}
 	res, cs, err := tv.CommitStaged(ctx, spool, files, nil)
@@ -104,8 +104,8 @@ func TestCommitStagedFencedByGC(t *testing.T) {
 		t.Errorf("version stores = %v", got)
 	}
 	var out bytes.Buffer
-	if err := tv.ReadFile(ctx, e, nil, &out); err != nil || !bytes.Equal(out.Bytes(), data) {
-		t.Fatalf("read back: %v (%d bytes, want %d)", err, out.Len(), len(data))
+	if rerr := tv.ReadFile(ctx, e, nil, &out); rerr != nil || !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("read back: %v (%d bytes, want %d)", rerr, out.Len(), len(data))
 	}
 
 	// Committing again (a drainer killed after the commit) commits nothing.
@@ -136,11 +136,11 @@ func TestCommitStagedRespectsLock(t *testing.T) {
 	if err != nil || !errors.Is(res[0].Err, meta.ErrLocked) || res[0].Entry != nil {
 		t.Fatalf("CommitStaged under another writer's lock: %v, %+v; want ErrLocked", err, res[0])
 	}
-	if _, err := f.vol.Meta.Get(ctx, f.root.Ino, "held"); !errors.Is(err, cairn.ErrNotFound) {
-		t.Fatalf("the refused file exists: %v", err)
+	if _, gerr := f.vol.Meta.Get(ctx, f.root.Ino, "held"); !errors.Is(gerr, cairn.ErrNotFound) {
+		t.Fatalf("the refused file exists: %v", gerr)
 	}
-	if err := l.Unlock(ctx); err != nil {
-		t.Fatal(err)
+	if uerr := l.Unlock(ctx); uerr != nil {
+		t.Fatal(uerr)
 	}
 	res, _, err = f.vol.CommitStaged(ctx, spool, files, nil)
 	if err != nil || res[0].Err != nil || res[0].Entry == nil {

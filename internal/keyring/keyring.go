@@ -9,12 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"golang.org/x/crypto/argon2"
 	"golang.org/x/crypto/chacha20poly1305"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/volkey"
 )
 
@@ -164,38 +164,7 @@ func (k *Keyring) Save() error {
 		f.Sealed = aead.Seal(nil, f.Nonce, plain, []byte("cairn keyring v1"))
 	}
 	b, _ := json.MarshalIndent(f, "", "  ")
-	return WriteFileAtomic(k.path, b, 0o600)
-}
-
-// WriteFileAtomic writes data to path through a temporary file, fsyncs it,
-// renames it into place and fsyncs the directory: after a crash the file is
-// either the old or the new content.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return cairn.E("write", cairn.IO, path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if err = tmp.Chmod(perm); err == nil {
-		if _, err = tmp.Write(data); err == nil {
-			err = tmp.Sync()
-		}
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		return cairn.E("write", cairn.IO, path, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
+	return durable.ReplaceFile(k.path, b, 0o600)
 }
 
 func derive(pass []byte, p KDF) []byte {

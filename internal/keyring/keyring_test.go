@@ -5,7 +5,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
 )
@@ -18,8 +21,8 @@ func TestSealedRoundTrip(t *testing.T) {
 	}
 	m := NewMaster()
 	k.Add("vol1", m)
-	if err := k.Save(); err != nil {
-		t.Fatal(err)
+	if serr := k.Save(); serr != nil {
+		t.Fatal(serr)
 	}
 	st, _ := os.Stat(p)
 	if st.Mode().Perm() != 0o600 {
@@ -37,8 +40,8 @@ func TestSealedRoundTrip(t *testing.T) {
 	if err != nil || got != m {
 		t.Fatalf("Key = %x, %v", got, err)
 	}
-	if _, err := k2.Key("other", "x"); !errors.Is(err, cairn.ErrPermission) {
-		t.Fatalf("missing key err = %v", err)
+	if _, kerr := k2.Key("other", "x"); !errors.Is(kerr, cairn.ErrPermission) {
+		t.Fatalf("missing key err = %v", kerr)
 	}
 	_, err = Open(p, func() ([]byte, error) { return []byte("wrong"), nil })
 	if !errors.Is(err, cairn.ErrPermission) {
@@ -87,4 +90,50 @@ func containsBytes(h, n []byte) bool {
 		}
 	}
 	return false
+}
+
+// TestSaveFullDisk saves a keyring on a full file system: Save must fail
+// and the keyring saved before must still open with its keys (a lost
+// write error once renamed an empty file over it and reported success).
+func TestSaveFullDisk(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
+		t.Skipf("cannot mount a small tmpfs to fill (needs root or CAP_SYS_ADMIN): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	p := filepath.Join(dir, "keyring")
+	k, err := Create(p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMaster()
+	k.Add("vol1", m)
+	if err = k.Save(); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the file system.
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for buf := make([]byte, 4096); ; {
+		if _, err = f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("fill: %v", err)
+	}
+	k.Add("vol2", NewMaster())
+	if err = k.Save(); !errors.Is(err, cairn.ErrIO) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Save on a full disk = %v, want an IO error wrapping ENOSPC", err)
+	}
+	k2, err := Open(p, nil)
+	if err != nil {
+		t.Fatalf("the keyring saved before the full disk does not open: %v", err)
+	}
+	if got, kerr := k2.Key("vol1", "home"); kerr != nil || got != m {
+		t.Fatalf("Key(vol1) = %x, %v; want the key saved before", got, kerr)
+	}
 }

@@ -29,14 +29,14 @@ func TestPutBatch(t *testing.T) {
 		t.Fatalf("locks %v: want the file's only", res.Locks)
 	}
 	lctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	if l, err := ov.Lock(lctx, dir.Ino, "f"); err == nil {
+	if l, lerr := ov.Lock(lctx, dir.Ino, "f"); lerr == nil {
 		l.Unlock(ctx)
 		cancel()
 		t.Fatal("a second writer got the lock the batch took")
 	}
 	cancel()
-	if err := res.Locks[1].Unlock(ctx); err != nil {
-		t.Fatal(err)
+	if uerr := res.Locks[1].Unlock(ctx); uerr != nil {
+		t.Fatal(uerr)
 	}
 	got, err := v.Lookup(ctx, []string{"d", "f"})
 	if err != nil || got.Ino != file.Ino || got.Rev != rev {
@@ -46,15 +46,15 @@ func TestPutBatch(t *testing.T) {
 	// A batch with one name taken writes nothing.
 	extra := meta.Entry{Name: "g", Parent: dir.Ino, Ino: meta.NewIno(), Type: meta.TypeFile}
 	taken := meta.Entry{Name: "f", Parent: dir.Ino, Ino: meta.NewIno(), Type: meta.TypeFile}
-	if _, err := v.PutBatch(ctx, []meta.BatchPut{{Entry: extra, Dir: dirRef}, {Entry: taken, Dir: dirRef}}); !errors.Is(err, cairn.ErrConflict) {
-		t.Fatalf("batch with a taken name: err = %v, want Conflict", err)
+	if _, perr := v.PutBatch(ctx, []meta.BatchPut{{Entry: extra, Dir: dirRef}, {Entry: taken, Dir: dirRef}}); !errors.Is(perr, cairn.ErrConflict) {
+		t.Fatalf("batch with a taken name: err = %v, want Conflict", perr)
 	}
-	if _, err := v.Get(ctx, dir.Ino, "g"); !errors.Is(err, cairn.ErrNotFound) {
-		t.Fatalf("g after a failed batch: err = %v, want NotFound", err)
+	if _, gerr := v.Get(ctx, dir.Ino, "g"); !errors.Is(gerr, cairn.ErrNotFound) {
+		t.Fatalf("g after a failed batch: err = %v, want NotFound", gerr)
 	}
 	// Alone, the taken name says Exist and what holds it.
-	if res, err := v.PutBatch(ctx, []meta.BatchPut{{Entry: taken, Dir: dirRef}}); !errors.Is(err, cairn.ErrExist) || res.Old == nil || res.Old.Ino != file.Ino {
-		t.Fatalf("taken name alone: old %+v, err %v; want Exist with ino %x", res.Old, err, file.Ino)
+	if res3, perr := v.PutBatch(ctx, []meta.BatchPut{{Entry: taken, Dir: dirRef}}); !errors.Is(perr, cairn.ErrExist) || res3.Old == nil || res3.Old.Ino != file.Ino {
+		t.Fatalf("taken name alone: old %+v, err %v; want Exist with ino %x", res3.Old, perr, file.Ino)
 	}
 	// A name whose lock another writer holds (a file it creates by its
 	// commit): ErrLocked when the lock is asked for, written without.
@@ -63,17 +63,17 @@ func TestPutBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := meta.Entry{Name: "locked", Parent: dir.Ino, Ino: meta.NewIno(), Type: meta.TypeFile}
-	if _, err := v.PutBatch(ctx, []meta.BatchPut{{Entry: held, Dir: dirRef, Lock: true}}); !errors.Is(err, meta.ErrLocked) {
-		t.Fatalf("a new file whose lock is held: err = %v, want ErrLocked", err)
+	if _, perr := v.PutBatch(ctx, []meta.BatchPut{{Entry: held, Dir: dirRef, Lock: true}}); !errors.Is(perr, meta.ErrLocked) {
+		t.Fatalf("a new file whose lock is held: err = %v, want ErrLocked", perr)
 	}
-	if _, err := v.PutBatch(ctx, []meta.BatchPut{{Entry: held, Dir: dirRef}}); err != nil {
-		t.Fatalf("the same without its lock: %v", err)
+	if _, perr := v.PutBatch(ctx, []meta.BatchPut{{Entry: held, Dir: dirRef}}); perr != nil {
+		t.Fatalf("the same without its lock: %v", perr)
 	}
 	l.Unlock(ctx)
 	// A directory that is gone: NotFound.
 	gone := meta.Entry{Name: "x", Parent: 12345, Ino: meta.NewIno(), Type: meta.TypeFile}
-	if _, err := v.PutBatch(ctx, []meta.BatchPut{{Entry: gone, Dir: meta.Entry{Name: "nodir", Parent: root.Ino, Ino: 12345, Type: meta.TypeDir}}}); !errors.Is(err, cairn.ErrNotFound) {
-		t.Fatalf("entry in a missing directory: err = %v, want NotFound", err)
+	if _, perr := v.PutBatch(ctx, []meta.BatchPut{{Entry: gone, Dir: meta.Entry{Name: "nodir", Parent: root.Ino, Ino: 12345, Type: meta.TypeDir}}}); !errors.Is(perr, cairn.ErrNotFound) {
+		t.Fatalf("entry in a missing directory: err = %v, want NotFound", perr)
 	}
 
 	// A change at the revision read, then one at a stale revision.
@@ -87,18 +87,18 @@ func TestPutBatch(t *testing.T) {
 	if g2, _ := v.Get(ctx, dir.Ino, "f"); g2 == nil || g2.Mode != 0o600 || g2.Rev != rev2 {
 		t.Fatalf("after the change: %+v", g2)
 	}
-	if _, err := v.PutBatch(ctx, []meta.BatchPut{{Entry: ch, Dir: dirRef}}); !errors.Is(err, cairn.ErrConflict) {
-		t.Fatalf("change at a stale revision: err = %v, want Conflict", err)
+	if _, perr := v.PutBatch(ctx, []meta.BatchPut{{Entry: ch, Dir: dirRef}}); !errors.Is(perr, cairn.ErrConflict) {
+		t.Fatalf("change at a stale revision: err = %v, want Conflict", perr)
 	}
 
 	// Refused before anything is sent.
 	twice := []meta.BatchPut{{Entry: extra, Dir: dirRef}, {Entry: extra, Dir: dirRef}}
-	if _, err := v.PutBatch(ctx, twice); !errors.Is(err, cairn.ErrInvalid) {
-		t.Fatalf("one name twice: err = %v, want Invalid", err)
+	if _, perr := v.PutBatch(ctx, twice); !errors.Is(perr, cairn.ErrInvalid) {
+		t.Fatalf("one name twice: err = %v, want Invalid", perr)
 	}
 	many := make([]meta.BatchPut, meta.MaxBatch+1)
-	if _, err := v.PutBatch(ctx, many); !errors.Is(err, cairn.ErrInvalid) {
-		t.Fatalf("%d entries: err = %v, want Invalid", len(many), err)
+	if _, perr := v.PutBatch(ctx, many); !errors.Is(perr, cairn.ErrInvalid) {
+		t.Fatalf("%d entries: err = %v, want Invalid", len(many), perr)
 	}
 
 	// MaxBatch new files, each locked, each in a directory of its own
@@ -106,9 +106,9 @@ func TestPutBatch(t *testing.T) {
 	full := make([]meta.BatchPut, 0, meta.MaxBatch)
 	for i := range meta.MaxBatch {
 		name := fmt.Sprintf("n%02d", i)
-		sub, err := v.Create(ctx, &dirRef, meta.Entry{Name: "s" + name, Type: meta.TypeDir, Mode: 0o755})
-		if err != nil {
-			t.Fatal(err)
+		sub, cerr := v.Create(ctx, &dirRef, meta.Entry{Name: "s" + name, Type: meta.TypeDir, Mode: 0o755})
+		if cerr != nil {
+			t.Fatal(cerr)
 		}
 		e := meta.Entry{Name: name, Parent: sub.Ino, Ino: meta.NewIno(), Type: meta.TypeFile}
 		full = append(full, meta.BatchPut{Entry: e, Dir: *sub, Lock: true})

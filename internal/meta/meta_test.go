@@ -50,17 +50,17 @@ func newVol(t *testing.T, keep int) (*meta.Service, *meta.Vol) {
 	}
 	t.Cleanup(func() { s.Close() })
 	ctx := context.Background()
-	if err := s.InitRealm(ctx, meta.RealmInfo{ID: "r1", Format: 1}); err != nil {
-		t.Fatal(err)
+	if ierr := s.InitRealm(ctx, meta.RealmInfo{ID: "r1", Format: 1}); ierr != nil {
+		t.Fatal(ierr)
 	}
-	if err := s.InitRealm(ctx, meta.RealmInfo{ID: "r2"}); !errors.Is(err, cairn.ErrExist) {
-		t.Fatalf("second InitRealm err = %v, want Exist", err)
+	if ierr := s.InitRealm(ctx, meta.RealmInfo{ID: "r2"}); !errors.Is(ierr, cairn.ErrExist) {
+		t.Fatalf("second InitRealm err = %v, want Exist", ierr)
 	}
-	if err := s.CreateVolume(ctx, meta.Volume{Name: "home", KeepVersions: keep, TrashTTL: time.Hour}, 0o755, 0, 0); err != nil {
-		t.Fatal(err)
+	if cerr := s.CreateVolume(ctx, meta.Volume{Name: "home", KeepVersions: keep, TrashTTL: time.Hour}, 0o755, 0, 0); cerr != nil {
+		t.Fatal(cerr)
 	}
-	if err := s.CreateVolume(ctx, meta.Volume{Name: "home"}, 0o755, 0, 0); !errors.Is(err, cairn.ErrExist) {
-		t.Fatalf("duplicate CreateVolume err = %v, want Exist", err)
+	if cerr := s.CreateVolume(ctx, meta.Volume{Name: "home"}, 0o755, 0, 0); !errors.Is(cerr, cairn.ErrExist) {
+		t.Fatalf("duplicate CreateVolume err = %v, want Exist", cerr)
 	}
 	v, err := s.Open(ctx, "home")
 	if err != nil {
@@ -95,15 +95,15 @@ func TestNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, err := v.MkdirAll(ctx, []string{"a", "b"}, 0o700, 0, 0); err != nil || again.Ino != dir.Ino {
-		t.Fatalf("MkdirAll again = %v, %v", again, err)
+	if again, merr := v.MkdirAll(ctx, []string{"a", "b"}, 0o700, 0, 0); merr != nil || again.Ino != dir.Ino {
+		t.Fatalf("MkdirAll again = %v, %v", again, merr)
 	}
 	f := commit(t, s, v, dir, "f.txt", 10, 1)
 	if f.Current().N != 1 || f.Size != 10 {
 		t.Fatalf("first commit = %+v", f)
 	}
-	if _, err := v.MkdirAll(ctx, []string{"a", "b", "f.txt", "c"}, 0o755, 0, 0); !errors.Is(err, cairn.ErrNotDir) {
-		t.Fatalf("MkdirAll through file = %v, want NotDir", err)
+	if _, merr := v.MkdirAll(ctx, []string{"a", "b", "f.txt", "c"}, 0o755, 0, 0); !errors.Is(merr, cairn.ErrNotDir) {
+		t.Fatalf("MkdirAll through file = %v, want NotDir", merr)
 	}
 	// Versions: keep 3.
 	for i := 2; i <= 5; i++ {
@@ -116,18 +116,18 @@ func TestNamespace(t *testing.T) {
 	if err != nil || got.Ino != f.Ino || got.Current().Manifest[0] != 5 {
 		t.Fatalf("Lookup = %+v, %v", got, err)
 	}
-	if _, err := v.Lookup(ctx, []string{"a", "zz"}); !errors.Is(err, cairn.ErrNotFound) {
-		t.Fatalf("Lookup missing = %v", err)
+	if _, lerr := v.Lookup(ctx, []string{"a", "zz"}); !errors.Is(lerr, cairn.ErrNotFound) {
+		t.Fatalf("Lookup missing = %v", lerr)
 	}
-	if _, _, err := v.CommitVersion(ctx, mustLookup(t, v, "a"), "b", meta.Commit{}); !errors.Is(err, cairn.ErrIsDir) {
-		t.Fatalf("commit over dir = %v, want IsDir", err)
+	if _, _, cerr := v.CommitVersion(ctx, mustLookup(t, v, "a"), "b", meta.Commit{}); !errors.Is(cerr, cairn.ErrIsDir) {
+		t.Fatalf("commit over dir = %v, want IsDir", cerr)
 	}
 	// Symlink.
-	if _, err := v.Create(ctx, dir, meta.Entry{Name: "ln", Type: meta.TypeSymlink, Target: "f.txt", Mode: 0o777}); err != nil {
-		t.Fatal(err)
+	if _, cerr := v.Create(ctx, dir, meta.Entry{Name: "ln", Type: meta.TypeSymlink, Target: "f.txt", Mode: 0o777}); cerr != nil {
+		t.Fatal(cerr)
 	}
-	if _, err := v.Create(ctx, dir, meta.Entry{Name: "ln", Type: meta.TypeSymlink}); !errors.Is(err, cairn.ErrExist) {
-		t.Fatalf("Create dup = %v", err)
+	if _, cerr := v.Create(ctx, dir, meta.Entry{Name: "ln", Type: meta.TypeSymlink}); !errors.Is(cerr, cairn.ErrExist) {
+		t.Fatalf("Create dup = %v", cerr)
 	}
 	ents, err := v.ReadDir(ctx, dir.Ino)
 	if err != nil || len(ents) != 2 || ents[0].Name != "f.txt" || ents[1].Target != "f.txt" {
@@ -219,8 +219,8 @@ func TestGCFence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.BeginGC(ctx); !errors.Is(err, cairn.ErrConflict) {
-		t.Fatalf("second BeginGC = %v, want Conflict", err)
+	if _, berr := s.BeginGC(ctx); !errors.Is(berr, cairn.ErrConflict) {
+		t.Fatalf("second BeginGC = %v, want Conflict", berr)
 	}
 	// A writer that started before the collection is fenced.
 	_, _, err = v.CommitVersion(ctx, root, "f", meta.Commit{Gen: gen})
@@ -268,9 +268,9 @@ func TestLockSerializesWriters(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		l2, err := v.Lock(ctx, 1, "f")
-		if err != nil {
-			t.Error(err)
+		l2, lerr := v.Lock(ctx, 1, "f")
+		if lerr != nil {
+			t.Error(lerr)
 			return
 		}
 		mu.Lock()
@@ -358,8 +358,8 @@ func TestCreateLocked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := v.CommitVersion(ctx, root, "a", meta.Commit{Version: meta.Version{Size: 1}, Mode: 0o644, Gen: gen, Lock: l, Cur: meta.KnownEntry(e)}); err != nil {
-		t.Fatal(err)
+	if _, _, cerr := v.CommitVersion(ctx, root, "a", meta.Commit{Version: meta.Version{Size: 1}, Mode: 0o644, Gen: gen, Lock: l, Cur: meta.KnownEntry(e)}); cerr != nil {
+		t.Fatal(cerr)
 	}
 	if locked("a") {
 		t.Fatal("the commit did not release the lock taken by the create")
@@ -370,16 +370,16 @@ func TestCreateLocked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, l, err := v.CreateLocked(ctx, root, meta.Entry{Name: "b", Type: meta.TypeFile}); err != nil || l != nil {
-		t.Fatalf("CreateLocked of a name this process holds locked = %v, lock %v; want created, no lock", err, l)
+	if _, l, cerr := v.CreateLocked(ctx, root, meta.Entry{Name: "b", Type: meta.TypeFile}); cerr != nil || l != nil {
+		t.Fatalf("CreateLocked of a name this process holds locked = %v, lock %v; want created, no lock", cerr, l)
 	}
 	l2.Unlock(ctx)
 	l3, err := ov.Lock(ctx, 1, "c")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, l, err := v.CreateLocked(ctx, root, meta.Entry{Name: "c", Type: meta.TypeFile}); err != nil || l != nil {
-		t.Fatalf("CreateLocked of a name another process holds locked = %v, lock %v; want created, no lock", err, l)
+	if _, l, cerr := v.CreateLocked(ctx, root, meta.Entry{Name: "c", Type: meta.TypeFile}); cerr != nil || l != nil {
+		t.Fatalf("CreateLocked of a name another process holds locked = %v, lock %v; want created, no lock", cerr, l)
 	}
 	if !locked("c") {
 		t.Fatal("the other process's lock went")
@@ -387,8 +387,8 @@ func TestCreateLocked(t *testing.T) {
 	l3.Unlock(ctx)
 
 	// Taken names and removed parents fail as Create does, holding nothing.
-	if old, l, err := v.CreateLocked(ctx, root, meta.Entry{Name: "a", Type: meta.TypeFile}); !errors.Is(err, cairn.ErrExist) || l != nil || old == nil || old.Ino != e.Ino {
-		t.Fatalf("CreateLocked of an existing name = %v, %v, lock %v", old, err, l)
+	if old, l, cerr := v.CreateLocked(ctx, root, meta.Entry{Name: "a", Type: meta.TypeFile}); !errors.Is(cerr, cairn.ErrExist) || l != nil || old == nil || old.Ino != e.Ino {
+		t.Fatalf("CreateLocked of an existing name = %v, %v, lock %v", old, cerr, l)
 	}
 	if locked("a") {
 		t.Fatal("a failed CreateLocked left the lock held")
@@ -704,8 +704,8 @@ func TestCommitUnlocked(t *testing.T) {
 		case name == "old" && (err != nil || cur.Size == 9):
 			t.Fatalf("old: refused commit changed the file (%v, %v)", cur, err)
 		}
-		if err := l.Unlock(ctx); err != nil {
-			t.Fatal(err)
+		if uerr := l.Unlock(ctx); uerr != nil {
+			t.Fatal(uerr)
 		}
 		got, _, err := v.CommitVersion(ctx, root, name, c)
 		if err != nil || got.Size != 9 {

@@ -68,28 +68,28 @@ func TestNodeRegistry(t *testing.T) {
 	if st.State != meta.NodeOnline || st.Addr != "127.0.0.1:1" || st.Capacity != 100 || st.LastSeen == 0 {
 		t.Fatalf("registered node: %+v", st)
 	}
-	if err := reg.Update(ctx, meta.NodeRecord{Addr: "127.0.0.1:1", Used: 7, Rate: 1e6}); err != nil {
-		t.Fatal(err)
+	if uerr := reg.Update(ctx, meta.NodeRecord{Addr: "127.0.0.1:1", Used: 7, Rate: 1e6}); uerr != nil {
+		t.Fatal(uerr)
 	}
 	if st := state(t, s, "desk"); st.Used != 7 || st.Rate != 1e6 || st.Name != "desk" || st.Registered == 0 {
 		t.Fatalf("after update: %+v", st)
 	}
 	// A liveness key that outlives its node's reports (etcd extends leases
 	// when it restarts) does not make it online.
-	if err := s.PutNode(ctx, meta.NodeRecord{Name: "desk", Role: "device", LastSeen: time.Now().Add(-3 * time.Second).UnixNano(), Lease: int64(time.Second)}); err != nil {
-		t.Fatal(err)
+	if perr := s.PutNode(ctx, meta.NodeRecord{Name: "desk", Role: "device", LastSeen: time.Now().Add(-3 * time.Second).UnixNano(), Lease: int64(time.Second)}); perr != nil {
+		t.Fatal(perr)
 	}
 	if st := state(t, s, "desk"); st.State != meta.NodeOffline {
 		t.Fatalf("stale reports: %s", st.State)
 	}
-	if err := reg.Update(ctx, meta.NodeRecord{}); err != nil {
-		t.Fatal(err)
+	if uerr := reg.Update(ctx, meta.NodeRecord{}); uerr != nil {
+		t.Fatal(uerr)
 	}
 	if st := state(t, s, "desk"); st.State != meta.NodeOnline || st.Lease != int64(time.Second) {
 		t.Fatalf("after a fresh report: %+v", st)
 	}
-	if err := reg.Close(ctx); err != nil {
-		t.Fatal(err)
+	if cerr := reg.Close(ctx); cerr != nil {
+		t.Fatal(cerr)
 	}
 	if st := state(t, s, "desk"); st.State != meta.NodeOffline {
 		t.Fatalf("after Close: %s", st.State)
@@ -120,21 +120,21 @@ func TestNodeRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.RemoveNode(ctx, "desk", time.Time{}); err != nil {
-		t.Fatal(err)
+	if rerr := s.RemoveNode(ctx, "desk", time.Time{}); rerr != nil {
+		t.Fatal(rerr)
 	}
 	if st := state(t, s, "desk"); st.State != meta.NodeRemoved || st.Removed == 0 {
 		t.Fatalf("after remove: %+v", st)
 	}
-	if err := reg3.Update(ctx, meta.NodeRecord{}); !errors.Is(err, cairn.ErrPermission) {
-		t.Fatalf("Update of a removed node: %v", err)
+	if uerr := reg3.Update(ctx, meta.NodeRecord{}); !errors.Is(uerr, cairn.ErrPermission) {
+		t.Fatalf("Update of a removed node: %v", uerr)
 	}
 	reg3.Close(ctx)
-	if _, err := s.Register(ctx, meta.NodeRecord{Name: "desk"}, time.Second); !errors.Is(err, cairn.ErrPermission) {
-		t.Fatalf("Register of a removed node: %v", err)
+	if _, rerr := s.Register(ctx, meta.NodeRecord{Name: "desk"}, time.Second); !errors.Is(rerr, cairn.ErrPermission) {
+		t.Fatalf("Register of a removed node: %v", rerr)
 	}
-	if err := s.RemoveNode(ctx, "ghost", time.Time{}); !errors.Is(err, cairn.ErrNotFound) {
-		t.Fatalf("RemoveNode of unknown: %v", err)
+	if rerr := s.RemoveNode(ctx, "ghost", time.Time{}); !errors.Is(rerr, cairn.ErrNotFound) {
+		t.Fatalf("RemoveNode of unknown: %v", rerr)
 	}
 	nodes, err := s.Nodes(ctx)
 	if err != nil || len(nodes) != 2 || nodes[0].Name != "desk" || nodes[0].State != meta.NodeRemoved || nodes[1].Name != "nas" || nodes[1].State != meta.NodeOffline {
@@ -159,9 +159,9 @@ func TestRevocationsWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	issue := func(name string) *pki.Credentials {
-		c, err := ca.NewCredentials(pki.NodeIdentity{Realm: "r1", Name: name, Role: pki.Device}, pki.IssueOptions{})
-		if err != nil {
-			t.Fatal(err)
+		c, nerr := ca.NewCredentials(pki.NodeIdentity{Realm: "r1", Name: name, Role: pki.Device}, pki.IssueOptions{})
+		if nerr != nil {
+			t.Fatal(nerr)
 		}
 		return c
 	}
@@ -171,21 +171,21 @@ func TestRevocationsWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rev.Close()
-	if revoked, err := rev.Revoked(laptop.Leaf); revoked || err != nil {
-		t.Fatalf("before removal: %v %v", revoked, err)
+	if revoked, rerr := rev.Revoked(laptop.Leaf); revoked || rerr != nil {
+		t.Fatalf("before removal: %v %v", revoked, rerr)
 	}
 	other, err := meta.New(secondClient(t, s), meta.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := other.PutNode(ctx, meta.NodeRecord{Name: "laptop", Role: "device"}); err != nil {
-		t.Fatal(err)
+	if perr := other.PutNode(ctx, meta.NodeRecord{Name: "laptop", Role: "device"}); perr != nil {
+		t.Fatal(perr)
 	}
-	if err := other.RemoveNode(ctx, "laptop", time.Time{}); err != nil {
-		t.Fatal(err)
+	if rerr := other.RemoveNode(ctx, "laptop", time.Time{}); rerr != nil {
+		t.Fatal(rerr)
 	}
-	if err := other.RevokeSerial(ctx, phone.Leaf.SerialNumber); err != nil {
-		t.Fatal(err)
+	if rerr := other.RevokeSerial(ctx, phone.Leaf.SerialNumber); rerr != nil {
+		t.Fatal(rerr)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -204,8 +204,8 @@ func TestRevocationsWatch(t *testing.T) {
 	// revocation's second may still be refused; one a second later is not.
 	time.Sleep(1100 * time.Millisecond)
 	again := issue("laptop")
-	if revoked, err := rev.Revoked(again.Leaf); revoked || err != nil {
-		t.Fatalf("new certificate after removal: %v %v", revoked, err)
+	if revoked, rerr := rev.Revoked(again.Leaf); revoked || rerr != nil {
+		t.Fatalf("new certificate after removal: %v %v", revoked, rerr)
 	}
 	// A fresh list loads the same state.
 	rev2, err := other.WatchRevocations(ctx)

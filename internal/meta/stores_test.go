@@ -30,23 +30,23 @@ func TestStoreRegistry(t *testing.T) {
 	if err != nil || len(list) != 2 || list[0].Name != "gcs" || list[1].URL != "s3://b/p" {
 		t.Fatalf("stores = %+v, %v", list, err)
 	}
-	if err := s.SetStoreDraining(ctx, "s3a", true); err != nil {
-		t.Fatal(err)
+	if serr := s.SetStoreDraining(ctx, "s3a", true); serr != nil {
+		t.Fatal(serr)
 	}
-	if rec, err := s.Store(ctx, "s3a"); err != nil || !rec.Draining {
-		t.Fatalf("after drain = %+v, %v", rec, err)
+	if rec, serr := s.Store(ctx, "s3a"); serr != nil || !rec.Draining {
+		t.Fatalf("after drain = %+v, %v", rec, serr)
 	}
-	if err := s.SetStoreDraining(ctx, "nope", true); !errors.Is(err, cairn.ErrNotFound) {
-		t.Fatalf("drain missing = %v", err)
+	if serr := s.SetStoreDraining(ctx, "nope", true); !errors.Is(serr, cairn.ErrNotFound) {
+		t.Fatalf("drain missing = %v", serr)
 	}
 	// Request counts add up per device and sum across devices.
 	for i := 0; i < 3; i++ {
-		if err := s.AddStoreRequests(ctx, "s3a", "laptop", map[string]int64{"PUT": 2, "GET": 1}); err != nil {
-			t.Fatal(err)
+		if aerr := s.AddStoreRequests(ctx, "s3a", "laptop", map[string]int64{"PUT": 2, "GET": 1}); aerr != nil {
+			t.Fatal(aerr)
 		}
 	}
-	if err := s.AddStoreRequests(ctx, "s3a", "desk", map[string]int64{"GET": 10}); err != nil {
-		t.Fatal(err)
+	if aerr := s.AddStoreRequests(ctx, "s3a", "desk", map[string]int64{"GET": 10}); aerr != nil {
+		t.Fatal(aerr)
 	}
 	req, err := s.StoreRequests(ctx, "s3a")
 	if err != nil || req["PUT"] != 6 || req["GET"] != 13 {

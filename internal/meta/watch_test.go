@@ -59,12 +59,12 @@ func TestWatchEntries(t *testing.T) {
 		t.Fatalf("commit: %+v", ev)
 	}
 	// An attribute is not a namespace record.
-	if err := v.SetXattr(ctx, f.Ino, "user.x", []byte("1"), meta.XattrAny); err != nil {
-		t.Fatal(err)
+	if serr := v.SetXattr(ctx, f.Ino, "user.x", []byte("1"), meta.XattrAny); serr != nil {
+		t.Fatal(serr)
 	}
 	// Rename: a delete where it was, a put where it goes (one response).
-	if err := v.Rename(ctx, d, "f", root, "g", "home:/g"); err != nil {
-		t.Fatal(err)
+	if rerr := v.Rename(ctx, d, "f", root, "g", "home:/g"); rerr != nil {
+		t.Fatal(rerr)
 	}
 	ev = nextChanges(t, w)
 	if len(ev.Changes) != 2 {
@@ -75,8 +75,8 @@ func TestWatchEntries(t *testing.T) {
 		t.Fatalf("rename changes: %+v / %+v", del, put)
 	}
 	// Remove to the trash: one delete (the trash record is not reported).
-	if _, err := v.Remove(ctx, root, "g", "home:/g", false); err != nil {
-		t.Fatal(err)
+	if _, rerr := v.Remove(ctx, root, "g", "home:/g", false); rerr != nil {
+		t.Fatal(rerr)
 	}
 	ev = nextChanges(t, w)
 	if len(ev.Changes) != 1 || ev.Changes[0].Entry != nil || ev.Changes[0].Name != "g" {
@@ -85,16 +85,16 @@ func TestWatchEntries(t *testing.T) {
 	// The root's own record.
 	r := mustLookup(t, v)
 	r.Mode = 0o700
-	if _, err := v.Update(ctx, r); err != nil {
-		t.Fatal(err)
+	if _, uerr := v.Update(ctx, r); uerr != nil {
+		t.Fatal(uerr)
 	}
 	ev = nextChanges(t, w)
 	if c := ev.Changes[0]; c.Parent != 0 || c.Name != "" || c.Entry == nil || c.Entry.Ino != meta.RootIno || c.Entry.Mode != 0o700 {
 		t.Fatalf("root update: %+v", c)
 	}
 	// Progress: a response without changes at the current revision.
-	if err := w.RequestProgress(); err != nil {
-		t.Fatal(err)
+	if rerr := w.RequestProgress(); rerr != nil {
+		t.Fatal(rerr)
 	}
 	ev, err = w.Next()
 	if err != nil || len(ev.Changes) != 0 || ev.Rev < r.Rev {

@@ -47,19 +47,19 @@ func TestDevice(t *testing.T) {
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
 	wch := cli.Watch(wctx, "w/", clientv3.WithPrefix())
-	if err := cli.RequestProgress(ctx); err != nil { // the watch is registered once this returns
-		t.Fatal(err)
+	if rerr := cli.RequestProgress(ctx); rerr != nil { // the watch is registered once this returns
+		t.Fatal(rerr)
 	}
-	if _, err := f.etcd.Put(ctx, "w/1", "x"); err != nil {
-		t.Fatal(err)
+	if _, perr := f.etcd.Put(ctx, "w/1", "x"); perr != nil {
+		t.Fatal(perr)
 	}
 	select {
 	case wr := <-wch:
 		for wr.IsProgressNotify() {
 			wr = <-wch
 		}
-		if err := wr.Err(); err != nil || len(wr.Events) != 1 || string(wr.Events[0].Kv.Key) != "w/1" {
-			t.Fatalf("watch: %+v %v", wr.Events, err)
+		if eerr := wr.Err(); eerr != nil || len(wr.Events) != 1 || string(wr.Events[0].Kv.Key) != "w/1" {
+			t.Fatalf("watch: %+v %v", wr.Events, eerr)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no watch event within 10 s")
@@ -70,8 +70,8 @@ func TestDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cli.Put(ctx, "leased", "x", clientv3.WithLease(lease.ID)); err != nil {
-		t.Fatal(err)
+	if _, perr := cli.Put(ctx, "leased", "x", clientv3.WithLease(lease.ID)); perr != nil {
+		t.Fatal(perr)
 	}
 	ka, err := cli.KeepAlive(ctx, lease.ID)
 	if err != nil {

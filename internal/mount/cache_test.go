@@ -291,13 +291,13 @@ func TestWriterLock(t *testing.T) {
 	defer w2.Close()
 	busy := func(what string) {
 		t.Helper()
-		x, err := os.OpenFile(g.path("doc"), os.O_WRONLY, 0)
-		if err == nil {
+		x, oerr := os.OpenFile(g.path("doc"), os.O_WRONLY, 0)
+		if oerr == nil {
 			x.Close()
 			t.Fatalf("%s: the other device opened the file for writing", what)
 		}
-		if !errors.Is(err, syscall.EBUSY) {
-			t.Fatalf("%s: the other device's open for writing: %v, want EBUSY", what, err)
+		if !errors.Is(oerr, syscall.EBUSY) {
+			t.Fatalf("%s: the other device's open for writing: %v, want EBUSY", what, oerr)
 		}
 	}
 	busy("two writers open")
@@ -309,16 +309,16 @@ func TestWriterLock(t *testing.T) {
 	}
 	// The first close commits; the second writer still holds the lock.
 	w1.WriteString("+a")
-	if err := w1.Close(); err != nil {
-		t.Fatal(err)
+	if cerr := w1.Close(); cerr != nil {
+		t.Fatal(cerr)
 	}
 	if got := f.cat("doc"); string(got) != "v1+a" {
 		t.Fatalf("after the first close: %q", got)
 	}
 	busy("one writer still open")
 	w2.WriteString("+b")
-	if err := w2.Close(); err != nil {
-		t.Fatal(err)
+	if cerr := w2.Close(); cerr != nil {
+		t.Fatal(cerr)
 	}
 	// Released with the last close (once the kernel has released the
 	// handles): the other device writes now.
@@ -330,8 +330,8 @@ func TestWriterLock(t *testing.T) {
 	}
 	defer x.Close()
 	x.WriteString("+c")
-	if err := x.Close(); err != nil {
-		t.Fatal(err)
+	if cerr := x.Close(); cerr != nil {
+		t.Fatal(cerr)
 	}
 	f.waitWatched(f.entry("doc").Rev)
 	if got := f.readMount("doc"); string(got) != "v1+a+b+c" {
@@ -343,11 +343,11 @@ func TestWriterLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	if x, err := os.OpenFile(g.path("new"), os.O_WRONLY, 0); !errors.Is(err, syscall.EBUSY) {
-		if err == nil {
+	if x, oerr := os.OpenFile(g.path("new"), os.O_WRONLY, 0); !errors.Is(oerr, syscall.EBUSY) {
+		if oerr == nil {
 			x.Close()
 		}
-		t.Fatalf("the other device opens a file being created: %v, want EBUSY", err)
+		t.Fatalf("the other device opens a file being created: %v, want EBUSY", oerr)
 	}
 	// Its lock, taken by the create's own transaction, goes with the
 	// last close: the commit's, or without writes, the release's.
@@ -446,11 +446,11 @@ func TestCommitIntoTrashedDirectory(t *testing.T) {
 	defer w.Close()
 	w.WriteString("new writes")
 	ctx := context.Background()
-	if _, err := f.vol.Meta.Remove(ctx, f.entry(""), "d", "v:/d", true); err != nil {
-		t.Fatal(err)
+	if _, rerr := f.vol.Meta.Remove(ctx, f.entry(""), "d", "v:/d", true); rerr != nil {
+		t.Fatal(rerr)
 	}
-	if err := w.Close(); !errors.Is(err, syscall.ENOENT) {
-		t.Fatalf("close after the directory was trashed: %v, want ENOENT", err)
+	if cerr := w.Close(); !errors.Is(cerr, syscall.ENOENT) {
+		t.Fatalf("close after the directory was trashed: %v, want ENOENT", cerr)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(f.logs.String(), "kept the unsaved content") {
@@ -541,8 +541,8 @@ func TestNonBlocking(t *testing.T) {
 	}
 	defer w.Close()
 	w.WriteString(" + more")
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
+	if cerr := w.Close(); cerr != nil {
+		t.Fatal(cerr)
 	}
 	if got := f.readMount("a"); string(got) != "v2, queued + more" || f.m.Pending() != 2 {
 		t.Fatalf("after a second queued close: %q, %d pending", got, f.m.Pending())
@@ -554,8 +554,8 @@ func TestNonBlocking(t *testing.T) {
 		t.Fatalf("after the queue ran: %d versions, %q", len(e.Versions), f.cat("a"))
 	}
 	var prev bytes.Buffer
-	if err := f.vol.ReadFile(context.Background(), e, &e.Versions[1], &prev); err != nil || prev.String() != "v2, queued" {
-		t.Fatalf("version 2: %q, %v", prev.String(), err)
+	if rerr := f.vol.ReadFile(context.Background(), e, &e.Versions[1], &prev); rerr != nil || prev.String() != "v2, queued" {
+		t.Fatalf("version 2: %q, %v", prev.String(), rerr)
 	}
 	// The lock went with the last commit.
 	f.waitClosed(0)
@@ -632,8 +632,8 @@ func TestPageCacheNotStale(t *testing.T) {
 	}
 	defer r1.Close()
 	buf := make([]byte, len(v1))
-	if _, err := r1.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, v1) {
-		t.Fatalf("r1 reads v1: %v", err)
+	if _, rerr := r1.ReadAt(buf, 0); rerr != nil || !bytes.Equal(buf, v1) {
+		t.Fatalf("r1 reads v1: %v", rerr)
 	}
 	f.put("p", v2)
 	f.waitWatched(f.entry("p").Rev)
@@ -787,8 +787,8 @@ func TestQueuedAcrossRemountFollowsPlacement(t *testing.T) {
 		var rec map[string]any
 		d := json.NewDecoder(bytes.NewReader(b))
 		d.UseNumber() // inode numbers do not fit a float64
-		if err := d.Decode(&rec); err != nil {
-			t.Fatal(err)
+		if derr := d.Decode(&rec); derr != nil {
+			t.Fatal(derr)
 		}
 		if rec["name"] != "old" {
 			continue

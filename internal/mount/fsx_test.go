@@ -639,8 +639,8 @@ func TestRenamedWhileWritingThenRecreated(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer w.Close()
-		if _, err := w.WriteString("old log\n"); err != nil {
-			t.Fatal(err)
+		if _, werr := w.WriteString("old log\n"); werr != nil {
+			t.Fatal(werr)
 		}
 		if how == "rename" {
 			err = os.Rename(f.path("app.log"), f.path("app.log.1"))
@@ -696,14 +696,14 @@ func TestRemovedFileStillReadable(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer w.Close()
-		if err := os.Remove(f.path("x")); err != nil {
-			t.Fatal(err)
+		if rerr := os.Remove(f.path("x")); rerr != nil {
+			t.Fatal(rerr)
 		}
-		if _, err := w.WriteAt([]byte(" and more, written after the unlink"), 10); err != nil {
-			t.Fatal(err)
+		if _, werr := w.WriteAt([]byte(" and more, written after the unlink"), 10); werr != nil {
+			t.Fatal(werr)
 		}
-		if err := w.Close(); err != nil {
-			t.Fatal(err)
+		if cerr := w.Close(); cerr != nil {
+			t.Fatal(cerr)
 		}
 		const want = "0123456789 and more, written after the unlink"
 		buf := make([]byte, 100)

@@ -171,8 +171,8 @@ func TestKillPriv(t *testing.T) {
 	}
 	// Another user's open for writing (as FUSE sees it: the fsuid; the
 	// mount admits only its own user's processes).
-	if err := os.Chmod(f.path("both"), 0o6777|os.ModeSetuid|os.ModeSetgid); err != nil {
-		t.Fatal(err)
+	if cerr := os.Chmod(f.path("both"), 0o6777|os.ModeSetuid|os.ModeSetgid); cerr != nil {
+		t.Fatal(cerr)
 	}
 	root, err := unix.Open(f.mnt, unix.O_RDONLY|unix.O_DIRECTORY, 0) // the path above it is root's only
 	if err != nil {

@@ -238,9 +238,9 @@ func newFixture(t *testing.T, o mount.Options) *fixture {
 	}
 	t.Cleanup(func() { svc.Close() })
 	master := keyring.NewMaster()
-	if err := svc.CreateVolume(ctx, meta.Volume{Name: "v", KeyCheck: fs.KeyCheck(master), ChunkMin: 4096, ChunkAvg: 16384, ChunkMax: 131072,
-		KeepVersions: 10, TrashTTL: time.Hour}, 0o755, uint32(os.Getuid()), uint32(os.Getgid())); err != nil {
-		t.Fatal(err)
+	if cerr := svc.CreateVolume(ctx, meta.Volume{Name: "v", KeyCheck: fs.KeyCheck(master), ChunkMin: 4096, ChunkAvg: 16384, ChunkMax: 131072,
+		KeepVersions: 10, TrashTTL: time.Hour}, 0o755, uint32(os.Getuid()), uint32(os.Getgid())); cerr != nil {
+		t.Fatal(cerr)
 	}
 	mv, err := svc.Open(ctx, "v")
 	if err != nil {
@@ -559,8 +559,8 @@ func TestNamespace(t *testing.T) {
 	// source is gone, the replaced file's versions stay the name's
 	// history (versions follow the path), nothing goes to the trash.
 	xIno := f.entry("d/x").Ino
-	if err := os.Rename(f.path("d/x"), f.path("d/y")); err != nil {
-		t.Fatal(err)
+	if rerr := os.Rename(f.path("d/x"), f.path("d/y")); rerr != nil {
+		t.Fatal(rerr)
 	}
 	if got := f.readMount("d/y"); string(got) != "file x" {
 		t.Fatalf("after rename over y: %q", got)
@@ -568,8 +568,8 @@ func TestNamespace(t *testing.T) {
 	if y := f.entry("d/y"); y.Ino != xIno || string(f.cat("d/y")) != "file x" {
 		t.Fatalf("renamed entry ino %d content %q, want ino %d", y.Ino, f.cat("d/y"), xIno)
 	}
-	if _, err := os.Stat(f.path("d/x")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("source after rename: %v", err)
+	if _, serr := os.Stat(f.path("d/x")); !errors.Is(serr, os.ErrNotExist) {
+		t.Fatalf("source after rename: %v", serr)
 	}
 	trash, err := f.vol.Meta.Trash(context.Background())
 	if err != nil || len(trash) != 0 {
@@ -579,11 +579,11 @@ func TestNamespace(t *testing.T) {
 		t.Fatalf("d/y after the rename over it has %d versions, want y's and x's", len(y.Versions))
 	}
 	// rename into another directory, and of a directory.
-	if err := os.Rename(f.path("d/z"), f.path("d/sub/z2")); err != nil {
-		t.Fatal(err)
+	if rerr := os.Rename(f.path("d/z"), f.path("d/sub/z2")); rerr != nil {
+		t.Fatal(rerr)
 	}
-	if err := os.Rename(f.path("d/sub"), f.path("sub2")); err != nil {
-		t.Fatal(err)
+	if rerr := os.Rename(f.path("d/sub"), f.path("sub2")); rerr != nil {
+		t.Fatal(rerr)
 	}
 	if got := f.readMount("sub2/z2"); string(got) != "file z" || string(f.cat("sub2/z2")) != "file z" {
 		t.Fatalf("after moves: %q", got)
@@ -825,17 +825,17 @@ func TestTruncateAppend(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	if err := w.Truncate(3); err != nil {
-		t.Fatal(err)
+	if terr := w.Truncate(3); terr != nil {
+		t.Fatal(terr)
 	}
-	if _, err := w.WriteAt([]byte("+tail"), 3); err != nil {
-		t.Fatal(err)
+	if _, werr := w.WriteAt([]byte("+tail"), 3); werr != nil {
+		t.Fatal(werr)
 	}
-	if err := w.Sync(); err != nil {
-		t.Fatal(err)
+	if serr := w.Sync(); serr != nil {
+		t.Fatal(serr)
 	}
-	if fi, err := w.Stat(); err != nil || fi.Size() != 8 {
-		t.Fatalf("fstat while dirty: %v, %v", fi.Size(), err)
+	if fi, serr := w.Stat(); serr != nil || fi.Size() != 8 {
+		t.Fatalf("fstat while dirty: %v, %v", fi.Size(), serr)
 	}
 	if got := f.readMount("log"); string(got) != "one+tail" {
 		t.Fatalf("another open before close sees %q", got)
@@ -843,8 +843,8 @@ func TestTruncateAppend(t *testing.T) {
 	if got := f.cat("log"); string(got) != "one\ntwo\nthree\n" {
 		t.Fatalf("committed before close: %q", got)
 	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
+	if cerr := w.Close(); cerr != nil {
+		t.Fatal(cerr)
 	}
 	if got := f.cat("log"); string(got) != "one+tail" {
 		t.Fatalf("after close: %q", got)
@@ -886,8 +886,8 @@ func TestLargeFile(t *testing.T) {
 	defer r.Close()
 	buf := make([]byte, 100000)
 	for _, off := range []int64{0, 1, 3 << 20, int64(len(data)) - 100000} {
-		if _, err := r.ReadAt(buf, off); err != nil || !bytes.Equal(buf, data[off:off+100000]) {
-			t.Fatalf("ReadAt %d: %v", off, err)
+		if _, rerr := r.ReadAt(buf, off); rerr != nil || !bytes.Equal(buf, data[off:off+100000]) {
+			t.Fatalf("ReadAt %d: %v", off, rerr)
 		}
 	}
 	// Overwrite a range in the middle: one new version, the rest deduplicated.

@@ -50,20 +50,20 @@ func TestPassthroughNewVersionWhileOpen(t *testing.T) {
 	}
 	defer r1.Close()
 	buf := make([]byte, len(v1))
-	if k, err := r1.ReadAt(buf, 0); k != len(v1) || !bytes.Equal(buf, v1) {
-		t.Fatalf("r1 reads v1: %d bytes, %v", k, err)
+	if k, rerr := r1.ReadAt(buf, 0); k != len(v1) || !bytes.Equal(buf, v1) {
+		t.Fatalf("r1 reads v1: %d bytes, %v", k, rerr)
 	}
 	g.waitWatched(f.entry("p").Rev)
-	if err := os.WriteFile(g.path("p"), v2, 0o644); err != nil {
-		t.Fatal(err)
+	if werr := os.WriteFile(g.path("p"), v2, 0o644); werr != nil {
+		t.Fatal(werr)
 	}
 	f.waitWatched(f.entry("p").Rev)
 	reads := mount.ReadCalls(f.m)
 	if got := f.readMount("p"); !bytes.Equal(got, v2) {
 		t.Fatalf("an open after the other device's commit reads %d bytes %q..., want v2", len(got), got[:min(8, len(got))])
 	}
-	if k, err := r1.ReadAt(buf, 0); k != len(v2) || !bytes.Equal(buf[:k], v2) {
-		t.Fatalf("the descriptor held open reads %d bytes (%v), want v2's %d", k, err, len(v2))
+	if k, rerr := r1.ReadAt(buf, 0); k != len(v2) || !bytes.Equal(buf[:k], v2) {
+		t.Fatalf("the descriptor held open reads %d bytes (%v), want v2's %d", k, rerr, len(v2))
 	}
 	// A writer here while r1 is still open: the same backing file.
 	w, err := os.OpenFile(f.path("p"), os.O_WRONLY|os.O_TRUNC, 0)
@@ -115,8 +115,8 @@ func TestPassthroughWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rw.ReadAt(make([]byte, 10), 0); err != nil {
-		t.Fatal(err)
+	if _, rerr := rw.ReadAt(make([]byte, 10), 0); rerr != nil {
+		t.Fatal(rerr)
 	}
 	rw.Close()
 	f.waitClosed(0)
@@ -171,8 +171,8 @@ func TestPassthroughMappedStoreAfterClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Ftruncate(fd, 8192); err != nil {
-		t.Fatal(err)
+	if ferr := unix.Ftruncate(fd, 8192); ferr != nil {
+		t.Fatal(ferr)
 	}
 	mem, err := unix.Mmap(fd, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -387,15 +387,15 @@ func TestPassthroughRefreshNoSpuriousVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.WriteAt([]byte("VERSION"), 0); err != nil {
-		t.Fatal(err)
+	if _, werr := w.WriteAt([]byte("VERSION"), 0); werr != nil {
+		t.Fatal(werr)
 	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
+	if cerr := w.Close(); cerr != nil {
+		t.Fatal(cerr)
 	}
 	g.waitWatched(f.entry("r").Rev)
-	if err := os.WriteFile(g.path("r"), []byte("version two from g"), 0o644); err != nil {
-		t.Fatal(err)
+	if werr := os.WriteFile(g.path("r"), []byte("version two from g"), 0o644); werr != nil {
+		t.Fatal(werr)
 	}
 	f.waitWatched(f.entry("r").Rev)
 	n, mt := versions(f, "r"), f.entry("r").Mtime

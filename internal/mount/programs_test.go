@@ -456,14 +456,14 @@ func TestProgramGoBuild(t *testing.T) {
 		cacheRoot = os.TempDir()
 	}
 	gocache := filepath.Join(cacheRoot, "cairn-test", "gocache-mount")
-	if err := os.MkdirAll(gocache, 0o755); err != nil {
-		t.Fatal(err)
+	if merr := os.MkdirAll(gocache, 0o755); merr != nil {
+		t.Fatal(merr)
 	}
 	mod := f.path("hello")
 	work := f.path("gowork") // the go command's $WORK: objects, link output
 	for _, d := range []string{mod + "/greet", work} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
+		if merr := os.MkdirAll(d, 0o755); merr != nil {
+			t.Fatal(merr)
 		}
 	}
 	// A value new in every run: the packages compile from the mount every
@@ -495,8 +495,8 @@ func main() {
 `,
 	}
 	for name, text := range files {
-		if err := os.WriteFile(filepath.Join(mod, name), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
+		if werr := os.WriteFile(filepath.Join(mod, name), []byte(text), 0o644); werr != nil {
+			t.Fatal(werr)
 		}
 	}
 	env := progEnv(t, "GOCACHE="+gocache, "GOPATH="+t.TempDir(), "GOTMPDIR="+work,
@@ -618,20 +618,20 @@ func saveByRename(path string, content []byte) error {
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	if _, err := tmp.Write(content); err != nil {
-		return err
+	if _, werr := tmp.Write(content); werr != nil {
+		return werr
 	}
-	if err := tmp.Chmod(fi.Mode().Perm()); err != nil {
-		return err
+	if cerr := tmp.Chmod(fi.Mode().Perm()); cerr != nil {
+		return cerr
 	}
-	if err := tmp.Sync(); err != nil {
-		return err
+	if serr := tmp.Sync(); serr != nil {
+		return serr
 	}
-	if err := tmp.Close(); err != nil {
-		return err
+	if cerr := tmp.Close(); cerr != nil {
+		return cerr
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
+	if rerr := os.Rename(tmp.Name(), path); rerr != nil {
+		return rerr
 	}
 	d, err := os.Open(filepath.Dir(path))
 	if err != nil {

@@ -305,27 +305,27 @@ func TestWriteBackWriterLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	if _, err := w.WriteString("first"); err != nil {
-		t.Fatal(err)
+	if _, werr := w.WriteString("first"); werr != nil {
+		t.Fatal(werr)
 	}
 	f.syncDir("") // written: visible to the other device
 	f.entry("f")
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, err := os.Stat(d.path("f"))
-		if err == nil {
+		_, serr := os.Stat(d.path("f"))
+		if serr == nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the other device does not see f: %v", err)
+			t.Fatalf("the other device does not see f: %v", serr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if x, err := os.OpenFile(d.path("f"), os.O_WRONLY, 0); err == nil {
+	if x, oerr := os.OpenFile(d.path("f"), os.O_WRONLY, 0); oerr == nil {
 		x.Close()
 		t.Fatal("the other device opened for writing a file open for writing here")
-	} else if !strings.Contains(err.Error(), "busy") {
-		t.Fatalf("the other device's open for writing: %v, want EBUSY", err)
+	} else if !strings.Contains(oerr.Error(), "busy") {
+		t.Fatalf("the other device's open for writing: %v, want EBUSY", oerr)
 	}
 	// A second writer here shares the lock.
 	w2, err := os.OpenFile(f.path("f"), os.O_WRONLY|os.O_APPEND, 0)

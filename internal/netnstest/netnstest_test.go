@@ -129,12 +129,12 @@ func TestHosts(t *testing.T) {
 			t.Fatalf("host 1 routes:\n%s", out)
 		}
 		// No IPv6 (it would chatter and show in the counters).
-		if out, err := n.Command(1, "ip", "-6", "addr", "show").Output(); err != nil || len(bytes.TrimSpace(out)) != 0 {
-			t.Fatalf("host 1 IPv6 addresses (%v):\n%s", err, out)
+		if out, oerr := n.Command(1, "ip", "-6", "addr", "show").Output(); oerr != nil || len(bytes.TrimSpace(out)) != 0 {
+			t.Fatalf("host 1 IPv6 addresses (%v):\n%s", oerr, out)
 		}
 		// And the root namespace has no address on it.
-		if out, err := exec.Command("ip", "-4", "addr", "show").Output(); err != nil || strings.Contains(string(out), "10.213.") {
-			t.Fatalf("root namespace addresses (%v):\n%s", err, out)
+		if out, oerr := exec.Command("ip", "-4", "addr", "show").Output(); oerr != nil || strings.Contains(string(out), "10.213.") {
+			t.Fatalf("root namespace addresses (%v):\n%s", oerr, out)
 		}
 
 		startHelper(t, n, 0, "echo", n.HostPort(0, 7000))
@@ -142,9 +142,9 @@ func TestHosts(t *testing.T) {
 
 		// Echo from host 1 and host 2 to host 0; measure the round trip.
 		for _, from := range []int{1, 2} {
-			c, err := n.Dial(from, "tcp", n.HostPort(0, 7000), 5*time.Second)
-			if err != nil {
-				t.Fatalf("dial from host %d: %v", from, err)
+			c, derr := n.Dial(from, "tcp", n.HostPort(0, 7000), 5*time.Second)
+			if derr != nil {
+				t.Fatalf("dial from host %d: %v", from, derr)
 			}
 			if la := c.LocalAddr().(*net.TCPAddr); la.IP.String() != n.Addr(from).String() {
 				t.Fatalf("local address %v, want host %d's %v", la, from, n.Addr(from))
@@ -154,11 +154,11 @@ func TestHosts(t *testing.T) {
 			for i := range 10 {
 				msg := fmt.Appendf(nil, "ping %d", i)
 				start := time.Now()
-				if _, err := c.Write(msg); err != nil {
-					t.Fatal(err)
+				if _, werr := c.Write(msg); werr != nil {
+					t.Fatal(werr)
 				}
-				if _, err := io.ReadFull(c, buf[:len(msg)]); err != nil {
-					t.Fatal(err)
+				if _, rerr := io.ReadFull(c, buf[:len(msg)]); rerr != nil {
+					t.Fatal(rerr)
 				}
 				rtts = append(rtts, time.Since(start))
 				if !bytes.Equal(buf[:len(msg)], msg) {
@@ -231,7 +231,7 @@ func TestLossAndUnlimited(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if c, err := lossy.Dial(1, "tcp", lossy.HostPort(0, 7000), 300*time.Millisecond); err == nil {
+	if c, derr := lossy.Dial(1, "tcp", lossy.HostPort(0, 7000), 300*time.Millisecond); derr == nil {
 		c.Close()
 		t.Fatal("dial over a link that loses everything succeeded")
 	}
@@ -249,8 +249,8 @@ func TestLossAndUnlimited(t *testing.T) {
 	}
 	defer l2.Close()
 	go func() {
-		c, err := l2.Accept()
-		if err == nil {
+		c, aerr := l2.Accept()
+		if aerr == nil {
 			io.Copy(io.Discard, c)
 			c.Close()
 		}

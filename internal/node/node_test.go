@@ -305,8 +305,8 @@ func TestSlowClientsAreCut(t *testing.T) {
 	defer conn.Close()
 	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	start := time.Now()
-	if _, err := conn.Read(make([]byte, 1)); err == nil || time.Since(start) > 3*time.Second {
-		t.Fatalf("idle TCP connection: read %v after %v; want closed within the handshake timeout", err, time.Since(start))
+	if _, rerr := conn.Read(make([]byte, 1)); rerr == nil || time.Since(start) > 3*time.Second {
+		t.Fatalf("idle TCP connection: read %v after %v; want closed within the handshake timeout", rerr, time.Since(start))
 	}
 
 	// A device that announces a body and stops sending is cut.

@@ -204,14 +204,14 @@ func TestReadDetectsDamage(t *testing.T) {
 		bad := bytes.Clone(orig)
 		bad[r.IntN(len(bad))] ^= byte(1 + r.IntN(255))
 		st.set(victim.ID, bad)
-		err := e.Read(context.Background(), refs, io.Discard)
-		if !errors.Is(err, cairn.ErrCorrupt) || !strings.Contains(err.Error(), victim.ID.Short()) {
-			t.Fatalf("damaged chunk: %v, want Corrupt naming %s", err, victim.ID.Short())
+		rerr := e.Read(context.Background(), refs, io.Discard)
+		if !errors.Is(rerr, cairn.ErrCorrupt) || !strings.Contains(rerr.Error(), victim.ID.Short()) {
+			t.Fatalf("damaged chunk: %v, want Corrupt naming %s", rerr, victim.ID.Short())
 		}
 	}
 	st.set(victim.ID, orig[:len(orig)-1])
-	if err := e.Read(context.Background(), refs, io.Discard); !errors.Is(err, cairn.ErrCorrupt) {
-		t.Fatalf("truncated chunk: %v", err)
+	if rerr := e.Read(context.Background(), refs, io.Discard); !errors.Is(rerr, cairn.ErrCorrupt) {
+		t.Fatalf("truncated chunk: %v", rerr)
 	}
 	st.Delete(context.Background(), victim.ID)
 	err = e.Read(context.Background(), refs, io.Discard)
@@ -514,8 +514,8 @@ func TestWriteDelta(t *testing.T) {
 		t.Fatal("read back differs")
 	}
 	var buf bytes.Buffer
-	if err := e.ReadRange(ctx, refs, 20<<10, 100, &buf); err != nil || !bytes.Equal(buf.Bytes(), edited[20<<10:20<<10+100]) {
-		t.Fatalf("range read: %v", err)
+	if rerr := e.ReadRange(ctx, refs, 20<<10, 100, &buf); rerr != nil || !bytes.Equal(buf.Bytes(), edited[20<<10:20<<10+100]) {
+		t.Fatalf("range read: %v", rerr)
 	}
 	got, err := e.Plaintexts(ctx, refs)
 	if err != nil || !bytes.Equal(bytes.Join(got, nil), edited) {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 )
 
 // Files in a CA directory and in a node's credentials directory.
@@ -131,10 +132,10 @@ func CreateCA(dir, realm string) (*CA, error) {
 		return nil, cairn.E(op, cairn.Other, dir, err)
 	}
 	// Key first: a crash between the two leaves no certificate without key.
-	if err := writeFileAtomic(filepath.Join(dir, CAKeyFile), keyPEM, 0o600); err != nil {
+	if err := durable.ReplaceFile(filepath.Join(dir, CAKeyFile), keyPEM, 0o600); err != nil {
 		return nil, cairn.E(op, cairn.IO, dir, err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, CACertFile), encodeCert(cert), 0o644); err != nil {
+	if err := durable.ReplaceFile(filepath.Join(dir, CACertFile), encodeCert(cert), 0o644); err != nil {
 		return nil, cairn.E(op, cairn.IO, dir, err)
 	}
 	return &CA{Realm: realm, Cert: cert, key: key}, nil
@@ -292,7 +293,7 @@ func (c *Credentials) Save(dir string) error {
 		{NodeKeyFile, keyPEM, 0o600},
 		{NodeCertFile, encodeCert(c.Leaf), 0o644},
 	} {
-		if err := writeFileAtomic(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
+		if err := durable.ReplaceFile(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
 			return cairn.E(op, cairn.IO, dir, err)
 		}
 	}

@@ -11,8 +11,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
 )
@@ -85,8 +88,8 @@ func TestIssueAndIdentity(t *testing.T) {
 			t.Fatalf("hosts: DNS %v IP %v", c.Leaf.DNSNames, c.Leaf.IPAddresses)
 		}
 		dir := t.TempDir()
-		if err := c.Save(dir); err != nil {
-			t.Fatal(err)
+		if serr := c.Save(dir); serr != nil {
+			t.Fatal(serr)
 		}
 		back, err := LoadCredentials(dir)
 		if err != nil {
@@ -187,15 +190,15 @@ func TestRevocationList(t *testing.T) {
 	}
 	check := func(l *RevocationList, c *Credentials, want bool) {
 		t.Helper()
-		got, err := l.Revoked(c.Leaf)
-		if err != nil || got != want {
-			t.Fatalf("Revoked(%s) = %v, %v; want %v", c.Identity.Name, got, err, want)
+		got, rerr := l.Revoked(c.Leaf)
+		if rerr != nil || got != want {
+			t.Fatalf("Revoked(%s) = %v, %v; want %v", c.Identity.Name, got, rerr, want)
 		}
 	}
 	check(l1, a, false)
 	check(l2, a, false)
-	if err := l1.RevokeSerial(a.Leaf.SerialNumber); err != nil {
-		t.Fatal(err)
+	if rerr := l1.RevokeSerial(a.Leaf.SerialNumber); rerr != nil {
+		t.Fatal(rerr)
 	}
 	check(l1, a, true)
 	check(l1, b, false)
@@ -205,8 +208,8 @@ func TestRevocationList(t *testing.T) {
 	clock = clock.Add(RecheckInterval)
 	check(l2, a, true)
 	// Both writers' revocations survive (read-modify-write under the lock).
-	if err := l2.RevokeName("b"); err != nil {
-		t.Fatal(err)
+	if rerr := l2.RevokeName("b"); rerr != nil {
+		t.Fatal(rerr)
 	}
 	l1.now = func() time.Time { return clock.Add(2 * RecheckInterval) }
 	check(l1, b, true)
@@ -235,5 +238,48 @@ func TestRevocationList(t *testing.T) {
 	l1.now = func() time.Time { return clock.Add(time.Hour) }
 	if got, err := l1.Revoked(b.Leaf); err == nil || !got {
 		t.Fatalf("Revoked with a damaged list = %v, %v; want true and an error", got, err)
+	}
+}
+
+// TestCredentialsSaveFullDisk saves new credentials over good ones on a
+// full file system: Save fails and the old credentials still load.
+func TestCredentialsSaveFullDisk(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
+		t.Skipf("cannot mount a small tmpfs to fill (needs root or CAP_SYS_ADMIN): %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	ca := newCA(t, "r1")
+	old := creds(t, ca, "n1", Device)
+	credDir := filepath.Join(dir, "pki")
+	if err := old.Save(credDir); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for buf := make([]byte, 4096); ; {
+		if _, err = f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("fill: %v", err)
+	}
+	if err = creds(t, ca, "n1", Device).Save(credDir); !errors.Is(err, cairn.ErrIO) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Save on a full disk = %v, want an IO error wrapping ENOSPC", err)
+	}
+	back, err := LoadCredentials(credDir)
+	if err != nil {
+		t.Fatalf("the credentials saved before the full disk do not load: %v", err)
+	}
+	if !back.Leaf.Equal(old.Leaf) {
+		t.Fatal("the node certificate is not the one saved before")
+	}
+	fi, err := os.Stat(filepath.Join(credDir, NodeKeyFile))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("node key: %v %v; want mode 0600", err, fi)
 	}
 }

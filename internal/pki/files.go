@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 
 	"cairn.dev/cairn/internal/cairn"
 )
@@ -76,44 +75,4 @@ func readKey(path string) (crypto.Signer, error) {
 func publicKeyEqual(a, b crypto.PublicKey) bool {
 	ea, ok := a.(interface{ Equal(crypto.PublicKey) bool })
 	return ok && ea.Equal(b)
-}
-
-// writeFileAtomic writes data to path through a synced temporary file and a
-// rename, then syncs the directory: a crash leaves the old file or the new.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			_ = f.Close()
-			_ = os.Remove(tmp)
-		}
-	}()
-	if err = f.Chmod(mode); err != nil {
-		return err
-	}
-	if _, err = f.Write(data); err != nil {
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return err
-	}
-	ok = true
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -74,8 +74,8 @@ func TestJoinDevice(t *testing.T) {
 	}
 	// The new credentials work for mutual TLS with the realm.
 	dir := t.TempDir()
-	if err := c.Save(dir); err != nil {
-		t.Fatal(err)
+	if serr := c.Save(dir); serr != nil {
+		t.Fatal(serr)
 	}
 	c, err = LoadCredentials(dir)
 	if err != nil {
@@ -260,10 +260,10 @@ func TestJoinPayloadSealed(t *testing.T) {
 	var fake Token
 	copy(fake.ID[:], pt.ID[:])
 	copy(fake.Secret[:], rec.MACKey)
-	if _, err := openPayload(fake, Device, rec.Payload); err == nil {
+	if _, oerr := openPayload(fake, Device, rec.Payload); oerr == nil {
 		t.Fatal("payload opened with the record's MAC key")
 	}
-	if _, err := openPayload(pt, Surrogate, rec.Payload); err == nil {
+	if _, oerr := openPayload(pt, Surrogate, rec.Payload); oerr == nil {
 		t.Fatal("payload opened under another role")
 	}
 	_, got, err := Join(bg, tok, JoinOptions{})

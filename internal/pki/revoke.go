@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 )
 
 // Revocations is where the realm's revocation list comes from. ServerTLS and
@@ -201,7 +202,7 @@ func (l *RevocationList) update(fn func(*revocationFile)) error {
 		if err != nil {
 			return cairn.E(op, cairn.Other, l.path, err)
 		}
-		if err := writeFileAtomic(l.path, append(b, '\n'), 0o644); err != nil {
+		if err := durable.ReplaceFile(l.path, append(b, '\n'), 0o644); err != nil {
 			return cairn.E(op, cairn.IO, l.path, err)
 		}
 		if err := l.reloadLocked(true); err != nil {

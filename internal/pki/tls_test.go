@@ -126,8 +126,8 @@ func TestMutualTLS(t *testing.T) {
 			t.Fatalf("revoked client on a raw connection: %v, want the server's bad certificate alert", err)
 		}
 		// A client refuses a revoked server too.
-		if err := rev.RevokeSerial(srvCreds.Leaf.SerialNumber); err != nil {
-			t.Fatal(err)
+		if rerr := rev.RevokeSerial(srvCreds.Leaf.SerialNumber); rerr != nil {
+			t.Fatal(rerr)
 		}
 		_, err = get(client(t, cliTLS(t, dev, TLSOptions{Revocations: rev})), addr)
 		if err == nil || !strings.Contains(err.Error(), "revoked") {

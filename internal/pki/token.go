@@ -19,6 +19,7 @@ import (
 	"github.com/zeebo/blake3"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 )
 
 // TokenPrefix starts every join token, so a person (and a log scrubber)
@@ -218,7 +219,7 @@ func (l *TokenList) save(m map[string]TokenRecord) error {
 	if err != nil {
 		return cairn.E("write tokens", cairn.Other, l.path, err)
 	}
-	if err := writeFileAtomic(l.path, append(b, '\n'), 0o600); err != nil {
+	if err := durable.ReplaceFile(l.path, append(b, '\n'), 0o600); err != nil {
 		return cairn.E("write tokens", cairn.IO, l.path, err)
 	}
 	return nil

@@ -36,13 +36,13 @@ func twoDevices(t testing.TB, bOpts Options) (a, b *Realm, stopA func()) {
 	}()
 	select {
 	case <-ready:
-	case err := <-served:
-		t.Fatalf("serve: %v", err)
+	case err2 := <-served:
+		t.Fatalf("serve: %v", err2)
 	}
 	stopA = func() {
 		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("serve: %v", err)
+		if err2 := <-served; err2 != nil {
+			t.Errorf("serve: %v", err2)
 		}
 	}
 	t.Cleanup(func() {
@@ -55,8 +55,8 @@ func twoDevices(t testing.TB, bOpts Options) (a, b *Realm, stopA func()) {
 		t.Fatal(err)
 	}
 	homeB := t.TempDir()
-	if _, err := Join(ctx, homeB, tok, JoinOptions{NoPassphrase: true}); err != nil {
-		t.Fatal(err)
+	if _, jerr := Join(ctx, homeB, tok, JoinOptions{NoPassphrase: true}); jerr != nil {
+		t.Fatal(jerr)
 	}
 	bOpts.NoPassphrase = true
 	if b, err = Open(ctx, homeB, bOpts); err != nil {
@@ -200,8 +200,8 @@ func TestVolumeMadeAfterJoin(t *testing.T) {
 		t.Fatal(err)
 	}
 	root, _ := va.Meta.Root(ctx)
-	if _, _, err := va.WriteFile(ctx, root, "x", func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader([]byte("made later"))), nil }, fs.Attrs{Mode: 0o644}); err != nil {
-		t.Fatal(err)
+	if _, _, werr := va.WriteFile(ctx, root, "x", func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader([]byte("made later"))), nil }, fs.Attrs{Mode: 0o644}); werr != nil {
+		t.Fatal(werr)
 	}
 	vb, err := b.Volume(ctx, "later")
 	if err != nil {
@@ -212,12 +212,12 @@ func TestVolumeMadeAfterJoin(t *testing.T) {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	if err := vb.ReadFile(ctx, e, nil, &buf); err != nil || buf.String() != "made later" {
-		t.Fatalf("read %q: %v", buf.String(), err)
+	if rerr := vb.ReadFile(ctx, e, nil, &buf); rerr != nil || buf.String() != "made later" {
+		t.Fatalf("read %q: %v", buf.String(), rerr)
 	}
 	// The key is now in b's keyring: it opens without the metadata's copy.
 	kr, _ := b.Keyring()
-	if _, err := kr.Key(vb.Meta.V.ID, "later"); err != nil {
+	if _, kerr := kr.Key(vb.Meta.V.ID, "later"); kerr != nil {
 		t.Fatal("b did not keep the learned key")
 	}
 

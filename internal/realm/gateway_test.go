@@ -41,8 +41,8 @@ func TestMetadataGateway(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-served })
 	select {
 	case <-ready:
-	case err := <-served:
-		t.Fatalf("serve: %v", err)
+	case err2 := <-served:
+		t.Fatalf("serve: %v", err2)
 	}
 	st, err := a.Meta.Node(ctx, "a")
 	if err != nil || st.Gateway == "" {
@@ -54,8 +54,8 @@ func TestMetadataGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	homeB := t.TempDir()
-	if _, err := Join(ctx, homeB, tok, JoinOptions{NoPassphrase: true}); err != nil {
-		t.Fatal(err)
+	if _, jerr := Join(ctx, homeB, tok, JoinOptions{NoPassphrase: true}); jerr != nil {
+		t.Fatal(jerr)
 	}
 	b, err := Open(ctx, homeB, Options{NoPassphrase: true})
 	if err != nil {
@@ -69,11 +69,11 @@ func TestMetadataGateway(t *testing.T) {
 	// (say, a removed one that took a's address) is not.
 	cfgB := b.Config
 	cfgB.GatewayNode = "b"
-	if c, err := connect(ctx, homeB, cfgB, Options{NoPassphrase: true}); !errors.Is(err, cairn.ErrPermission) {
+	if c, cerr := connect(ctx, homeB, cfgB, Options{NoPassphrase: true}); !errors.Is(cerr, cairn.ErrPermission) {
 		if c != nil {
 			c.Close()
 		}
-		t.Fatalf("b took a gateway of another name: %v, want Permission", err)
+		t.Fatalf("b took a gateway of another name: %v, want Permission", cerr)
 	}
 	// b runs its node too (registered through the gateway), so a can
 	// fetch what b writes.
@@ -86,11 +86,11 @@ func TestMetadataGateway(t *testing.T) {
 	defer func() { bcancel(); <-bserved }()
 	select {
 	case <-bready:
-	case err := <-bserved:
-		t.Fatalf("b serve: %v", err)
+	case err2 := <-bserved:
+		t.Fatalf("b serve: %v", err2)
 	}
-	if bs, err := a.Meta.Node(ctx, "b"); err != nil || bs.Gateway != "" || bs.State != "online" {
-		t.Fatalf("b's record: %+v, %v (a device reaching the metadata through a gateway relays none)", bs, err)
+	if bs, nerr := a.Meta.Node(ctx, "b"); nerr != nil || bs.Gateway != "" || bs.State != "online" {
+		t.Fatalf("b's record: %+v, %v (a device reaching the metadata through a gateway relays none)", bs, nerr)
 	}
 	writeFile(t, b, "from-b", []byte("written through the gateway"))
 	got, stores, err := readFile(a, "from-b")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/pki"
@@ -239,7 +240,7 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 	}
 	cfg := Config{Format: ConfigVersion, RealmID: p.RealmID, Created: time.Now().UTC(), Etcd: p.Etcd, Gateway: p.Gateway, GatewayNode: p.GatewayNode, StorePath: "store"}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
-	if err = keyring.WriteFileAtomic(configPath(home), b, 0o600); err != nil {
+	if err = durable.ReplaceFile(configPath(home), b, 0o600); err != nil {
 		return nil, err
 	}
 	// Check the metadata service answers for this realm, and make the

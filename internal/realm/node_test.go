@@ -84,8 +84,8 @@ func TestServeStopsWhenRevoked(t *testing.T) {
 	}()
 	select {
 	case <-ready:
-	case err := <-served:
-		t.Fatalf("serve: %v", err)
+	case err2 := <-served:
+		t.Fatalf("serve: %v", err2)
 	}
 	creds, err := r.Credentials(ctx)
 	if err != nil {

@@ -43,11 +43,11 @@ func TestPolicyReadErrorNamesStores(t *testing.T) {
 	root, _ := v.Meta.Root(ctx)
 	data := make([]byte, 200<<10)
 	rand.Read(data)
-	if _, _, err := v.WriteFile(ctx, root, "f", func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, fs.Attrs{Mode: 0o644}); err != nil {
-		t.Fatal(err)
+	if _, _, werr := v.WriteFile(ctx, root, "f", func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, fs.Attrs{Mode: 0o644}); werr != nil {
+		t.Fatal(werr)
 	}
-	if got, _, err := readFile(b, "f"); err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("read with all stores: %d bytes, %v", len(got), err)
+	if got, _, rerr := readFile(b, "f"); rerr != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read with all stores: %d bytes, %v", len(got), rerr)
 	}
 
 	// b opens its stores again (a new process would): d1 to d3 are now
@@ -59,11 +59,11 @@ func TestPolicyReadErrorNamesStores(t *testing.T) {
 	}
 	defer b.Close()
 	for _, n := range []string{"d1", "d2", "d3"} {
-		if err := os.RemoveAll(dirs[n]); err != nil {
-			t.Fatal(err)
+		if rerr := os.RemoveAll(dirs[n]); rerr != nil {
+			t.Fatal(rerr)
 		}
-		if err := os.WriteFile(dirs[n], []byte("not a store"), 0o644); err != nil {
-			t.Fatal(err)
+		if werr := os.WriteFile(dirs[n], []byte("not a store"), 0o644); werr != nil {
+			t.Fatal(werr)
 		}
 	}
 	_, _, err = readFile(b, "f")
@@ -98,8 +98,8 @@ func TestMemberOpenDoesNotBlock(t *testing.T) {
 		"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"} {
 		t.Setenv(k, v)
 	}
-	if err := a.Meta.AddStore(ctx, meta.StoreRecord{Name: "dead", URL: "s3://dead-bucket/c?endpoint=" + addr + "&insecure=1"}); err != nil {
-		t.Fatal(err)
+	if aerr := a.Meta.AddStore(ctx, meta.StoreRecord{Name: "dead", URL: "s3://dead-bucket/c?endpoint=" + addr + "&insecure=1"}); aerr != nil {
+		t.Fatal(aerr)
 	}
 	dead := &member{name: "dead", r: a}
 	type result struct {
@@ -109,18 +109,18 @@ func TestMemberOpenDoesNotBlock(t *testing.T) {
 	openDead := func() chan result {
 		c := make(chan result, 1)
 		go func() {
-			_, err := dead.open(ctx)
-			c <- result{err, time.Now()}
+			_, oerr := dead.open(ctx)
+			c <- result{oerr, time.Now()}
 		}()
 		return c
 	}
 	first := openDead()
 	time.Sleep(50 * time.Millisecond) // dead's open is retrying its listing
-	if _, err := (&member{name: "d1", r: a}).open(ctx); err != nil {
-		t.Fatal(err)
+	if _, oerr := (&member{name: "d1", r: a}).open(ctx); oerr != nil {
+		t.Fatal(oerr)
 	}
-	if _, err := a.routerOnly(ctx); err != nil {
-		t.Fatal(err)
+	if _, rerr := a.routerOnly(ctx); rerr != nil {
+		t.Fatal(rerr)
 	}
 	d1At := time.Now()
 	r := <-first

@@ -19,6 +19,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/chunker"
+	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/etcdsvc"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/keyring"
@@ -217,7 +218,7 @@ func Init(ctx context.Context, home string, opts Options) (*Realm, error) {
 		return nil, err
 	}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
-	if err := keyring.WriteFileAtomic(configPath(home), b, 0o600); err != nil {
+	if err := durable.ReplaceFile(configPath(home), b, 0o600); err != nil {
 		r.Close()
 		return nil, err
 	}

@@ -41,13 +41,13 @@ func TestPolicyWriteAfterGCElsewhere(t *testing.T) {
 	rand.Read(data)
 	write := func(name string) {
 		t.Helper()
-		if _, _, err := va.WriteFile(ctx, root, name, func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, fs.Attrs{Mode: 0o644}); err != nil {
-			t.Fatal(err)
+		if _, _, werr := va.WriteFile(ctx, root, name, func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, fs.Attrs{Mode: 0o644}); werr != nil {
+			t.Fatal(werr)
 		}
 	}
 	write("f")
-	if _, err := va.Meta.Remove(ctx, root, "f", "/f", false); err != nil {
-		t.Fatal(err)
+	if _, rerr := va.Meta.Remove(ctx, root, "f", "/f", false); rerr != nil {
+		t.Fatal(rerr)
 	}
 	vols, err := b.AllVolumes(ctx)
 	if err != nil {

@@ -188,11 +188,11 @@ func TestBenefactorRegistersThroughADevice(t *testing.T) {
 	laptop := joinAs(t, a, pki.Device, "laptop")
 	rs := dialNode(t, laptop, bs.addr, "donor")
 	id, data := storetest.Blob(7, 50000)
-	if err := rs.Put(ctx, id, data); err != nil {
-		t.Fatal(err)
+	if perr := rs.Put(ctx, id, data); perr != nil {
+		t.Fatal(perr)
 	}
-	if got, err := rs.Get(ctx, id); err != nil || string(got) != string(data) {
-		t.Fatalf("get from the benefactor: %v", err)
+	if got, gerr := rs.Get(ctx, id); gerr != nil || string(got) != string(data) {
+		t.Fatalf("get from the benefactor: %v", gerr)
 	}
 	// Its use and serving figures reach the registry with its reports.
 	deadline := time.Now().Add(5 * time.Second)
@@ -208,17 +208,17 @@ func TestBenefactorRegistersThroughADevice(t *testing.T) {
 	}
 
 	// The laptop is removed: the benefactor learns it at its next report.
-	if err := a.Meta.RemoveNode(ctx, "laptop", time.Time{}); err != nil {
-		t.Fatal(err)
+	if rerr := a.Meta.RemoveNode(ctx, "laptop", time.Time{}); rerr != nil {
+		t.Fatal(rerr)
 	}
 	deadline = time.Now().Add(regLease + 3*time.Second)
 	for {
-		_, err := rs.Get(ctx, id)
-		if errors.Is(err, cairn.ErrPermission) {
+		_, gerr := rs.Get(ctx, id)
+		if errors.Is(gerr, cairn.ErrPermission) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("removed device still served by the benefactor: %v", err)
+			t.Fatalf("removed device still served by the benefactor: %v", gerr)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -302,16 +302,16 @@ func TestRegistrarTrustsCertificatesOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"cafe", "desk"} {
-		oc, err := other.NewCredentials(pki.NodeIdentity{Realm: a.Config.RealmID, Name: name, Role: pki.Surrogate}, pki.IssueOptions{})
-		if err != nil {
-			t.Fatal(err)
+		oc, nerr := other.NewCredentials(pki.NodeIdentity{Realm: a.Config.RealmID, Name: name, Role: pki.Surrogate}, pki.IssueOptions{})
+		if nerr != nil {
+			t.Fatal(nerr)
 		}
-		cfg, err := pki.ClientTLS(oc, pki.TLSOptions{Revocations: pki.NoRevocations{}})
-		if err != nil {
-			t.Fatal(err)
+		cfg, nerr := pki.ClientTLS(oc, pki.TLSOptions{Revocations: pki.NoRevocations{}})
+		if nerr != nil {
+			t.Fatal(nerr)
 		}
 		cfg.InsecureSkipVerify, cfg.VerifyConnection = true, nil // an attacker accepts any server
-		if status, err := post(t, as.addr, cfg, body); err == nil {
+		if status, perr := post(t, as.addr, cfg, body); perr == nil {
 			t.Fatalf("another CA's %s was answered %d", name, status)
 		}
 	}

@@ -22,7 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
-	"cairn.dev/cairn/internal/keyring"
+	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/node"
 	"cairn.dev/cairn/internal/node/wire"
 	"cairn.dev/cairn/internal/pki"
@@ -79,7 +79,7 @@ func loadRegistrarState(home string) (*registrarState, error) {
 
 func (s *registrarState) save(home string) error {
 	b, _ := json.MarshalIndent(s, "", "  ")
-	if err := keyring.WriteFileAtomic(RegistrarPath(home), append(b, '\n'), 0o600); err != nil {
+	if err := durable.ReplaceFile(RegistrarPath(home), append(b, '\n'), 0o600); err != nil {
 		return cairn.E("write registrar state", cairn.IO, RegistrarPath(home), err)
 	}
 	return nil

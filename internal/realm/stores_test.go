@@ -45,8 +45,8 @@ func TestGCSweepsOtherNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	root, _ := v.Meta.Root(ctx)
-	if _, err := v.Meta.Remove(ctx, root, "gone", "home:/gone", false); err != nil {
-		t.Fatal(err)
+	if _, rerr := v.Meta.Remove(ctx, root, "gone", "home:/gone", false); rerr != nil {
+		t.Fatal(rerr)
 	}
 	bst, _ := b.Store(ctx)
 	others, errs, closeAll, err := b.GCStores(ctx)
@@ -121,8 +121,8 @@ func TestGCSkipsECNodeAlias(t *testing.T) {
 	root, _ := v.Meta.Root(ctx)
 	data := make([]byte, 100<<10)
 	rand.Read(data)
-	if _, _, err := v.WriteFile(ctx, root, "f", func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, fs.Attrs{Mode: 0o644}); err != nil {
-		t.Fatal(err)
+	if _, _, werr := v.WriteFile(ctx, root, "f", func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, fs.Attrs{Mode: 0o644}); werr != nil {
+		t.Fatal(werr)
 	}
 	others, errs, closeAll, err := b.GCStores(ctx)
 	defer closeAll()

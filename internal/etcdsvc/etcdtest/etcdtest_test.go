@@ -57,17 +57,17 @@ func TestCluster(t *testing.T) {
 	defer conn.Close()
 	cli := conn.Client()
 	for i := range 10 {
-		if _, err := cli.Put(ctx, fmt.Sprintf("k%d", i), "before"); err != nil {
-			t.Fatal(err)
+		if _, perr := cli.Put(ctx, fmt.Sprintf("k%d", i), "before"); perr != nil {
+			t.Fatal(perr)
 		}
 	}
 
 	// Kill the leader: the hardest single failure.
 	leader := -1
 	for i, ep := range c.Endpoints() {
-		st, err := cli.Status(ctx, ep)
-		if err != nil {
-			t.Fatal(err)
+		st, serr := cli.Status(ctx, ep)
+		if serr != nil {
+			t.Fatal(serr)
 		}
 		if st.Leader == st.Header.MemberId {
 			leader = i
@@ -78,8 +78,8 @@ func TestCluster(t *testing.T) {
 	}
 	pid := c.PID(leader)
 	c.KillMember(leader)
-	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-		t.Fatalf("member %d (pid %d) still exists after KillMember: %v", leader, pid, err)
+	if kerr := syscall.Kill(pid, 0); !errors.Is(kerr, syscall.ESRCH) {
+		t.Fatalf("member %d (pid %d) still exists after KillMember: %v", leader, pid, kerr)
 	}
 	if c.PID(leader) != 0 {
 		t.Fatal("PID of a killed member is not 0")
@@ -92,8 +92,8 @@ func TestCluster(t *testing.T) {
 	if err != nil || len(r.Kvs) != 10 {
 		t.Fatalf("read after killing the leader: %v, %v", r, err)
 	}
-	if _, err := cli.Put(opCtx, "after", "kill"); err != nil {
-		t.Fatalf("write after killing the leader: %v", err)
+	if _, perr := cli.Put(opCtx, "after", "kill"); perr != nil {
+		t.Fatalf("write after killing the leader: %v", perr)
 	}
 	t.Logf("first read+write after killing the leader: %v", time.Since(t1))
 

@@ -68,8 +68,8 @@ func TestDecompressWithoutContentSize(t *testing.T) {
 	if err != nil || !bytes.Equal(got, mid) {
 		t.Fatalf("100 KiB streamed frame: %d bytes, %v", len(got), err)
 	}
-	if _, err := Decompress(streamed(t, make([]byte, 8<<20)), 1<<20); !errors.Is(err, cairn.ErrInvalid) {
-		t.Fatalf("8 MiB streamed frame, limit 1 MiB: %v, want Invalid", err)
+	if _, derr := Decompress(streamed(t, make([]byte, 8<<20)), 1<<20); !errors.Is(derr, cairn.ErrInvalid) {
+		t.Fatalf("8 MiB streamed frame, limit 1 MiB: %v, want Invalid", derr)
 	}
 	tiny, err := Decompress(Compress(nil, []byte("tiny")), 1<<20)
 	if err != nil || string(tiny) != "tiny" {

@@ -81,8 +81,8 @@ func TestSecondDevice(t *testing.T) {
 		}
 		reader := anchorstore.New(p, anchorstore.Options{Name: "test bucket"})
 		start := time.Now()
-		if err := writer.Put(bg, id, data); err != nil {
-			t.Fatal(err)
+		if perr := writer.Put(bg, id, data); perr != nil {
+			t.Fatal(perr)
 		}
 		before := p.Requests()
 		got, err := reader.Get(bg, id)

@@ -234,11 +234,11 @@ func TestStoresDown(t *testing.T) {
 	if q := s.Queued(); len(q) != 0 {
 		t.Fatalf("queue after repair: %v", q)
 	}
-	if _, err := s.Get(bg, id); !errors.Is(err, cairn.ErrNotFound) {
-		t.Fatalf("Get of the failed Put's remains: %v, want NotFound", err)
+	if _, gerr := s.Get(bg, id); !errors.Is(gerr, cairn.ErrNotFound) {
+		t.Fatalf("Get of the failed Put's remains: %v, want NotFound", gerr)
 	}
-	if err := s.Delete(bg, id); err != nil {
-		t.Fatal(err)
+	if derr := s.Delete(bg, id); derr != nil {
+		t.Fatal(derr)
 	}
 	for i := range 4 {
 		if n := c.objects(t, i); n != 2*35 {
@@ -473,8 +473,8 @@ func TestRepairMissing(t *testing.T) {
 	if c.objects(t, 2) != 30 || c.objects(t, 3) != 0 {
 		t.Fatalf("after repair of s2: s2 %d objects, s3 %d", c.objects(t, 2), c.objects(t, 3))
 	}
-	if _, err := s.Repair(bg, ecstore.RepairOptions{Store: "nope"}); !errors.Is(err, cairn.ErrInvalid) {
-		t.Fatalf("repair of an unknown store: %v", err)
+	if _, rerr := s.Repair(bg, ecstore.RepairOptions{Store: "nope"}); !errors.Is(rerr, cairn.ErrInvalid) {
+		t.Fatalf("repair of an unknown store: %v", rerr)
 	}
 	r, err = s.Repair(bg, ecstore.RepairOptions{})
 	if err != nil || r.Rebuilt != 15 {

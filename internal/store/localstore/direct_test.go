@@ -69,8 +69,8 @@ func packFileChecks(t *testing.T, s *Store, wantRecords int) {
 	if fi.Size() != end {
 		t.Fatalf("pack file has %d bytes, records end at %d", fi.Size(), end)
 	}
-	if err := checkHeaderAt(f, p.id); err != nil {
-		t.Fatal(err)
+	if cerr := checkHeaderAt(f, p.id); cerr != nil {
+		t.Fatal(cerr)
 	}
 	n := 0
 	scanEnd, st, err := scanPack(f, packHeaderSize, fi.Size(), true, func(record) { n++ })

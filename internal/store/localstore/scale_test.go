@@ -143,7 +143,7 @@ func scaleChild(t *testing.T) {
 		ids  []cairn.ID
 		want bool
 	}{{"present", present, true}, {"absent", absent, false}} {
-		start := time.Now()
+		start2 := time.Now()
 		for i := range c.ids {
 			one[0] = c.ids[i]
 			found, err := s.Has(context.Background(), one)
@@ -151,14 +151,14 @@ func scaleChild(t *testing.T) {
 				t.Fatalf("Has %s = %v, %v", c.name, found, err)
 			}
 		}
-		t.Logf("scale: Has of one %s ID: %v", c.name, time.Since(start)/probes)
-		start = time.Now()
+		t.Logf("scale: Has of one %s ID: %v", c.name, time.Since(start2)/probes)
+		start2 = time.Now()
 		for i := 0; i < probes; i += 1000 {
 			if _, err := s.Has(context.Background(), c.ids[i:i+1000]); err != nil {
 				t.Fatal(err)
 			}
 		}
-		t.Logf("scale: Has batch of 1000 %s IDs: %v per batch", c.name, time.Since(start)/(probes/1000))
+		t.Logf("scale: Has batch of 1000 %s IDs: %v per batch", c.name, time.Since(start2)/(probes/1000))
 	}
 	start = time.Now()
 	for i := range 20000 {

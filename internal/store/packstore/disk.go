@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 )
 
 const (
@@ -276,11 +277,7 @@ func (d *diskIndex) rewrite(x *index) error {
 	for id, p := range x.plain {
 		b = plainRecord(b, id, p.size)
 	}
-	tmp := filepath.Join(d.dir, logName+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return cairn.E("packstore index", cairn.IO, d.dir, err)
-	}
-	if err := os.Rename(tmp, filepath.Join(d.dir, logName)); err != nil {
+	if err := durable.ReplaceFile(filepath.Join(d.dir, logName), b, 0o600); err != nil {
 		return cairn.E("packstore index", cairn.IO, d.dir, err)
 	}
 	f, err := os.OpenFile(filepath.Join(d.dir, logName), os.O_RDWR, 0o600)

@@ -67,8 +67,8 @@ func TestMinIO(t *testing.T) {
 			mustGet(t, s, ids[i], data[i])
 		}
 		// Read in the order written: read-ahead spans of 4 MiB.
-		if d := bucket.Requests().Sub(before); d.Get > 50 || d.Total() != d.Get {
-			t.Errorf("1,000 Gets in order sent %v, want at most 50 ranged GETs", d)
+		if d2 := bucket.Requests().Sub(before); d2.Get > 50 || d2.Total() != d2.Get {
+			t.Errorf("1,000 Gets in order sent %v, want at most 50 ranged GETs", d2)
 		}
 		// Another device, with an empty index, learns every pack from
 		// its trailer: one listing and one or two ranged GETs per pack.

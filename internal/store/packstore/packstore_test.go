@@ -742,13 +742,13 @@ func TestCorruptPack(t *testing.T) {
 		t.Fatalf("Has of the damaged object = %v, %v; want false", found, err)
 	}
 	var reported []cairn.ID
-	if err := s.Verify(bg, func(id cairn.ID, err error) {
+	if verr := s.Verify(bg, func(id cairn.ID, err error) {
 		if !errors.Is(err, cairn.ErrCorrupt) {
 			t.Errorf("Verify reports %s with %v, want Corrupt", id.Short(), err)
 		}
 		reported = append(reported, id)
-	}); err != nil {
-		t.Fatal(err)
+	}); verr != nil {
+		t.Fatal(verr)
 	}
 	if len(reported) != 1 || reported[0] != ids[victim] {
 		t.Errorf("Verify reported %v, want only %s", reported, ids[victim].Short())
@@ -756,8 +756,8 @@ func TestCorruptPack(t *testing.T) {
 	// Repack leaves a pack it cannot verify alone.
 	for i := range 45 {
 		if i != victim {
-			if err := s.Delete(bg, ids[i]); err != nil {
-				t.Fatal(err)
+			if derr := s.Delete(bg, ids[i]); derr != nil {
+				t.Fatal(derr)
 			}
 		}
 	}
@@ -773,8 +773,8 @@ func TestCorruptPack(t *testing.T) {
 	}
 	// A new Put stores a good copy; the damaged one is then a duplicate
 	// that the next Repack drops with its pack.
-	if err := s.Put(bg, ids[victim], data[victim]); err != nil {
-		t.Fatal(err)
+	if perr := s.Put(bg, ids[victim], data[victim]); perr != nil {
+		t.Fatal(perr)
 	}
 	mustGet(t, s, ids[victim], data[victim])
 	rep, err = s.Repack(bg, 0.5)

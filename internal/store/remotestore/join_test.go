@@ -52,11 +52,11 @@ func TestJoinThenUseNode(t *testing.T) {
 	s := r.clientAs(t, auth.Addr, laptop, "home")
 	defer s.Close()
 	id, data := storetest.Blob(1, 5000)
-	if err := s.Put(bg, id, data); err != nil {
-		t.Fatal(err)
+	if perr := s.Put(bg, id, data); perr != nil {
+		t.Fatal(perr)
 	}
-	if got, err := s.Get(bg, id); err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("Get: %v", err)
+	if got, gerr := s.Get(bg, id); gerr != nil || !bytes.Equal(got, data) {
+		t.Fatalf("Get: %v", gerr)
 	}
 
 	tok, err = auth.NewToken(bg, pki.Surrogate, "cafe-box", 10*time.Minute, nil)
@@ -69,15 +69,15 @@ func TestJoinThenUseNode(t *testing.T) {
 	}
 	sur := r.clientAs(t, auth.Addr, cafe, "home")
 	defer sur.Close()
-	if _, err := sur.Get(bg, id); !errors.Is(err, cairn.ErrPermission) {
-		t.Fatalf("surrogate Get: %v", err)
+	if _, gerr := sur.Get(bg, id); !errors.Is(gerr, cairn.ErrPermission) {
+		t.Fatalf("surrogate Get: %v", gerr)
 	}
 
-	if err := r.rev.RevokeName("laptop"); err != nil {
-		t.Fatal(err)
+	if rerr := r.rev.RevokeName("laptop"); rerr != nil {
+		t.Fatal(rerr)
 	}
-	if _, err := s.Get(bg, id); !errors.Is(err, cairn.ErrPermission) {
-		t.Fatalf("removed device Get: %v", err)
+	if _, gerr := s.Get(bg, id); !errors.Is(gerr, cairn.ErrPermission) {
+		t.Fatalf("removed device Get: %v", gerr)
 	}
 	// Plain HTTP gets nothing (net/http answers 400 on a TLS port); the
 	// health check stays open to all over TLS.

@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 )
 
 // Op is what a repair task asks for.
@@ -319,24 +320,9 @@ func (q *Queue) Close() error {
 	for _, t := range q.sorted() {
 		buf = appendRecord(buf, t, false)
 	}
-	tmp := q.path + ".new"
-	if err := os.WriteFile(tmp, buf, 0o600); err != nil {
-		return err
-	}
-	f, err := os.Open(tmp)
-	if err == nil {
-		err = f.Sync()
-		f.Close()
-	}
-	if err == nil {
-		// Still under our lock on the old inode: nobody adopts the new
-		// file before we are done, and once we close it is free.
-		err = os.Rename(tmp, q.path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
+	// Still under our lock on the old inode: nobody adopts the new file
+	// before we are done, and once we close it is free.
+	return durable.ReplaceFile(q.path, buf, 0o600)
 }
 
 func (q *Queue) closeFile() {

@@ -410,16 +410,16 @@ func TestQueueFiles(t *testing.T) {
 	if q3.Len("") != 0 {
 		t.Fatal("prefixes mixed")
 	}
-	if err := q3.Close(); err != nil {
-		t.Fatal(err)
+	if cerr := q3.Close(); cerr != nil {
+		t.Fatal(cerr)
 	}
 	// A crash of q1 (no Close): its file's lock is released when the file
 	// is closed; simulate by closing the file only.
 	q1.mu.Lock()
 	q1.closeFile()
 	q1.mu.Unlock()
-	if err := q2.Close(); err != nil {
-		t.Fatal(err)
+	if cerr := q2.Close(); cerr != nil {
+		t.Fatal(cerr)
 	}
 	q4, err := OpenQueue(dir, "ec", nil)
 	if err != nil {
@@ -460,8 +460,8 @@ func TestQueueDamagedTail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(path, data[:len(data)-3], 0o600); err != nil { // torn last record
-		t.Fatal(err)
+	if werr := os.WriteFile(path, data[:len(data)-3], 0o600); werr != nil { // torn last record
+		t.Fatal(werr)
 	}
 	q2, err := OpenQueue(dir, "ec", nil)
 	if err != nil {
