@@ -49,6 +49,23 @@ import (
 // the machine, and fills its transactions; anything that needs them
 // written (flush) does not wait. Queued commits wait likewise (queue.go).
 //
+// New files made for writing (a create with a descriptor that writes)
+// are the exception: their creation waits for their first commit, which
+// makes the entry and its first version in one transaction, under the
+// inode number the mount showed (queue.commit, claim): no other device,
+// and no 'cairn ls' or 'cairn get', ever sees such a file empty. Until
+// then the mount shows it from its own record (lookups, listings, stats
+// with the size of its local copy); flushes pass it by; a rename of it to
+// a name free as far as the mount knows (or etcd says) and its removal
+// are made in memory (the queued commit's record follows the rename).
+// What needs its entry in etcd earlier writes it (empty, with the writer
+// lock while it is open: its commit follows): an fsync of it or of its
+// directory, an extended attribute, a rename onto a name that exists in
+// etcd, its last writer's release with no commit queued (a file made
+// empty), and the unmount (after the queue). A name made on another
+// device meanwhile meets the commit, which keeps this file under
+// NAME.conflict-XXXXXXXX as above.
+//
 // Pending changes live in memory: a killed mount loses the ones not yet
 // applied (its queued commits are not lost: the next mount finishes those
 // whose directory exists, and keeps the others in unsaved/). The window
