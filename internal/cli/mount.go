@@ -74,10 +74,12 @@ the metadata in batches, many per transaction: tar x and git clone wait for no
 round trip per file. That work and the queued commits wait while programs keep
 the mount busy: they start once it has had no request for 20 ms, at the latest
 2 s (changes) and 5 s (commits) after they were made; other devices see them
-then. fsync of a file or directory writes them at once. A name made here and
+then, and a new file only with its first content (its create and first version
+are one transaction). fsync of a file or directory writes them at once. A name made here and
 on another device at once is kept under both (this device's as
 NAME.conflict-XXXXXXXX, logged). A mount killed before a batch is written loses
-those changes (its queued file contents are kept).
+those changes (its queued file contents are kept: the next mount commits them
+under the file's last name, or keeps them in unsaved/ and logs why).
 
 Passthrough (--passthrough auto, the default): the kernel reads and writes open
 files' local copies itself, at local-disk speed (FUSE passthrough: Linux 6.9 or

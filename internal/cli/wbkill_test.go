@@ -202,3 +202,83 @@ func TestUmountWaitsForQueue(t *testing.T) {
 		t.Fatalf("late after the lazy unmount's process exited: %d bytes, want %d", len(got), len(late))
 	}
 }
+
+// TestWriteBackNewFilesVisibleWithContent (issue 14, item 5): a new file
+// made on a write-back mount reaches the metadata with its first content
+// (its create and first version are one transaction): while its commit
+// is queued, 'cairn ls' and 'cairn get' do not see it (no empty file),
+// even after the mount wrote namespace changes made after it; this mount
+// shows it, with its size, and a rename of it to a free name is made
+// here alone. After the unmount (which waits for the queue), every file
+// reads whole.
+func TestWriteBackNewFilesVisibleWithContent(t *testing.T) {
+	skipWithoutFUSE(t)
+	r := newRealm(t)
+	r.ok("mkdir", "home:/d")
+	mnt := mountPoint(t)
+	_, exited, out := r.foregroundWith(mnt, []string{"CAIRN_MOUNT_QUEUE_DELAY=1h"}, "--mode", "write-back")
+	files := map[string][]byte{}
+	for i := 0; i < 4; i++ {
+		name := fmt.Sprintf("f%d", i)
+		files[name] = randBytes(40<<10 + i)
+		p := filepath.Join(mnt, "d", name)
+		if i%2 == 0 {
+			if err := os.WriteFile(p, files[name], 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		tmp := filepath.Join(mnt, "d", "."+name+".tmp")
+		if err := os.WriteFile(tmp, files[name], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A change made after the files: once another device sees it, the
+	// mount has written every namespace change made before it.
+	if err := os.Mkdir(filepath.Join(mnt, "d", "marker"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the mkdir after the files reaches the metadata", 60*time.Second, func() bool {
+		return strings.Contains(r.ok("ls", "home:/d"), "marker")
+	})
+	if got := r.ok("ls", "home:/d"); strings.Contains(got, "f") {
+		t.Fatalf("cairn ls shows files whose content is still queued:\n%s", got)
+	}
+	dest := filepath.Join(t.TempDir(), "got")
+	r.ok("get", "home:/d", dest)
+	filepath.WalkDir(dest, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			t.Errorf("cairn get wrote %s while its content was queued", p)
+		}
+		return nil
+	})
+	ents, err := os.ReadDir(filepath.Join(mnt, "d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != len(files)+1 {
+		t.Fatalf("the mount lists %d entries in d, want %d files and marker: %v", len(ents), len(files), ents)
+	}
+	for name, data := range files {
+		fi, err := os.Stat(filepath.Join(mnt, "d", name))
+		if err != nil || fi.Size() != int64(len(data)) {
+			t.Fatalf("the mount shows %s: %v, %v", name, fi, err)
+		}
+	}
+	if recs := queueRecords(t, r.home); len(recs) != len(files) {
+		t.Fatalf("queued commits: %d, want %d", len(recs), len(files))
+	}
+	r.ok("umount", mnt)
+	waitExit(t, exited, out)
+	for name, data := range files {
+		if got := r.ok("cat", "home:/d/"+name); got != string(data) {
+			t.Fatalf("%s after umount: %d bytes, want %d", name, len(got), len(data))
+		}
+	}
+	if got := r.ok("ls", "home:/d"); strings.Contains(got, ".tmp") {
+		t.Fatalf("a temporary name reached the metadata:\n%s", got)
+	}
+}

@@ -158,6 +158,9 @@ type Attrs struct {
 	Cur *meta.Entry
 	// Ctime, if not zero, is the change time to record (meta.Commit.Ctime).
 	Ctime time.Time
+	// Ino, if not zero, is the inode number of a file the write creates
+	// (meta.Commit.Ino).
+	Ino uint64
 }
 
 // Placement returns the volume a file at path (in this volume) is to be
@@ -272,7 +275,7 @@ func (v *Volume) prepare(ctx context.Context, dir *meta.Entry, name string, open
 
 // commit is the meta.Commit of w under lock.
 func (w *prepared) commit(a Attrs, lock *meta.Lock) meta.Commit {
-	c := meta.Commit{Version: w.ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: w.gen, Lock: lock, Cur: meta.KnownEntry(w.cur), KeepAttrs: a.KeepAttrs}
+	c := meta.Commit{Version: w.ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: w.gen, Lock: lock, Cur: meta.KnownEntry(w.cur), KeepAttrs: a.KeepAttrs, Ino: a.Ino}
 	if !a.Ctime.IsZero() {
 		c.Ctime = a.Ctime.UnixNano()
 	}

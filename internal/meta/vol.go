@@ -257,6 +257,12 @@ type Commit struct {
 	// drain, leaves the version for later instead of committing under
 	// someone else's lock).
 	Unlocked bool
+	// Ino, if not zero, is the file's inode number: the commit creates
+	// the file under it (a new file a write-back mount showed before its
+	// first commit, under the number it gave it), or commits onto the
+	// file of that number; a name that holds another file fails with
+	// Kind Exist (and that entry).
+	Ino uint64
 	// Ctime, if not zero, is the change time (unix ns) to record instead
 	// of the commit's own (never before the file's): a commit queued by a
 	// mount records when the file changed there, which the mount already
@@ -305,11 +311,18 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 				now = max(now, cur.Ctime)
 			}
 		}
+		if c.Ino != 0 && cur != nil && cur.Ino != c.Ino {
+			return cur, nil, cairn.E("commit", cairn.Exist, name, errors.New("the name holds another file"))
+		}
 		var next Entry
 		var cmps []clientv3.Cmp
 		k := v.entryKey(parent.Ino, name)
 		if cur == nil {
-			next = Entry{Name: name, Parent: parent.Ino, Ino: randomIno(), Type: TypeFile,
+			ino := c.Ino
+			if ino == 0 {
+				ino = randomIno()
+			}
+			next = Entry{Name: name, Parent: parent.Ino, Ino: ino, Type: TypeFile,
 				Mode: c.Mode, UID: c.UID, GID: c.GID, Ctime: now}
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
 				clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0))

@@ -1046,6 +1046,7 @@ func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 // fsyncEntry writes the file's entry, and those before it, if pending
 // (write-back mode): after an fsync the file exists in the metadata.
 func (h *handle) fsyncEntry(ctx context.Context) syscall.Errno {
+	h.n.m.wb.undeferNode(h.n) // made now if its creation waits for its commit
 	if err := h.n.m.wb.flush(bg(ctx)); err != nil {
 		return h.n.m.errno("fsync", h.n.path(""), err)
 	}
@@ -1115,6 +1116,11 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 			c.keep = true
 			c.mu.Unlock()
 		}
+	}
+	if last && n.m.wb != nil && !n.m.queue.has(n.ino) {
+		// A new file whose creation waited for a commit that does not
+		// come (made empty): made now, as it was shown.
+		n.m.wb.undeferNode(n)
 	}
 	if alone {
 		n.m.unhold(n, c, gen) // held after an earlier close: no longer

@@ -362,8 +362,11 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 // shutdown stops what Start started besides the server: the queue (after
 // the commits it can finish), the watch, the cache.
 func (m *Mount) shutdown() {
-	m.wb.stop() // before the queue: its commits may wait for it
+	// The queue first: its commits make the new files whose creation
+	// waits for them (write-back), and write what else is pending before
+	// them; then the rest of what is pending.
 	m.queue.stop()
+	m.wb.stop()
 	m.unlockAll(context.Background())
 	m.stopWatch()
 	<-m.watchDone

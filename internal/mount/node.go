@@ -585,18 +585,29 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 		return nil, nil, false, errno
 	}
 	e.UID, e.GID = caller(ctx)
-	if ne, ok, err := n.m.wb.create(n, dir, e); ok {
+	ne, ok, err := n.m.wb.create(n, dir, e, locked, false)
+	if !ok && n.m.wb != nil && locked && e.Type == meta.TypeFile {
+		// A new file made for writing in a directory whose every entry
+		// this mount does not know: once etcd says the name is free,
+		// its creation waits for its first commit all the same (no
+		// other device sees it empty).
+		switch cur, gerr := n.m.ents.get(ctx, n.ino, e.Name, true); {
+		case gerr == nil:
+			return cur, nil, false, syscall.EEXIST
+		case errors.Is(gerr, cairn.ErrNotFound):
+			ne, ok, err = n.m.wb.create(n, dir, e, true, true)
+		}
+	}
+	if ok {
 		if err != nil {
 			return ne, nil, false, syscall.EEXIST
 		}
 		return ne, nil, true, 0
 	}
-	if err := n.m.wb.flush(ctx); err != nil {
-		return nil, nil, false, n.m.errno("create", n.path(e.Name), err)
+	if ferr := n.m.wb.flush(ctx); ferr != nil {
+		return nil, nil, false, n.m.errno("create", n.path(e.Name), ferr)
 	}
-	var ne *meta.Entry
 	var l *meta.Lock
-	var err error
 	epoch := n.m.ents.writing()
 	if locked {
 		ne, l, err = n.m.vol.Meta.CreateLocked(ctx, dir, e)
@@ -705,6 +716,19 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	// none starts under the name until the removal is recorded.
 	unlockPlaces := lockPlaces(n.kid(name))
 	defer unlockPlaces()
+	if !dir {
+		// A new file whose creation waits for its first commit
+		// (write-back) is not in the metadata: removed here alone.
+		if _, ok := n.m.wb.dropDeferred(n.ino, name); ok {
+			n.m.ents.forget(n.ino, name)
+			n.removedHere(ctx, name)
+			return 0
+		}
+	} else if n.m.wb != nil {
+		if e, err := n.m.ents.get(ctx, n.ino, name, false); err == nil && e.IsDir() && len(n.m.wb.deferredIn(e.Ino)) > 0 {
+			return syscall.ENOTEMPTY // it holds such files
+		}
+	}
 	// The first attempt removes the entry as the entry cache has it (a
 	// stale one fails the compare-and-swap: Conflict); a retry reads it
 	// from etcd. A type that does not fit is refused on etcd's word only:
@@ -736,13 +760,19 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	if err != nil {
 		return n.m.errno("remove", n.path(name), err)
 	}
+	n.removedHere(ctx, name)
+	return 0
+}
+
+// removedHere marks the node of name in n, if any, removed by this mount,
+// and lets its writer lock go.
+func (n *node) removedHere(ctx context.Context, name string) {
 	if ch := n.kid(name); ch != nil {
 		ch.setMoved(&movedTo{fromParent: n, fromName: name, gone: true})
 	}
 	if ch := n.GetChild(name); ch != nil {
 		ch.Operations().(*node).dropLock(ctx)
 	}
-	return 0
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
@@ -795,31 +825,80 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	// device is never replaced (EEXIST).
 	fresh, follows := false, false
 	var movedIno, replacedIno uint64
-	err := retryConflict(func() error {
-		se, err := n.m.ents.get(ctx, n.ino, name, fresh)
-		if err != nil {
-			return err
+	var renameErr error
+	inMemory := false
+	if wb := n.m.wb; wb != nil {
+		// New files whose creation waits for their first commit
+		// (write-back): renamed in memory to a free name, and replaced
+		// by forgetting them. A rename of one onto a name that exists in
+		// the metadata writes it first (empty: its commit follows).
+		srcDeferred := wb.isDeferred(n.ino, name)
+		if srcDeferred && wb.isDeferred(np.ino, newName) && (np.ino != n.ino || newName != name) {
+			if noReplace {
+				return syscall.EEXIST
+			}
+			if ino, ok := wb.dropDeferred(np.ino, newName); ok {
+				replacedIno = ino
+				n.m.ents.forget(np.ino, newName)
+				if replaced != nil && replaced != moving {
+					replaced.setMoved(&movedTo{fromParent: np, fromName: newName, gone: true})
+					replaced.dropLock(ctx)
+					replaced = nil
+				}
+			}
 		}
-		movedIno, replacedIno = se.Ino, 0
-		if noReplace {
+		undeferred := false
+		if srcDeferred {
+			movedIno, inMemory = wb.moveDeferred(n, name, np, dst, newName, false)
+			if !inMemory && !wb.isDeferred(np.ino, newName) {
+				if _, gerr := n.m.ents.get(ctx, np.ino, newName, true); errors.Is(gerr, cairn.ErrNotFound) {
+					movedIno, inMemory = wb.moveDeferred(n, name, np, dst, newName, true)
+				}
+			}
+		}
+		switch {
+		case inMemory:
+		case srcDeferred:
+			wb.undefer(n.ino, name, 0)
+			undeferred = true
+		case wb.isDeferred(np.ino, newName):
+			wb.undefer(np.ino, newName, 0)
+			undeferred = true
+		}
+		if undeferred {
+			if ferr := wb.flush(context.Background()); ferr != nil {
+				return n.m.errno("rename", n.path(name), ferr)
+			}
+		}
+	}
+	if !inMemory {
+		renameErr = retryConflict(func() error {
+			se, err := n.m.ents.get(ctx, n.ino, name, fresh)
+			if err != nil {
+				return err
+			}
+			movedIno, replacedIno = se.Ino, 0
+			if noReplace {
+				fresh = true
+				return n.m.vol.Meta.RenameNoReplace(ctx, src, name, se, dst, newName, np.path(newName))
+			}
+			de, err := n.m.ents.get(ctx, np.ino, newName, fresh)
+			if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+				return err
+			}
+			if de != nil && de.Ino != se.Ino {
+				replacedIno = de.Ino
+			}
 			fresh = true
-			return n.m.vol.Meta.RenameNoReplace(ctx, src, name, se, dst, newName, np.path(newName))
-		}
-		de, err := n.m.ents.get(ctx, np.ino, newName, fresh)
-		if err != nil && !errors.Is(err, cairn.ErrNotFound) {
-			return err
-		}
-		if de != nil && de.Ino != se.Ino {
-			replacedIno = de.Ino
-		}
-		fresh = true
-		follows = de != nil && meta.FollowsPath(se, de, unsaved)
-		if unsaved {
-			return n.m.vol.Meta.RenamePending(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
-		}
-		return n.m.vol.Meta.RenameKnown(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
-	})
-	if err == nil && n.m.queue != nil {
+			follows = de != nil && meta.FollowsPath(se, de, unsaved)
+			if unsaved {
+				return n.m.vol.Meta.RenamePending(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
+			}
+			return n.m.vol.Meta.RenameKnown(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
+		})
+	}
+	err := renameErr
+	if err == nil && movedIno != 0 && n.m.queue != nil {
 		n.m.queue.moved(movedIno, dst, newName, volPath(np, newName), replacedIno)
 	}
 	n.m.ents.forget(n.ino, name)
@@ -888,6 +967,13 @@ func (n *node) Fsync(ctx context.Context, f gofs.FileHandle, flags uint32) sysca
 	if h, ok := asHandle(f); ok {
 		return h.Fsync(ctx, flags)
 	}
+	// An fsync writes what is pending, new files whose creation waits
+	// for their first commit too (write-back): made now, empty until it.
+	if n.typ == meta.TypeDir {
+		n.m.wb.undeferIn(n.ino)
+	} else {
+		n.m.wb.undeferNode(n)
+	}
 	if err := n.m.wb.flush(bg(ctx)); err != nil {
 		return n.m.errno("fsync", n.path(""), err)
 	}
@@ -927,6 +1013,13 @@ func (d *dirHandle) load(ctx context.Context) syscall.Errno {
 	}
 	d.list = append(d.list[:0], fuse.DirEntry{Name: ".", Ino: d.n.ino, Mode: syscall.S_IFDIR},
 		fuse.DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR})
+	// New files whose creation waits for their first commit (write-back)
+	// are not in the metadata yet: listed from the mount's own record.
+	for _, e := range d.n.m.wb.deferredIn(d.n.ino) {
+		if !slices.ContainsFunc(ents, func(x meta.Entry) bool { return x.Name == e.Name }) {
+			ents = append(ents, e)
+		}
+	}
 	d.ents = make(map[string]*meta.Entry, len(ents))
 	for i := range ents {
 		e := &ents[i]

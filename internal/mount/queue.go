@@ -450,6 +450,15 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		}
 		attrs.Lock = l
 	}
+	// A new file of write-back mode whose creation waits for this commit
+	// (writeBack.claim) is made by it, under the inode number and with
+	// the attributes the mount showed: no other device sees it before it
+	// has its content.
+	claimed, snap, isNew := m.wb.claim(dir.Ino, name, rec.Ino)
+	if isNew {
+		attrs.Ino, attrs.Cur = rec.Ino, nil
+		attrs.Mode, attrs.UID, attrs.GID = snap.e.Mode, snap.e.UID, snap.e.GID
+	}
 	if j.c != nil {
 		// The data is not copied out from under this commit (copyOut).
 		j.c.qmu.Lock()
@@ -474,7 +483,32 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	if rec.Ctime != 0 {
 		attrs.Ctime = time.Unix(0, rec.Ctime)
 	}
+	if isNew && snap.e.Ctime > attrs.Ctime.UnixNano() {
+		attrs.Ctime = time.Unix(0, snap.e.Ctime) // changed since the close (a chmod)
+	}
 	e, _, err := m.vol.WriteFile(ctx, dir, name, open, attrs)
+	if isNew && errors.Is(err, cairn.ErrExist) {
+		// The name was made on another device meanwhile: this file is
+		// kept under a name of its own (writeBack.renameAside), as a
+		// pending create meeting one is.
+		if nk, ok := m.wb.renameAside(ekey{dir.Ino, name}, claimed); ok {
+			if attrs.Lock != nil {
+				attrs.Lock.Unlock(ctx) // the old name's
+				if j.n != nil {
+					j.n.wl.mu.Lock()
+					if j.n.wl.lock == attrs.Lock {
+						j.n.wl.lock = nil
+					}
+					j.n.wl.mu.Unlock()
+				}
+			}
+			name, attrs.Lock = nk.name, nil
+			attrs.Path = attrs.Path[:strings.LastIndexByte(attrs.Path, '/')+1] + name
+			e, _, err = m.vol.WriteFile(ctx, dir, name, open, attrs)
+		} else {
+			err = cairn.E("commit", cairn.Exist, q.pathOf(j), errors.New("the name was made on another device meanwhile, and no other name is free"))
+		}
+	}
 	if err != nil {
 		if tn != nil {
 			tn.commitFailed()
@@ -496,6 +530,13 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		tn.committed(ctx)
 	}
 	m.ents.put(e)
+	if isNew {
+		var made *meta.Entry
+		if e.Ino == rec.Ino {
+			made = e // else the name was made on another device meanwhile: committed onto it
+		}
+		m.wb.finishClaim(ekey{dir.Ino, name}, claimed, snap.seq, made)
+	}
 	return e, nil
 }
 
@@ -631,6 +672,18 @@ func (q *queue) moved(ino uint64, dir *meta.Entry, name, path string, replacedIn
 			}
 		}
 	}
+}
+
+// has reports whether a commit of inode ino is queued.
+func (q *queue) has(ino uint64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, j := range q.jobs {
+		if j.rec.Ino == ino {
+			return true
+		}
+	}
+	return false
 }
 
 // queuedBefore reports whether a commit of inode ino queued before the

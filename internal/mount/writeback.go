@@ -49,6 +49,23 @@ import (
 // the machine, and fills its transactions; anything that needs them
 // written (flush) does not wait. Queued commits wait likewise (queue.go).
 //
+// New files made for writing (a create with a descriptor that writes)
+// are the exception: their creation waits for their first commit, which
+// makes the entry and its first version in one transaction, under the
+// inode number the mount showed (queue.commit, claim): no other device,
+// and no 'cairn ls' or 'cairn get', ever sees such a file empty. Until
+// then the mount shows it from its own record (lookups, listings, stats
+// with the size of its local copy); flushes pass it by; a rename of it to
+// a name free as far as the mount knows (or etcd says) and its removal
+// are made in memory (the queued commit's record follows the rename).
+// What needs its entry in etcd earlier writes it (empty, with the writer
+// lock while it is open: its commit follows): an fsync of it or of its
+// directory, an extended attribute, a rename onto a name that exists in
+// etcd, its last writer's release with no commit queued (a file made
+// empty), and the unmount (after the queue). A name made on another
+// device meanwhile meets the commit, which keeps this file under
+// NAME.conflict-XXXXXXXX as above.
+//
 // Pending changes live in memory: a killed mount loses the ones not yet
 // applied (its queued commits are not lost: the next mount finishes those
 // whose directory exists, and keeps the others in unsaved/). The window
@@ -82,6 +99,14 @@ type wbItem struct {
 	attrs heldAttrs
 	first uint64 // the number of its oldest change not yet written: flush waits for it
 	seq   uint64 // the number of its newest change
+	// deferred: a new file made for writing, whose creation waits for its
+	// first commit, which makes both in one transaction (queue.commit,
+	// claim): no other device ever sees it empty. Batches and flushes
+	// pass it by; what needs it in the metadata before (an extended
+	// attribute, a rename onto a name that exists there) undefers it, and
+	// so does its last writer's release when no commit is queued (a file
+	// made empty), and the unmount.
+	deferred bool
 }
 
 type writeBack struct {
@@ -131,7 +156,13 @@ func (w *writeBack) lookup(parent uint64, name string) (e *meta.Entry, absent bo
 // directory whose every entry it knows. It returns the entry, or ok false
 // when the create must be made in etcd now; EEXIST with the entry that
 // holds the name.
-func (w *writeBack) create(parent *node, dir *meta.Entry, e meta.Entry) (*meta.Entry, bool, error) {
+//
+// deferred (a new file made for writing) makes its creation wait for its
+// first commit (wbItem.deferred); absent says the caller found the name
+// absent in the metadata just now: the create is pending even if the
+// mount does not know the directory's every entry (a name made on
+// another device meanwhile meets it at the commit: renameAside).
+func (w *writeBack) create(parent *node, dir *meta.Entry, e meta.Entry, deferred, absent bool) (*meta.Entry, bool, error) {
 	if w == nil {
 		return nil, false, nil
 	}
@@ -149,7 +180,7 @@ func (w *writeBack) create(parent *node, dir *meta.Entry, e meta.Entry) (*meta.E
 	}
 	if !w.fresh[parent.ino] {
 		old, known := w.m.ents.known(parent.ino, e.Name)
-		if !known {
+		if !known && !(absent && deferred && e.Type == meta.TypeFile) {
 			return nil, false, nil
 		}
 		if old != nil {
@@ -165,8 +196,11 @@ func (w *writeBack) create(parent *node, dir *meta.Entry, e meta.Entry) (*meta.E
 		e.Mtime = now
 	}
 	w.seq++
-	w.items[k] = &wbItem{e: e, parent: parent, dir: *dir, made: true, first: w.seq, seq: w.seq}
-	w.pendingSinceLocked()
+	it := &wbItem{e: e, parent: parent, dir: *dir, made: true, first: w.seq, seq: w.seq, deferred: deferred && e.Type == meta.TypeFile}
+	w.items[k] = it
+	if !it.deferred {
+		w.pendingSinceLocked()
+	}
 	w.order = append(w.order, k)
 	if e.IsDir() {
 		w.fresh[e.Ino] = true
@@ -247,7 +281,7 @@ func (w *writeBack) flush(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.items) == 0 {
+	if !w.readyLocked() {
 		return nil
 	}
 	if _, ok := ctx.Deadline(); !ok {
@@ -276,7 +310,7 @@ func (w *writeBack) flush(ctx context.Context) error {
 
 func (w *writeBack) waitingLocked(target uint64) bool {
 	for _, it := range w.items {
-		if it.first <= target {
+		if it.first <= target && !it.deferred {
 			return true
 		}
 	}
@@ -289,12 +323,12 @@ func (w *writeBack) run() {
 	backoff := 50 * time.Millisecond
 	for {
 		w.mu.Lock()
-		for len(w.items) == 0 && !w.stopping {
+		for !w.readyLocked() && !w.stopping {
 			w.mu.Unlock()
 			<-w.kick
 			w.mu.Lock()
 		}
-		if len(w.items) == 0 {
+		if !w.readyLocked() {
 			w.mu.Unlock()
 			return
 		}
@@ -344,6 +378,15 @@ func (w *writeBack) stop() {
 	if w == nil {
 		return
 	}
+	// New files whose first commit did not come (the queue ran first:
+	// Mount.shutdown) are made now, empty, as they were shown.
+	w.mu.Lock()
+	for k, it := range w.items {
+		if it.deferred {
+			w.undeferLocked(k, it)
+		}
+	}
+	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := w.flush(ctx); err != nil {
@@ -383,8 +426,8 @@ func (w *writeBack) batch() []snapshot {
 			break
 		}
 		it := w.items[k]
-		if it == nil || seen[k] {
-			continue // written already, renamed aside, or pending again
+		if it == nil || seen[k] || it.deferred {
+			continue // written already, renamed aside, pending again, or deferred
 		}
 		seen[k] = true
 		out = append(out, snapshot{k: k, it: it, snap: *it})
@@ -652,14 +695,17 @@ func (w *writeBack) finish(k ekey, it *wbItem, seq uint64, rev int64) {
 			delete(w.fresh, it.e.Ino) // visible now, or never
 		}
 		if rev != 0 && it.seq > seq {
-			it.made, it.e.Rev, it.first = false, rev, seq+1
+			it.made, it.e.Rev, it.first, it.deferred = false, rev, seq+1, false
+			w.order = append(w.order, k)
 		} else {
 			delete(w.items, k)
 		}
 	}
+	if !w.readyLocked() {
+		w.since = time.Time{}
+	}
 	if len(w.items) == 0 {
 		w.order = w.order[:0]
-		w.since = time.Time{}
 	} else if len(w.order) > 2*len(w.items)+64 {
 		seen := map[ekey]bool{}
 		kept := w.order[:0]
@@ -670,5 +716,196 @@ func (w *writeBack) finish(k ekey, it *wbItem, seq uint64, rev int64) {
 			}
 		}
 		w.order = kept
+	}
+}
+
+// readyLocked reports whether an item not deferred is pending.
+func (w *writeBack) readyLocked() bool {
+	for _, it := range w.items {
+		if !it.deferred {
+			return true
+		}
+	}
+	return false
+}
+
+// undeferLocked makes deferred item it (under k) pending as any other:
+// written by the next batch.
+func (w *writeBack) undeferLocked(k ekey, it *wbItem) {
+	it.deferred = false
+	w.seq++
+	it.first, it.seq = w.seq, w.seq
+	w.order = append(w.order, k)
+	w.pendingSinceLocked()
+	w.poke()
+}
+
+// deferredAt returns the deferred item of name in directory parent, if
+// it is inode ino's (0: any).
+func (w *writeBack) deferredAt(k ekey, ino uint64) *wbItem {
+	if w == nil {
+		return nil
+	}
+	it := w.items[k]
+	if it == nil || !it.deferred || (ino != 0 && it.e.Ino != ino) {
+		return nil
+	}
+	return it
+}
+
+// undefer makes the deferred creation of n (name in directory parent),
+// if any, pending as any other: what needs the entry in the metadata
+// calls it before flush.
+func (w *writeBack) undefer(parent uint64, name string, ino uint64) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k := ekey{parent, name}
+	if it := w.deferredAt(k, ino); it != nil {
+		w.undeferLocked(k, it)
+	}
+}
+
+// undeferNode is undefer for node n where this mount has it.
+func (w *writeBack) undeferNode(n *node) {
+	if w == nil {
+		return
+	}
+	if name, p, ok := n.place(); ok && p != nil {
+		w.undefer(p.ino, name, n.ino)
+	}
+}
+
+// claim returns, for a commit of inode ino as name in directory parent,
+// its deferred creation (the item and its snapshot), if there is one:
+// the commit creates the file with the item's inode and attributes, then
+// ends the item (finish, with the snapshot's seq).
+func (w *writeBack) claim(parent uint64, name string, ino uint64) (*wbItem, wbItem, bool) {
+	if w == nil {
+		return nil, wbItem{}, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	it := w.deferredAt(ekey{parent, name}, ino)
+	if it == nil {
+		return nil, wbItem{}, false
+	}
+	return it, *it, true
+}
+
+// dropDeferred forgets the deferred creation of name in directory parent
+// (removed, or replaced by a rename, on this mount before it was
+// written): nothing of it reaches the metadata. It reports whether there
+// was one.
+func (w *writeBack) dropDeferred(parent uint64, name string) (ino uint64, ok bool) {
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k := ekey{parent, name}
+	it := w.deferredAt(k, 0)
+	if it == nil {
+		return 0, false
+	}
+	delete(w.items, k)
+	if !w.readyLocked() {
+		w.since = time.Time{}
+	}
+	w.cond.Broadcast()
+	return it.e.Ino, true
+}
+
+// isDeferred reports whether name in directory parent is a deferred
+// creation.
+func (w *writeBack) isDeferred(parent uint64, name string) bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.deferredAt(ekey{parent, name}, 0) != nil
+}
+
+// moveDeferred renames the deferred creation of name in directory from
+// to newName in directory to (dir: its record), in memory, if the new
+// name is free as far as this mount knows (pending itself, or known
+// absent; absent: the caller found it absent in the metadata just now).
+// It returns the file's inode number, and whether it did.
+func (w *writeBack) moveDeferred(from *node, name string, to *node, dir *meta.Entry, newName string, absent bool) (uint64, bool) {
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k, nk := ekey{from.ino, name}, ekey{to.ino, newName}
+	it := w.deferredAt(k, 0)
+	if it == nil || w.items[nk] != nil {
+		return 0, false
+	}
+	if !w.fresh[to.ino] {
+		if old, known := w.m.ents.known(to.ino, newName); (!known && !absent) || old != nil {
+			return 0, false
+		}
+	}
+	delete(w.items, k)
+	it.e.Name, it.e.Parent = newName, to.ino
+	it.e.Ctime = time.Now().UnixNano()
+	it.parent, it.dir = to, *dir
+	w.items[nk] = it
+	w.order = append(w.order, nk)
+	return it.e.Ino, true
+}
+
+// deferredIn returns the deferred creations in directory dir (a
+// listing read from the metadata lacks them).
+func (w *writeBack) deferredIn(dir uint64) []meta.Entry {
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []meta.Entry
+	for k, it := range w.items {
+		if it.deferred && k.parent == dir {
+			out = append(out, *copyEntry(&it.e))
+		}
+	}
+	return out
+}
+
+// finishClaim ends deferred item it (under k, claimed as snapshot seq)
+// once its commit made the file as e (nil: not made). Attribute changes
+// made since the snapshot stay pending, as changes of e.
+func (w *writeBack) finishClaim(k ekey, it *wbItem, seq uint64, e *meta.Entry) {
+	var rev int64
+	if e != nil {
+		rev = e.Rev
+		w.mu.Lock()
+		if w.items[k] == it && it.seq > seq {
+			n := *copyEntry(e)
+			it.attrs.applyTo(&n)
+			n.Ctime = max(n.Ctime, it.e.Ctime)
+			it.e = n
+		}
+		w.mu.Unlock()
+	}
+	w.finish(k, it, seq, rev)
+}
+
+// undeferIn undefers the deferred creations in directory dir (an fsync
+// of the directory).
+func (w *writeBack) undeferIn(dir uint64) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, it := range w.items {
+		if it.deferred && k.parent == dir {
+			w.undeferLocked(k, it)
+		}
 	}
 }

@@ -97,6 +97,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	default:
 		return syscall.EINVAL
 	}
+	n.m.wb.undeferNode(n)
 	if err := n.m.wb.flush(bg(ctx)); err != nil { // the entry first (write-back)
 		return n.m.errno("setxattr", n.path(""), err)
 	}
@@ -108,6 +109,7 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if errno := xattrName(attr); errno != 0 {
 		return errno
 	}
+	n.m.wb.undeferNode(n)
 	if err := n.m.wb.flush(bg(ctx)); err != nil {
 		return n.m.errno("removexattr", n.path(""), err)
 	}
