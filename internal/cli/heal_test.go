@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"cairn.dev/cairn/internal/cli"
 )
@@ -156,4 +157,30 @@ func TestFsckRepairFromSource(t *testing.T) {
 		t.Fatalf("fsck after the repair:\n%s", out)
 	}
 	r.fails(cli.ExitUsage, "fsck", "--source", src)
+}
+
+// A small file whose content is unchanged is normally not stored again
+// (its chunks are taken to be stored). Once one of them was found damaged,
+// a put of the original content writes it afresh.
+func TestPutHealsSmallUnchangedFile(t *testing.T) {
+	r := newRealm(t)
+	src := t.TempDir()
+	data := randBytes(100 << 10)
+	path := filepath.Join(src, "s.bin")
+	writeFile(t, path, data, 0o644)
+	putJSON(t, r, path, "home:/")
+	flip(t, largest(t, dataRecords(t, r)), 3)
+	r.fails(cli.ExitDamaged, "cat", "home:/s.bin")
+
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	sum := putJSON(t, r, path, "home:/")
+	if sum.NewChunks < 1 {
+		t.Errorf("put of the original content stored %d new chunks, want the damaged one", sum.NewChunks)
+	}
+	if got := r.ok("cat", "home:/s.bin"); got != string(data) {
+		t.Fatal("the file does not read back byte-identical")
+	}
 }

@@ -199,7 +199,9 @@ every store, then check every object: each store must hold its copy or shard
 (from the stores' listings; with --scrub every copy and shard is read and
 verified, so damaged ones are found too). What is missing or damaged is
 rebuilt from the good copies or shards onto its store. --store restricts the
-repair to that store's copies and shards.
+repair to that store's copies and shards. This device's own store (and
+every file's chunks wherever they are) is checked and healed by 'cairn fsck
+--read-data --repair', which can also heal from the original files.
 
 Exit status: 0 when everything is whole; 5 if some object has too few good
 copies or shards left to rebuild it (data lost unless a store comes back);
@@ -239,7 +241,7 @@ copies or shards left to rebuild it (data lost unless a store comes back);
 					return err
 				}
 			} else if len(res) == 0 {
-				fmt.Fprintln(e.stdout, "no copies or ec policy in use: nothing to repair")
+				fmt.Fprintln(e.stdout, "no copies or ec policy in use: nothing to repair here ('cairn fsck --read-data --repair' checks and heals this device's store)")
 			}
 			var lost, failed int64
 			for _, rr := range res {

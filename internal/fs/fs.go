@@ -318,6 +318,13 @@ func (v *Volume) write(ctx context.Context, cur *meta.Version, open func() (io.R
 		return refs, refs, st, err
 	}
 	plain = v.eng.Refs(b)
+	if v.quarantined(plain) {
+		// A chunk of this content was found damaged: cur's chunks are
+		// not all stored after all. Store it plainly (the store lacks
+		// the damaged chunk, so it is written afresh).
+		refs, st, err = v.eng.WriteBytes(ctx, b)
+		return refs, refs, st, err
+	}
 	if int64(len(b)) == cur.Size && v.digest(plain, cur.Size) == cur.Digest {
 		st = WriteStats{LogicalBytes: int64(len(b)), Chunks: len(plain), DupChunks: len(plain), DupBytes: int64(len(b))}
 		return plain, plain, st, nil
@@ -329,6 +336,21 @@ func (v *Volume) write(ctx context.Context, cur *meta.Version, open func() (io.R
 		refs, st, err = v.eng.WriteBytes(ctx, b)
 	}
 	return refs, plain, st, err
+}
+
+// quarantined reports whether the volume's store knows any of refs' chunks
+// to be damaged (store.Quarantiner; a store without the ability knows
+// nothing).
+func (v *Volume) quarantined(refs []manifest.Ref) bool {
+	q, ok := v.store.(store.Quarantiner)
+	if !ok {
+		return false
+	}
+	ids := make([]cairn.ID, len(refs))
+	for i := range refs {
+		ids[i] = refs[i].ID
+	}
+	return slices.Contains(q.Quarantined(ids), true)
 }
 
 // writeDelta stores b, a changed small file whose current version is cur

@@ -61,6 +61,14 @@ func (d *deviceStore) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 	return d.target.Has(ctx, ids)
 }
 
+// Quarantined asks the store writes go to (store.Quarantiner).
+func (d *deviceStore) Quarantined(ids []cairn.ID) []bool {
+	if q, ok := d.target.(store.Quarantiner); ok {
+		return q.Quarantined(ids)
+	}
+	return make([]bool, len(ids))
+}
+
 func (d *deviceStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	if d.r.opts.NoCache {
 		return d.getNoCache(ctx, id)

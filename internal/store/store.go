@@ -233,3 +233,13 @@ func CheckPresent(ctx context.Context) bool {
 	c, _ := ctx.Value(checkPresentKey{}).(bool)
 	return c
 }
+
+// Quarantiner is an optional ability of a Store that remembers damage
+// (the local store): Quarantined reports, in order, which of ids it holds
+// no good copy of because every copy it had was found damaged. It is
+// cheap (memory only, no I/O). A writer that would otherwise take an
+// object's presence on trust (fs's unchanged-content shortcut) asks it
+// first, so that a put of the original data heals the object.
+type Quarantiner interface {
+	Quarantined(ids []cairn.ID) []bool
+}

@@ -93,10 +93,11 @@ type Store struct {
 }
 
 var (
-	_ cairn.Store      = (*Store)(nil)
-	_ cairn.StoreStats = (*Store)(nil)
-	_ store.Verifier   = (*Store)(nil)
-	_ store.Compacter  = (*Store)(nil)
+	_ cairn.Store       = (*Store)(nil)
+	_ cairn.StoreStats  = (*Store)(nil)
+	_ store.Verifier    = (*Store)(nil)
+	_ store.Compacter   = (*Store)(nil)
+	_ store.Quarantiner = (*Store)(nil)
 )
 
 type packState uint8
@@ -815,6 +816,26 @@ func (s *Store) has(ids []cairn.ID, found []bool) (missing int) {
 		}
 	}
 	return missing
+}
+
+// Quarantined reports which of ids this store knows to have no good copy
+// of: every copy it had was found damaged (by this process or, through
+// the quarantine list, an earlier one) and none was stored since
+// (store.Quarantiner).
+func (s *Store) Quarantined(ids []cairn.ID) []bool {
+	out := make([]bool, len(ids))
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if len(s.corrupt) == 0 {
+		return out
+	}
+	for i := range ids {
+		if _, bad := s.corrupt[ids[i]]; bad {
+			_, present := s.lookup(&ids[i])
+			out[i] = !present
+		}
+	}
+	return out
 }
 
 // Put stores data under id, after checking that id is its BLAKE3-256 hash
