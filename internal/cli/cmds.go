@@ -13,18 +13,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/realm"
 	"cairn.dev/cairn/internal/vpath"
 )
-
-func lutimes(path string, t time.Time) error {
-	tv := unix.NsecToTimeval(t.UnixNano())
-	return unix.Lutimes(path, []unix.Timeval{tv, tv})
-}
 
 // metaVol opens only a volume's namespace: no key (and no passphrase) needed.
 func (e *env) metaVol(ctx context.Context, s string) (*meta.Vol, vpath.Path, error) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
@@ -82,11 +83,12 @@ func findVersion(e *meta.Entry, path string, n uint64) (*meta.Version, error) {
 type getJob struct {
 	ent  *meta.Entry
 	path string
-	dest string
+	dir  *localDir
+	name string
 }
 
 type dirTime struct {
-	dest  string
+	dir   *localDir
 	mode  os.FileMode
 	mtime time.Time
 }
@@ -98,51 +100,75 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 		}
 		return writeLocalFile(ctx, v, root, ver, dest)
 	}
+	if err := os.MkdirAll(dest, 0o700); err != nil {
+		return cairn.E("get", cairn.IO, dest, err)
+	}
+	top, err := openTop(dest)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(top)
 	var files []getJob
 	var dirs []dirTime
 	var total int64
 	var failed atomic.Int64
-	var walk func(ent *meta.Entry, path, dest string) error
-	walk = func(ent *meta.Entry, path, dest string) error {
+	seen := map[uint64]bool{} // directories entered: a looping record cannot recurse forever
+	// walk restores ent, whose parent directory d is open as fd (which walk
+	// does not close), under name (ignored for the top).
+	var walk func(ent *meta.Entry, path string, d *localDir, fd int) error
+	walk = func(ent *meta.Entry, path string, d *localDir, fd int) error {
 		switch ent.Type {
 		case meta.TypeDir:
-			if err := os.MkdirAll(dest, 0o700); err != nil {
-				return cairn.E("get", cairn.IO, dest, err)
+			if seen[ent.Ino] {
+				fmt.Fprintf(e.stderr, "cairn: skipping %s: %v\n", path, cairn.E("get", cairn.Corrupt, path, errors.New("directory appears twice in the tree")))
+				failed.Add(1)
+				return nil
 			}
-			dirs = append(dirs, dirTime{dest: dest, mode: os.FileMode(ent.Mode & 0o7777), mtime: time.Unix(0, ent.Mtime)})
-			kids, err := v.Meta.ReadDir(ctx, ent.Ino)
+			seen[ent.Ino] = true
+			dfd := fd
+			if d.parent != nil {
+				var err error
+				if dfd, err = mkdirEnter(fd, d.name, d.path); err != nil {
+					fmt.Fprintf(e.stderr, "cairn: %v\n", err)
+					failed.Add(1)
+					return nil
+				}
+				defer unix.Close(dfd)
+			}
+			dirs = append(dirs, dirTime{dir: d, mode: os.FileMode(ent.Mode & 0o7777), mtime: time.Unix(0, ent.Mtime)})
+			kids, err := v.Meta.ReadDirSkip(ctx, ent.Ino, func(err error) {
+				fmt.Fprintf(e.stderr, "cairn: skipping a record in %s: %v\n", path, err)
+				failed.Add(1)
+			})
 			if err != nil {
 				return err
 			}
 			for i := range kids {
 				k := &kids[i]
 				// Names come from metadata: check them again before they
-				// become local paths, so nothing can climb out of dest.
+				// become local names, so nothing can climb out of dest.
 				if err := vpath.ValidName(k.Name); err != nil {
 					fmt.Fprintf(e.stderr, "cairn: skipping %s/%q: %v\n", path, k.Name, err)
 					failed.Add(1)
 					continue
 				}
-				if err := walk(k, joinPath(path, k.Name), filepath.Join(dest, k.Name)); err != nil {
+				kd := &localDir{parent: d, name: k.Name, path: filepath.Join(d.path, k.Name)}
+				if err := walk(k, joinPath(path, k.Name), kd, dfd); err != nil {
 					return err
 				}
 			}
 		case meta.TypeSymlink:
-			_ = os.Remove(dest)
-			if err := os.Symlink(ent.Target, dest); err != nil {
-				fmt.Fprintf(e.stderr, "cairn: %s: %v\n", dest, err)
+			if err := makeSymlink(fd, d.name, ent.Target, d.path, time.Unix(0, ent.Mtime)); err != nil {
+				fmt.Fprintf(e.stderr, "cairn: %v\n", err)
 				failed.Add(1)
-				return nil
 			}
-			mt := time.Unix(0, ent.Mtime)
-			_ = lutimes(dest, mt)
 		case meta.TypeFile:
-			files = append(files, getJob{ent: ent, path: path, dest: dest})
+			files = append(files, getJob{ent: ent, path: path, dir: d.parent, name: d.name})
 			total += ent.Size
 		}
 		return nil
 	}
-	if err := walk(root, rootPath, dest); err != nil {
+	if err := walk(root, rootPath, &localDir{path: dest}, top); err != nil {
 		return err
 	}
 	prog := newProgress(e.stderr, !e.quiet && isTerminal(e.stderr), int64(len(files)), total)
@@ -152,7 +178,14 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 	for i := range files {
 		j := files[i]
 		g.Go(func() error {
-			err := writeLocalFile(gctx, v, j.ent, j.ent.Current(), j.dest)
+			err := func() error {
+				dfd, err := j.dir.open(top)
+				if err != nil {
+					return err
+				}
+				defer unix.Close(dfd)
+				return writeFileAt(gctx, v, j.ent, j.ent.Current(), dfd, j.name, filepath.Join(j.dir.path, j.name))
+			}()
 			if err != nil {
 				if gctx.Err() != nil || cairn.KindOf(err) == cairn.Unavailable {
 					return err
@@ -170,8 +203,7 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 	prog.finish()
 	// Directory modes and mtimes last, deepest first, once their contents are in.
 	for i := len(dirs) - 1; i >= 0; i-- {
-		_ = os.Chmod(dirs[i].dest, dirs[i].mode)
-		_ = os.Chtimes(dirs[i].dest, dirs[i].mtime, dirs[i].mtime)
+		_ = setDirAttrs(top, dirs[i].dir, dirs[i].mode, dirs[i].mtime)
 	}
 	if n := failed.Load(); n > 0 {
 		return withCode(ExitError, fmt.Errorf("get: %d item(s) could not be restored", n))
@@ -179,46 +211,15 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 	return nil
 }
 
-// writeLocalFile writes one version of a file to dest through a temporary
-// file in the same directory, then renames it into place.
+// writeLocalFile writes one version of a file to the local path dest (which
+// the user named) through a temporary file in the same directory, then
+// renames it into place.
 func writeLocalFile(ctx context.Context, v *fs.Volume, ent *meta.Entry, ver *meta.Version, dest string) error {
-	if st, err := os.Lstat(dest); err == nil && st.IsDir() {
-		return cairn.E("get", cairn.IsDir, dest, errors.New("a local directory is in the way"))
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(dest), ".cairn-get-*")
+	dest = filepath.Clean(dest)
+	dir, err := openTop(filepath.Dir(dest))
 	if err != nil {
-		return cairn.E("get", cairn.IO, dest, err)
+		return err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if ver != nil {
-		// Chunks land at their offsets as they come (the temporary file
-		// is renamed into place only once all of them have).
-		if err := v.ReadFileAt(ctx, ent, ver, tmp); err != nil {
-			return err
-		}
-	}
-	if err := tmp.Chmod(os.FileMode(ent.Mode & 0o7777)); err != nil {
-		return cairn.E("get", cairn.IO, dest, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return cairn.E("get", cairn.IO, dest, err)
-	}
-	mt := time.Unix(0, ent.Mtime)
-	if ver != nil {
-		mt = time.Unix(0, ver.Mtime)
-	}
-	if err := os.Chtimes(tmp.Name(), mt, mt); err != nil {
-		return cairn.E("get", cairn.IO, dest, err)
-	}
-	if err := os.Rename(tmp.Name(), dest); err != nil {
-		return cairn.E("get", cairn.IO, dest, err)
-	}
-	ok = true
-	return nil
+	defer unix.Close(dir)
+	return writeFileAt(ctx, v, ent, ver, dir, filepath.Base(dest), dest)
 }

@@ -38,13 +38,60 @@ func (v *Vol) dirPrefix(ino uint64) string { return v.base + "e/" + inoHex(ino) 
 
 func (v *Vol) keyOf(e *Entry) string { return v.entryKey(e.Parent, e.Name) }
 
+// decode reads the entry stored at key k. The key, not the value, says
+// where an entry is: a value whose name or parent differ from its key's
+// (a hostile or damaged record), or whose name could not be one element of
+// a path, is Corrupt, so that nothing downstream (get, the mount) ever
+// treats "../x" or "a/f" as a name.
 func (v *Vol) decode(op string, k, val []byte, rev int64) (*Entry, error) {
 	var e Entry
 	if err := json.Unmarshal(val, &e); err != nil {
 		return nil, cairn.E(op, cairn.Corrupt, strings.TrimPrefix(string(k), v.s.opts.Prefix), err)
 	}
+	if err := v.checkKey(string(k), &e); err != nil {
+		return nil, cairn.E(op, cairn.Corrupt, strings.TrimPrefix(string(k), v.s.opts.Prefix), err)
+	}
 	e.Rev = rev
 	return &e, nil
+}
+
+// checkKey checks that entry e may be stored at key k.
+func (v *Vol) checkKey(k string, e *Entry) error {
+	parent, name, ok := v.parseEntryKey(k)
+	if !ok {
+		return errors.New("not an entry key")
+	}
+	if parent == 0 {
+		if e.Name != "" || e.Parent != 0 {
+			return fmt.Errorf("root record names %q in directory %s", e.Name, inoHex(e.Parent))
+		}
+		return nil
+	}
+	if err := checkName(name); err != nil {
+		return fmt.Errorf("key: %w", err)
+	}
+	if e.Name != name {
+		return fmt.Errorf("record names %q, its key %q", e.Name, name)
+	}
+	if e.Parent != parent {
+		return fmt.Errorf("record's parent is %s, its key's %s", inoHex(e.Parent), inoHex(parent))
+	}
+	return nil
+}
+
+// checkName rejects what can never be one element of a path. (Length and
+// UTF-8 are checked where names come in, by vpath.ValidName; records
+// written before those checks still read.)
+func checkName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty name")
+	case name == "." || name == "..":
+		return fmt.Errorf("name %q", name)
+	case strings.ContainsAny(name, "/\x00"):
+		return fmt.Errorf("name %q contains '/' or NUL", name)
+	}
+	return nil
 }
 
 // Root returns the root directory's entry.
@@ -89,10 +136,21 @@ func (v *Vol) Lookup(ctx context.Context, parts []string) (*Entry, error) {
 
 // ReadDir returns the entries of directory ino, sorted by name.
 func (v *Vol) ReadDir(ctx context.Context, ino uint64) ([]Entry, error) {
+	return v.ReadDirSkip(ctx, ino, nil)
+}
+
+// ReadDirSkip is ReadDir that, if bad is not nil, passes each record it
+// cannot decode (a Corrupt error naming its key) to bad and goes on with
+// the others, instead of failing.
+func (v *Vol) ReadDirSkip(ctx context.Context, ino uint64, bad func(error)) ([]Entry, error) {
 	var out []Entry
 	err := v.s.scan(ctx, "read dir", v.dirPrefix(ino), func(k, val []byte, rev int64) error {
 		e, err := v.decode("read dir", k, val, rev)
 		if err != nil {
+			if bad != nil && cairn.KindOf(err) == cairn.Corrupt {
+				bad(err)
+				return nil
+			}
 			return err
 		}
 		out = append(out, *e)
