@@ -89,12 +89,12 @@ disk, and when it last reported.`,
 
 func (e *env) nodeCmd() *cobra.Command {
 	c := &cobra.Command{Use: "node", Short: "Run this machine's node, or remove a node from the realm"}
-	var listen, advertise, gatewayListen string
+	var listen, advertise, gatewayListen, donate string
 	var noGateway bool
 	var registrars []string
 	var lease time.Duration
 	serve := &cobra.Command{
-		Use:   "serve [--listen HOST:PORT] [--gateway-listen HOST:PORT] [--registrar ADDR]",
+		Use:   "serve [--listen HOST:PORT] [--gateway-listen HOST:PORT] [--registrar ADDR] [--donate SIZE]",
 		Short: "Serve this machine's store to the realm's devices (and, on a device, the join and registrar endpoints)",
 		Long: `Serve this machine's local store to the realm's devices over HTTP/2 with mutual
 TLS 1.3 (realm certificates only). The node registers in the realm's registry
@@ -119,13 +119,30 @@ $CAIRN_HOME/store and reports every lease/3 to a registrar, a device's node,
 which records it in the registry: at first the device that admitted it (the
 join address), then any online device the registrars name. --registrar
 ADDR[,ADDR] reports to those instead. It learns the realm's revocation list
-from its registrar, and refuses every request until it has one.
+from its registrar, and refuses every request until it has one. A
+benefactor refuses writes past --donate SIZE (its donation; default: no
+bound but its disk); a surrogate refuses every write (it holds staged
+copies only).
 
 It prints "serving NAME on ADDRESS" once ready.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if c, err := pki.LoadCredentials(realm.CredentialsDir(e.home)); err == nil && c.Identity.Role != pki.Device {
-				return e.serveStandalone(cmd, c, realm.StandaloneOptions{Listen: listen, Advertise: advertise, Lease: lease, Registrars: registrars})
+				var donation int64
+				if donate != "" {
+					if c.Identity.Role != pki.Benefactor {
+						return withCode(ExitUsage, fmt.Errorf("node serve: --donate is for a benefactor; a %s takes no writes", c.Identity.Role))
+					}
+					n, perr := parseSize(donate)
+					if perr != nil {
+						return withCode(ExitUsage, fmt.Errorf("node serve: --donate: %w", perr))
+					}
+					donation = n
+				}
+				return e.serveStandalone(cmd, c, realm.StandaloneOptions{Listen: listen, Advertise: advertise, Lease: lease, Registrars: registrars, Donation: donation})
+			}
+			if donate != "" {
+				return withCode(ExitUsage, errors.New("node serve: --donate is for a benefactor; a device's store is its own"))
 			}
 			if len(registrars) > 0 {
 				return withCode(ExitUsage, errors.New("node serve: --registrar is for a benefactor or surrogate; a device registers in the metadata itself"))
@@ -161,6 +178,7 @@ It prints "serving NAME on ADDRESS" once ready.`,
 	serve.Flags().DurationVar(&lease, "lease", realm.DefaultLease, "heartbeat lease: a node that stops shows offline after this long")
 	serve.Flags().StringVar(&gatewayListen, "gateway-listen", "", "device running the embedded etcd: where the metadata gateway listens (default: the --listen host, port + 1)")
 	serve.Flags().BoolVar(&noGateway, "no-gateway", false, "do not serve the metadata gateway (no other device can then reach this realm's metadata)")
+	serve.Flags().StringVar(&donate, "donate", "", "benefactor: the most its store may hold (e.g. 50GiB); puts past it are refused")
 	serve.Flags().StringSliceVar(&registrars, "registrar", nil, "benefactor or surrogate: the registrars (devices' node addresses HOST:PORT) to report to, instead of those it knows")
 	remove := &cobra.Command{
 		Use:   "remove NAME",

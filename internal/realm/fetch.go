@@ -661,6 +661,8 @@ func (r *Realm) targetStore(ctx context.Context) (cairn.Store, string, error) {
 	switch {
 	case st.Removed != 0:
 		return nil, "", cairn.E("open store", cairn.Permission, t, errors.New("the node was removed from the realm"))
+	case st.Role == string(pki.Surrogate):
+		return nil, "", errSurrogate(t)
 	case st.State != meta.NodeOnline || st.Addr == "":
 		return nil, "", cairn.E("open store", cairn.Unavailable, t, fmt.Errorf("the node is %s (last seen %s)", st.State, lastSeen(st.LastSeen)))
 	}
@@ -677,4 +679,9 @@ func lastSeen(ns int64) string {
 		return "never"
 	}
 	return time.Unix(0, ns).Format(time.DateTime)
+}
+
+// errSurrogate refuses a surrogate as a place to write.
+func errSurrogate(name string) error {
+	return cairn.E("open store", cairn.Permission, name, errors.New("the node is a surrogate: it holds staged copies only, writes go to a device, benefactor or store"))
 }

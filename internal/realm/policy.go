@@ -27,6 +27,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/store"
 	"cairn.dev/cairn/internal/store/ecstore"
 	"cairn.dev/cairn/internal/store/replicastore"
@@ -160,6 +161,9 @@ func (r *Realm) CheckPolicy(ctx context.Context, s string) (meta.Policy, error) 
 		}
 		if n.Removed != 0 {
 			return pol, cairn.E("policy", cairn.Permission, name, errors.New("the node was removed from the realm"))
+		}
+		if n.Role == string(pki.Surrogate) {
+			return pol, errSurrogate(name)
 		}
 	}
 	return pol, nil

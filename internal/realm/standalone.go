@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -95,7 +96,11 @@ type StandaloneOptions struct {
 	// Registrars, if set, are reported to instead of those in the home's
 	// registrar state (at first the join endpoint's address).
 	Registrars []string
-	Logger     *slog.Logger
+	// Donation bounds, on a benefactor, the bytes its store may hold: a
+	// put past it is refused with Kind Permission. 0: no bound but the
+	// disk's. A surrogate refuses every put (it holds soft state only).
+	Donation int64
+	Logger   *slog.Logger
 	// Ready, if set, is called once the node listens and has made its
 	// first report, with its address and the registrar that took the
 	// report ("" if none could be reached yet: it keeps trying).
@@ -162,6 +167,13 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 	}
 	defer st.Close()
 	m := &meteredStore{Store: st}
+	g := &guardedStore{Store: m, role: creds.Identity.Role, donation: o.Donation}
+	if o.Donation < 0 {
+		return cairn.E(op, cairn.Invalid, name, fmt.Errorf("donation %d below 0", o.Donation))
+	}
+	if u, serr := st.Stats(ctx); serr == nil {
+		g.used.Store(u.Disk)
+	}
 
 	ln, addr, err := listen(op, o.Listen, o.Advertise)
 	if err != nil {
@@ -175,7 +187,7 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 	if err != nil {
 		return err
 	}
-	srv, err := node.NewServer(node.Config{Store: m, Realm: creds.Identity.Realm, Revocations: rev, Logger: log}, tlsConf)
+	srv, err := node.NewServer(node.Config{Store: g, Realm: creds.Identity.Realm, Revocations: rev, Logger: log}, tlsConf)
 	if err != nil {
 		return err
 	}
@@ -194,6 +206,7 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 		}
 		if u, serr := st.Stats(ctx); serr == nil {
 			rep.Used = u.Disk
+			g.used.Store(u.Disk) // objects put again are counted once
 		}
 		return rep
 	}
@@ -447,4 +460,43 @@ func (h *heartbeat) transportErr(ctx context.Context, addr string, err error) er
 		return cairn.E(op, cairn.Unavailable, addr, fmt.Errorf("not a registrar of this realm: %w", err))
 	}
 	return cairn.E(op, cairn.Unavailable, addr, err)
+}
+
+// guardedStore is what a standalone node serves: a surrogate takes no
+// writes (DESIGN: writes go to the real stores, never to a surrogate), a
+// benefactor none past its donation. Both refusals are Kind Permission
+// (403 to the device).
+type guardedStore struct {
+	cairn.Store
+	role     pki.Role
+	donation int64        // 0: no bound
+	used     atomic.Int64 // the store's bytes as last measured, plus puts since
+}
+
+func (g *guardedStore) Put(ctx context.Context, id cairn.ID, data []byte) error {
+	if g.role == pki.Surrogate {
+		return cairn.E("put", cairn.Permission, id.String(), errors.New("a surrogate takes no writes: it holds staged copies only; write to a device, benefactor or store"))
+	}
+	n := int64(len(data))
+	if g.donation > 0 {
+		if used := g.used.Add(n); used > g.donation {
+			g.used.Add(-n)
+			return cairn.E("put", cairn.Permission, id.String(), fmt.Errorf("the benefactor's donation of %d bytes is used up (%d used)", g.donation, used-n))
+		}
+	} else {
+		g.used.Add(n)
+	}
+	if err := g.Store.Put(ctx, id, data); err != nil {
+		g.used.Add(-n)
+		return err
+	}
+	return nil
+}
+
+// Stats passes on to the store (the chunk service's stats request).
+func (g *guardedStore) Stats(ctx context.Context) (cairn.StoreUsage, error) {
+	if ss, ok := g.Store.(cairn.StoreStats); ok {
+		return ss.Stats(ctx)
+	}
+	return cairn.StoreUsage{}, cairn.E("stats", cairn.Other, "", errors.New("the store keeps no statistics"))
 }
