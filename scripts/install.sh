@@ -2,6 +2,8 @@
 # Install cairn on a Debian machine and run a first real job on the embedded
 # defaults: init a throw-away realm, put a directory, list it, get it back and
 # compare. Usage: scripts/install.sh [--no-demo]
+# It installs into /usr/local/bin as root, else ~/.local/bin; CAIRN_BINDIR
+# chooses another directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,10 +16,13 @@ need_go() {
 	[[ ${major:-0} -gt 1 || ${minor:-0} -ge 21 ]] && return 1
 	return 0
 }
+say() { echo "install: $*"; }
+sudo=""
+[[ $(id -u) -eq 0 ]] || sudo=sudo
+
+say "checking for Go ≥ 1.21"
 if need_go; then
-	echo "install: installing Go from Debian"
-	sudo=""
-	[[ $(id -u) -eq 0 ]] || sudo=sudo
+	say "installing Go from Debian (apt-get update, then apt-get install golang-go)..."
 	$sudo apt-get update -qq
 	$sudo apt-get install -y -qq golang-go >/dev/null
 	if need_go; then
@@ -26,12 +31,40 @@ if need_go; then
 	fi
 fi
 
+# 'cairn mount' needs FUSE 3 (fusermount3); everything else works without.
+say "checking for FUSE 3 (needed by 'cairn mount' only)"
+if ! command -v fusermount3 >/dev/null 2>&1; then
+	if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+		answer=y
+		if [[ -t 0 ]]; then
+			read -r -p "install: fusermount3 is missing: install the Debian package fuse3 now? [Y/n] " answer || answer=n
+		fi
+		if [[ ${answer:-y} =~ ^[Yy]|^$ ]]; then
+			say "installing fuse3 (apt-get install fuse3)..."
+			apt-get install -y -qq fuse3 >/dev/null || { apt-get update -qq && apt-get install -y -qq fuse3 >/dev/null; } ||
+				say "could not install fuse3: 'cairn mount' will not work until it is installed"
+		else
+			say "skipped: install fuse3 before using 'cairn mount' (apt-get install fuse3)"
+		fi
+	else
+		say "fusermount3 is missing: 'cairn mount' needs it (on Debian: sudo apt-get install fuse3)"
+	fi
+fi
+
 bindir=/usr/local/bin
 [[ $(id -u) -eq 0 ]] || bindir="$HOME/.local/bin"
+bindir=${CAIRN_BINDIR:-$bindir}
 mkdir -p "$bindir"
-echo "install: building cairn ($(GOTOOLCHAIN=auto go env GOVERSION))"
-GOTOOLCHAIN=auto go build -trimpath -o "$bindir/cairn" ./cmd/cairn
-echo "install: installed $bindir/cairn"
+# Go may first fetch the toolchain go.mod asks for, then the modules: on a
+# fresh machine the two take minutes, so say so.
+say "fetching the Go toolchain go.mod asks for, if this Go is older (once)..."
+gover=$(GOTOOLCHAIN=auto go env GOVERSION)
+say "downloading the Go modules cairn needs (first time: a few minutes)..."
+GOTOOLCHAIN=auto go mod download
+version=$(git describe --tags --always --dirty 2>/dev/null || true)
+say "compiling cairn ${version:+$version }with $gover (first time: a few minutes)..."
+GOTOOLCHAIN=auto go build -trimpath ${version:+-ldflags "-X cairn.dev/cairn/internal/cli.version=$version"} -o "$bindir/cairn" ./cmd/cairn
+say "installed $bindir/cairn ($("$bindir/cairn" --version))"
 case ":$PATH:" in *":$bindir:"*) ;; *) echo "install: add $bindir to your PATH" ;; esac
 [[ ${1:-} == --no-demo ]] && exit 0
 

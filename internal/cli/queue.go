@@ -36,6 +36,9 @@ import (
 // queueFormat is the version of the queue's records (doc/format.md).
 const queueFormat = 1
 
+// QueueFormat is queueFormat, for the test that doc/format.md says it.
+const QueueFormat = queueFormat
+
 // EnvNoAutoDrain, when "1", stops cairn from starting a background
 // drainer after put --background or any other command: the queue is then
 // drained only by 'cairn queue run'.

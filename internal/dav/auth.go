@@ -50,6 +50,9 @@ const (
 	argonSaltLen = 16
 )
 
+// UsersFormat is the version of the app password file (doc/format.md).
+const UsersFormat = usersFormat
+
 const (
 	usersFormat = 1
 	verifyCache = 10 * time.Minute

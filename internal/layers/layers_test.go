@@ -66,6 +66,7 @@ var layer = map[string]int{
 	"bench/fusert":      9, // a bench helper program (bench/fuse-rt.sh)
 
 	"internal/layers": 10,
+	"internal/docs":   10, // tests that doc/ matches the code
 	"bench":           10,
 }
 

@@ -110,6 +110,13 @@ type queueRecord struct {
 // versions 1 to 3 are read too.
 const queueVersion = 4
 
+// QueueVersion is queueVersion, and CacheVersion the version of the mount
+// cache's layout (doc/format.md, "Mount cache").
+const (
+	QueueVersion = queueVersion
+	CacheVersion = 1
+)
+
 // dataCRC returns the CRC-32C of the first size bytes of f (the sum
 // passthrough's summed computes).
 func dataCRC(f *os.File, size int64) (uint32, error) {

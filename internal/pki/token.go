@@ -154,6 +154,14 @@ const TokenRetention = 7 * 24 * time.Hour
 
 const tokenFormat = 1
 
+// Versions of the files and messages of this package (doc/format.md, "Node
+// wire protocol"): the token list, the revocation list, the join exchange.
+const (
+	TokenListFormat  = tokenFormat
+	RevocationFormat = revocationFormat
+	JoinFormat       = joinFormat
+)
+
 // TokenList is a TokenStore in memory or, if opened with a path, in a JSON
 // file (mode 0600: its MAC keys let their holder join) updated under a file
 // lock, so several processes may share it.

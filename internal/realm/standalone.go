@@ -40,6 +40,14 @@ const (
 	registrarFormat = 1
 )
 
+// Versions of the realm's own small formats (doc/format.md): a standalone
+// node's registrar state, a device's join payload, a sealed volume key.
+const (
+	RegistrarFormat     = registrarFormat
+	DevicePayloadFormat = devicePayloadFormat
+	SealedKeyFormat     = sealedKeyFormat
+)
+
 // RegistrarPath is the registrar state of a benefactor's or surrogate's
 // home (format.md, "Registrar").
 func RegistrarPath(home string) string { return filepath.Join(home, pkiDir, registrarFile) }

@@ -39,6 +39,9 @@ const (
 	shardMagic = "cairnecs"
 	mapMagic   = "cairnecm"
 	version    = 1
+	// Version is the version of shards and shard maps (doc/format.md,
+	// "Erasure-coded objects").
+	Version    = version
 	headerSize = 52
 	// maxObject bounds L in a header: larger is refused as damage.
 	maxObject = 1 << 40

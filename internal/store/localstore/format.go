@@ -39,6 +39,13 @@ const (
 	MaxObjectSize = 1 << 30
 )
 
+// PackVersion and IndexVersion are the versions of the pack and index
+// files this package writes (doc/format.md, "Local store").
+const (
+	PackVersion  = packVersion
+	IndexVersion = idxVersion
+)
+
 var recMagic = [4]byte{'c', 'r', 'e', 'c'}
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

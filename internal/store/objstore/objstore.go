@@ -164,6 +164,10 @@ func (s *Store) Name() string { return s.name }
 // far, retries included.
 func (s *Store) Requests() Requests { return s.n.Snapshot() }
 
+// KeyVersion is the version of the layout of object names (Key) in a
+// bucket (doc/format.md, "Cloud stores").
+const KeyVersion = 1
+
 // Key returns the object key of id under prefix.
 func Key(prefix string, id cairn.ID) string {
 	h := id.String()

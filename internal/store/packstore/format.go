@@ -27,6 +27,14 @@ const (
 	maxEntries = 1 << 24
 )
 
+// PackVersion is the version of the pack objects this package writes, and
+// LogVersion that of its local pack index log (doc/format.md, "Pack
+// objects").
+const (
+	PackVersion = packVersion
+	LogVersion  = logVersion
+)
+
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 var le = binary.LittleEndian
