@@ -114,7 +114,12 @@ from a good copy in any registered store or other device's store, or by
 cutting the files under each --source PATH (the original files: a chunk is
 found again wherever its data is). Every version that names a healed chunk
 reads again. Then everything is checked again: each file and version that
-stays unreadable is printed as UNREADABLE and the exit status is 5.`,
+stays unreadable is printed as UNREADABLE and the exit status is 5.
+
+It counts each distinct chunk once (delta bases included), as 'cairn stats'
+does; the two differ only by the versions whose data other nodes hold, which
+are checked on those nodes and counted in the line fsck prints. With --json,
+"damaged" is [] when all is well.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()

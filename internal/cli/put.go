@@ -131,6 +131,7 @@ type putState struct {
 	volFor func(path string) *fs.Volume
 	volPre string // "VOLUME:", cut from destinations to get that path
 	force  bool
+	start  time.Time // when the put began
 	sum    PutSummary
 	prog   *progress
 	mu     sync.Mutex
@@ -314,7 +315,7 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 	} else if volFor, err = e.policyVolumes(ctx, v, p); err != nil {
 		return nil, err
 	}
-	st := &putState{e: e, v: v, volFor: volFor, volPre: p.Volume + ":", force: force, existing: map[uint64]map[string]*meta.Entry{},
+	st := &putState{e: e, v: v, volFor: volFor, volPre: p.Volume + ":", force: force, start: start, existing: map[uint64]map[string]*meta.Entry{},
 		groups: map[*fs.Volume]*putGroup{}, spool: sp}
 	st.sum.WorkersUsed = workers
 	// Count what there is, so the bar can show a total (only for a bar).
@@ -422,6 +423,9 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 			e.logQueued(int(sum.Files))
 		}
 	} else if human {
+		if errors.Is(err, context.Canceled) {
+			fmt.Fprint(e.stderr, "interrupted: ")
+		}
 		fmt.Fprintf(e.stderr, "stored %d files (%s), skipped %d unchanged, %d dirs, %d symlinks in %.2fs (%.1f MB/s, %.0f files/s)\n",
 			sum.Files, human1024(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, sum.Seconds, sum.MBPerSec, sum.FilesPerSec)
 		fmt.Fprintf(e.stderr, "added %s to the store in %d new chunks; dedup saved %s\n", human1024(sum.NewBytes), sum.NewChunks, human1024(sum.DupBytes))
@@ -636,7 +640,26 @@ func (st *putState) putFile(ctx context.Context, j putJob) error {
 		return st.settle(ctx, j.dst, fs.WriteStats{}, err)
 	}
 	_, ws, err := vol.WriteFile(ctx, j.dir, j.name, open, a)
+	if err != nil && ctx.Err() != nil && st.committed(j, src) {
+		// Interrupted as the commit went through: the file is stored.
+		err = nil
+	}
 	return st.settle(ctx, j.dst, ws, err)
+}
+
+// committed reports whether j's file, whose write failed as the put was
+// interrupted, was committed all the same (the commit reached the metadata
+// service before its reply was lost to the cancellation): the current
+// version is one committed since this put began, from j's source.
+func (st *putState) committed(j putJob, src meta.Source) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	e, err := st.v.Meta.Get(ctx, j.dir.Ino, j.name)
+	if err != nil {
+		return false
+	}
+	cur := e.Current()
+	return cur != nil && cur.Src == src && cur.Size == src.Size && cur.Committed >= st.start.UnixNano()
 }
 
 // settle ends one file's put: an error that stops the whole put (ctx
@@ -648,6 +671,10 @@ func (st *putState) settle(ctx context.Context, dst string, ws fs.WriteStats, er
 		st.account(ws)
 		return nil
 	}
+	// What reached the store counts even though the file was not
+	// committed (a later put of it stores none of it again).
+	atomic.AddInt64(&st.sum.NewBytes, ws.NewStoredBytes)
+	atomic.AddInt64(&st.sum.NewChunks, int64(ws.NewChunks))
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}

@@ -1,12 +1,19 @@
 package cli_test
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/cli"
 )
 
 // TestLsFlagsAndVersion: ls -h is human-readable sizes (help is --help),
@@ -113,5 +120,64 @@ func TestServeNamesTheListener(t *testing.T) {
 	}
 	if help := r.ok("node", "serve", "--help"); !strings.Contains(help, "--gateway-listen") || !strings.Contains(help, "port + 1") {
 		t.Fatalf("node serve --help says nothing of the gateway's port:\n%s", help)
+	}
+}
+
+// TestInterruptedPutSummary: a put interrupted with SIGINT while many files
+// are being committed reports as stored exactly the files that are in
+// cairn afterwards (a commit that went through as the interrupt came was
+// reported as not stored), and exits 130.
+func TestInterruptedPutSummary(t *testing.T) {
+	r := newRealm(t)
+	src := filepath.Join(t.TempDir(), "src")
+	const n = 64
+	for i := 0; i < n; i++ {
+		writeFile(t, filepath.Join(src, fmt.Sprintf("f%02d", i)), randBytes(1<<20), 0o644)
+	}
+	cmd := r.command("put", "--json", src, "home:/")
+	cmd.Env = r.env
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	// Interrupt once some files are committed.
+	deadline := time.Now().Add(60 * time.Second)
+	var finished error
+	waiting := true
+	for waiting {
+		select {
+		case finished = <-done:
+			waiting = false
+			continue
+		default:
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("no file committed within 60 s: %s", errb.String())
+		}
+		if res := r.run("ls", "home:/src"); res.code == 0 && strings.Count(res.stdout, "\n") >= 1 {
+			cmd.Process.Signal(syscall.SIGINT)
+			finished = <-done
+			waiting = false
+		}
+	}
+	code := 0
+	if ee, ok := finished.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	}
+	var s cli.PutSummary
+	if err := json.Unmarshal(out.Bytes(), &s); err != nil {
+		t.Fatalf("put --json after SIGINT (exit %d): %v\n%s\n%s", code, err, out.String(), errb.String())
+	}
+	stored := strings.Count(r.ok("ls", "home:/src"), "\n")
+	t.Logf("exit %d, summary %d files, %d in cairn", code, s.Files, stored)
+	if code != cli.ExitInterrupted && !(code == 0 && stored == n) {
+		t.Fatalf("put exit %d: %s", code, errb.String())
+	}
+	if int(s.Files) != stored {
+		t.Fatalf("the summary says %d files stored, cairn holds %d", s.Files, stored)
 	}
 }
