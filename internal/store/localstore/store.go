@@ -98,6 +98,7 @@ var (
 	_ store.Verifier    = (*Store)(nil)
 	_ store.Compacter   = (*Store)(nil)
 	_ store.Quarantiner = (*Store)(nil)
+	_ store.Checker     = (*Store)(nil)
 )
 
 type packState uint8
@@ -816,6 +817,24 @@ func (s *Store) has(ids []cairn.ID, found []bool) (missing int) {
 		}
 	}
 	return missing
+}
+
+// Check reads and verifies every one of ids the store holds
+// (store.Checker): found[i] is true when a good copy of ids[i] is stored.
+// Damaged copies are quarantined, as by Get.
+func (s *Store) Check(ctx context.Context, ids []cairn.ID) ([]bool, error) {
+	good := make([]bool, len(ids))
+	for i, id := range ids {
+		_, err := s.Get(ctx, id)
+		switch {
+		case err == nil:
+			good[i] = true
+		case errors.Is(err, cairn.ErrCorrupt), errors.Is(err, cairn.ErrNotFound):
+		default:
+			return nil, err
+		}
+	}
+	return good, nil
 }
 
 // Quarantined reports which of ids this store knows to have no good copy
