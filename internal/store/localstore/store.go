@@ -743,8 +743,26 @@ func (s *Store) quarantine(ctx context.Context, id cairn.ID, target packID, off 
 		s.log.Warn("damaged record not written to the quarantine list", "id", id.String(), "err", err)
 	}
 	r := &writeReq{kind: kindTomb, id: id, done: make(chan struct{}), target: target, tOff: off}
-	s.reqs <- r
-	if err = s.wait(ctx, r); err != nil {
+	// A read may race with Close: never wait for a writer that is gone.
+	select {
+	case s.reqs <- r:
+	case <-s.writerDone:
+		return
+	}
+	select {
+	case <-r.done:
+		err = r.err
+	case <-s.writerDone:
+		select {
+		case <-r.done:
+			err = r.err
+		default:
+			return
+		}
+	case <-ctx.Done():
+		err = s.wait(ctx, r)
+	}
+	if err != nil {
 		s.log.Warn("damaged record not quarantined", "id", id.String(), "err", err)
 		return
 	}
