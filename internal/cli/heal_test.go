@@ -184,3 +184,26 @@ func TestPutHealsSmallUnchangedFile(t *testing.T) {
 		t.Fatal("the file does not read back byte-identical")
 	}
 }
+
+// put --force of an unchanged small file (which takes the shortcut that
+// stores nothing) has the local store check its chunks first: a damaged
+// one nobody had noticed yet is written afresh.
+func TestPutForceHealsSmallFile(t *testing.T) {
+	r := newRealm(t)
+	src := t.TempDir()
+	data := randBytes(100 << 10)
+	path := filepath.Join(src, "s.bin")
+	writeFile(t, path, data, 0o644)
+	putJSON(t, r, path, "home:/")
+	flip(t, largest(t, dataRecords(t, r)), 5)
+
+	// (The chunk is found damaged before the write, so the engine sees
+	// it missing: a new chunk, not a healed one, in the summary.)
+	sum := putJSON(t, r, "--force", path, "home:/")
+	if sum.NewChunks != 1 {
+		t.Errorf("put --force stored %d new chunks, want 1", sum.NewChunks)
+	}
+	if got := r.ok("cat", "home:/s.bin"); got != string(data) {
+		t.Fatal("the file does not read back byte-identical")
+	}
+}

@@ -58,9 +58,11 @@ func (e *env) putCmd() *cobra.Command {
 		Long: `Store local files and directories into VOLUME:/DIR, which is created if needed.
 Each SRC lands in DIR under its own name (like 'cp -r SRC... DIR'). Only chunks the
 store does not already hold are written. A file whose size, mtime and inode match
-the version already stored is skipped unless --force. With --force every chunk
-the store says it holds is read back and verified, and one that is damaged or
-gone is written afresh from the file (healing every version that names it).
+the version already stored is skipped unless --force. With --force, when the
+data goes to this device's own store, every chunk the store says it holds is
+read back and verified, and one that is damaged is written afresh from the
+file (healing every version that names it); a remote node or cloud store is
+trusted (checking would mean downloading: see 'cairn fsck --repair').
 Each file is committed
 atomically: readers see its previous version until the new one is complete.
 Files that cannot be read are reported and skipped; the exit code is then 1.
@@ -100,7 +102,7 @@ kill loses nothing queued: the next drainer finishes the work.`,
 		},
 	}
 	c.Flags().StringVar(&e.target, "store", "", "store the data on this node (see 'cairn devices') or store (see 'cairn store ls') instead of this device; only chunks it lacks are sent")
-	c.Flags().BoolVar(&force, "force", false, "store files even when unchanged, verifying the chunks the store already holds (writes damaged ones afresh)")
+	c.Flags().BoolVar(&force, "force", false, "store files even when unchanged, verifying the chunks this device's store already holds (writes damaged ones afresh)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON summary on stdout")
 	c.Flags().BoolVar(&background, "background", false, "return once the data is stored on this device; upload and commit in the background (see 'cairn queue')")
 	c.Flags().IntVar(&workers, "workers", 0, "files written in parallel (default 32 per core; memory is bounded separately)")
@@ -274,9 +276,9 @@ func (st *putState) fail(path string, err error) {
 func (e *env) put(ctx context.Context, srcs []string, dst string, force, background bool, workers int, human bool) (_ *PutSummary, err error) {
 	start := time.Now()
 	if force {
-		// The store's "I have it" is a hint (LBFS): read back what it
-		// claims and write afresh what fails verification, healing every
-		// version that names it.
+		// The store's "I have it" is a hint (LBFS): have a local store
+		// check what it claims and write afresh what fails, healing
+		// every version that names it.
 		ctx = store.WithCheckPresent(ctx)
 	}
 	v, p, err := e.vol(ctx, dst)

@@ -303,9 +303,7 @@ func (v *Volume) write(ctx context.Context, cur *meta.Version, open func() (io.R
 		return nil, nil, WriteStats{}, err
 	}
 	defer r.Close()
-	// Under store.WithCheckPresent nothing is taken on trust: not cur's
-	// chunks (the shortcut below), nor those a delta would reuse.
-	if cur == nil || cur.Digest == "" || cur.Size > precheckLimit || !slices.Contains(cur.Stores, v.storeName) || store.CheckPresent(ctx) {
+	if cur == nil || cur.Digest == "" || cur.Size > precheckLimit || !slices.Contains(cur.Stores, v.storeName) {
 		refs, st, err = v.eng.Write(ctx, r)
 		return refs, refs, st, err
 	}
@@ -318,14 +316,19 @@ func (v *Volume) write(ctx context.Context, cur *meta.Version, open func() (io.R
 		return refs, refs, st, err
 	}
 	plain = v.eng.Refs(b)
-	if v.quarantined(plain) {
+	unchanged := int64(len(b)) == cur.Size && v.digest(plain, cur.Size) == cur.Digest
+	damaged, err := v.damaged(ctx, plain, unchanged)
+	if err != nil {
+		return nil, nil, WriteStats{}, err
+	}
+	if damaged {
 		// A chunk of this content was found damaged: cur's chunks are
 		// not all stored after all. Store it plainly (the store lacks
 		// the damaged chunk, so it is written afresh).
 		refs, st, err = v.eng.WriteBytes(ctx, b)
 		return refs, refs, st, err
 	}
-	if int64(len(b)) == cur.Size && v.digest(plain, cur.Size) == cur.Digest {
+	if unchanged {
 		st = WriteStats{LogicalBytes: int64(len(b)), Chunks: len(plain), DupChunks: len(plain), DupBytes: int64(len(b))}
 		return plain, plain, st, nil
 	}
@@ -338,19 +341,34 @@ func (v *Volume) write(ctx context.Context, cur *meta.Version, open func() (io.R
 	return refs, plain, st, err
 }
 
-// quarantined reports whether the volume's store knows any of refs' chunks
-// to be damaged (store.Quarantiner; a store without the ability knows
-// nothing).
-func (v *Volume) quarantined(refs []manifest.Ref) bool {
-	q, ok := v.store.(store.Quarantiner)
-	if !ok {
-		return false
+// damaged reports whether the volume's store knows any of refs' chunks to
+// be damaged (store.Quarantiner: memory only) or, when stored is set (refs
+// are the current version's, so all stored) and under
+// store.WithCheckPresent, finds one damaged when it checks them
+// (store.Checker: a local store reads them). A store with neither ability
+// knows nothing.
+func (v *Volume) damaged(ctx context.Context, refs []manifest.Ref, stored bool) (bool, error) {
+	q, isQ := v.store.(store.Quarantiner)
+	c, isC := v.store.(store.Checker)
+	check := isC && stored && store.CheckPresent(ctx)
+	if !isQ && !check {
+		return false, nil
 	}
 	ids := make([]cairn.ID, len(refs))
 	for i := range refs {
 		ids[i] = refs[i].ID
 	}
-	return slices.Contains(q.Quarantined(ids), true)
+	if isQ && slices.Contains(q.Quarantined(ids), true) {
+		return true, nil
+	}
+	if !check {
+		return false, nil
+	}
+	good, err := c.Check(ctx, ids)
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(good, false), nil
 }
 
 // writeDelta stores b, a changed small file whose current version is cur

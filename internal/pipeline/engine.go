@@ -122,9 +122,8 @@ type WriteStats struct {
 	DeltaChunks      int   // chunks stored as deltas against a base (WriteDelta)
 	StoredBytes      int64 // stored size of all chunks, new or not
 	// HealedChunks counts chunks the store said it had but whose stored
-	// copy failed verification (or was gone) when read back under
-	// store.WithCheckPresent, and that were written afresh (also counted
-	// in NewChunks).
+	// copy failed its check (store.Checker) under store.WithCheckPresent,
+	// and that were written afresh (also counted in NewChunks).
 	HealedChunks int
 }
 
@@ -432,14 +431,46 @@ func (w *writeRun) collect() {
 			}
 			return
 		}
+		// Under store.WithCheckPresent a store that can check cheaply
+		// (a local directory: store.Checker) verifies what it claims to
+		// hold; what fails is written afresh, healing every version that
+		// names it.
+		heal := make([]bool, len(ask))
+		if c, ok := e.st.(store.Checker); ok && recheck {
+			var pres []cairn.ID
+			var at []int
+			for i := range ask {
+				if found[i] {
+					pres, at = append(pres, ids[i]), append(at, i)
+				}
+			}
+			if len(pres) > 0 {
+				good, cerr := c.Check(w.ctx, pres)
+				if cerr == nil && len(good) != len(pres) {
+					cerr = cairn.E("check", cairn.Other, "", fmt.Errorf("store answered %d of %d ids", len(good), len(pres)))
+				}
+				if cerr != nil {
+					failed(cairn.E("write", cairn.KindOf(cerr), "", cerr))
+					for _, j := range ask {
+						settle(j)
+					}
+					return
+				}
+				for k, i := range at {
+					if !good[k] {
+						found[i], heal[i] = false, true
+					}
+				}
+			}
+		}
 		for i, j := range ask {
-			if found[i] && !recheck {
+			if found[i] {
 				dupChunks.Add(1)
 				dupBytes.Add(int64(j.ref.Size))
 				settle(j)
 				continue
 			}
-			present := found[i]
+			healing := heal[i]
 			puts.Go(func() error {
 				// The pooled buffer is reused once Put returns: like
 				// io.Writer, a store must not retain data after Put
@@ -449,23 +480,6 @@ func (w *writeRun) collect() {
 				// path's CPU on new data.
 				data := *j.stored
 				id := j.ref.ID
-				if present {
-					good, err := e.checkStored(w.ctx, id)
-					if err != nil {
-						err = cairn.E("check chunk", cairn.KindOf(err), id.Short(), err)
-						putErr.CompareAndSwap(nil, &err)
-						w.cancel(err)
-						settle(j)
-						return err
-					}
-					if good {
-						dupChunks.Add(1)
-						dupBytes.Add(int64(j.ref.Size))
-						settle(j)
-						return nil
-					}
-					healed.Add(1)
-				}
 				epoch := e.known.epochNow()
 				// id was computed from data just now: the store need
 				// not hash it again.
@@ -478,6 +492,9 @@ func (w *writeRun) collect() {
 					}
 					newChunks.Add(1)
 					newStored.Add(int64(len(data)))
+					if healing {
+						healed.Add(1)
+					}
 				} else {
 					err = cairn.E("put chunk", cairn.KindOf(err), id.Short(), err)
 					putErr.CompareAndSwap(nil, &err)
@@ -517,29 +534,6 @@ func (w *writeRun) collect() {
 	w.stats.DupChunks = int(dupChunks.Load())
 	w.stats.DupBytes = dupBytes.Load()
 	w.stats.HealedChunks = int(healed.Load())
-}
-
-// checkStored reads back an object the store says it has (under
-// store.WithCheckPresent) and reports whether the store's copy is good.
-// A damaged copy is deleted (a store that quarantines damage has dropped
-// it already; one that does not must, or the Put that follows would
-// change nothing) and false returned; so is a copy gone since Has. Any
-// other failure is returned.
-func (e *Engine) checkStored(ctx context.Context, id cairn.ID) (bool, error) {
-	_, err := e.st.Get(ctx, id)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, cairn.ErrCorrupt):
-		e.log.Warn("stored chunk damaged: writing it again", "id", id.String(), "err", err)
-		if derr := e.st.Delete(ctx, id); derr != nil {
-			return false, derr
-		}
-		return false, nil
-	case errors.Is(err, cairn.ErrNotFound):
-		return false, nil
-	}
-	return false, err
 }
 
 // maxInWrite bounds the per-Write set of IDs already scheduled for Put.

@@ -69,6 +69,21 @@ func (d *deviceStore) Quarantined(ids []cairn.ID) []bool {
 	return make([]bool, len(ids))
 }
 
+// Check asks the store writes go to, when it can check cheaply
+// (store.Checker); otherwise (a remote node or store: checking would mean
+// downloading) it trusts what the caller believes present, as
+// store.Checker allows.
+func (d *deviceStore) Check(ctx context.Context, ids []cairn.ID) ([]bool, error) {
+	if c, ok := d.target.(store.Checker); ok {
+		return c.Check(ctx, ids)
+	}
+	good := make([]bool, len(ids))
+	for i := range good {
+		good[i] = true
+	}
+	return good, nil
+}
+
 func (d *deviceStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	if d.r.opts.NoCache {
 		return d.getNoCache(ctx, id)

@@ -218,14 +218,26 @@ type checkPresentKey struct{}
 
 // WithCheckPresent returns a context whose writes do not take a store's
 // word that an object is present (LBFS: the chunk index is a hint, never
-// the truth): a writer that finds an object present reads it back, which
-// verifies it against its ID, and when the store's copy is damaged or
-// gone writes its own afresh (after a Delete, so that a store that kept
-// the damaged copy drops it). It costs a read of every object the write
-// would have skipped; `cairn put --force` asks for it. Every store ignores
-// it; the pipeline honours it.
+// the truth) where checking is cheap: a writer asks a store that is a
+// Checker to verify the objects its Has found, and writes afresh those
+// that fail, healing every version that names them. A store that is not
+// a Checker (a remote node, a cloud bucket: checking would mean
+// downloading) is trusted as before. `cairn put --force` asks for it.
 func WithCheckPresent(ctx context.Context) context.Context {
 	return context.WithValue(ctx, checkPresentKey{}, true)
+}
+
+// Checker is an optional ability of a Store whose reads are cheap (a
+// local directory): Check reads every one of ids it holds and verifies it
+// against its ID, and reports, in order, which it holds a good copy of. A
+// damaged copy is quarantined as a Get would (the store never again counts
+// it present), so that a Put of the object writes it afresh. It fails only
+// when it cannot check (ctx canceled, the medium failing). Callers ask
+// about objects they believe present (Has said so, or a committed version
+// names them); a wrapper over a store that cannot check cheaply may answer
+// true for all of them (trust, as without the ability).
+type Checker interface {
+	Check(ctx context.Context, ids []cairn.ID) ([]bool, error)
 }
 
 // CheckPresent reports whether ctx came from WithCheckPresent.

@@ -393,7 +393,7 @@ func TestUseAfterClose(t *testing.T) {
 // answered "present" and a Put of the original data changed nothing
 // (issue 14). Put then writes a good copy, and Compact drops the bad one.
 func TestDamageQuarantinedAcrossReopen(t *testing.T) {
-	for _, how := range []string{"get", "verify"} {
+	for _, how := range []string{"get", "verify", "check"} {
 		t.Run(how, func(t *testing.T) {
 			dir := t.TempDir()
 			s := open(t, dir, Options{})
@@ -413,12 +413,20 @@ func TestDamageQuarantinedAcrossReopen(t *testing.T) {
 			f.Close()
 
 			s = open(t, dir, Options{})
-			if how == "get" {
+			switch how {
+			case "get":
 				if _, err := s.Get(bg, bad.id); !errors.Is(err, cairn.ErrCorrupt) {
 					t.Fatalf("Get of a damaged object: %v, want Corrupt", err)
 				}
-			} else if err := s.Verify(bg, func(cairn.ID, error) {}); err != nil {
-				t.Fatal(err)
+			case "verify":
+				if err := s.Verify(bg, func(cairn.ID, error) {}); err != nil {
+					t.Fatal(err)
+				}
+			case "check":
+				good, err := s.Check(bg, []cairn.ID{objs[0].id, bad.id})
+				if err != nil || len(good) != 2 || !good[0] || good[1] {
+					t.Fatalf("Check = %v, %v; want [true false]", good, err)
+				}
 			}
 			s.Close()
 

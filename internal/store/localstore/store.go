@@ -98,6 +98,7 @@ var (
 	_ store.Verifier    = (*Store)(nil)
 	_ store.Compacter   = (*Store)(nil)
 	_ store.Quarantiner = (*Store)(nil)
+	_ store.Checker     = (*Store)(nil)
 )
 
 type packState uint8
@@ -742,8 +743,26 @@ func (s *Store) quarantine(ctx context.Context, id cairn.ID, target packID, off 
 		s.log.Warn("damaged record not written to the quarantine list", "id", id.String(), "err", err)
 	}
 	r := &writeReq{kind: kindTomb, id: id, done: make(chan struct{}), target: target, tOff: off}
-	s.reqs <- r
-	if err = s.wait(ctx, r); err != nil {
+	// A read may race with Close: never wait for a writer that is gone.
+	select {
+	case s.reqs <- r:
+	case <-s.writerDone:
+		return
+	}
+	select {
+	case <-r.done:
+		err = r.err
+	case <-s.writerDone:
+		select {
+		case <-r.done:
+			err = r.err
+		default:
+			return
+		}
+	case <-ctx.Done():
+		err = s.wait(ctx, r)
+	}
+	if err != nil {
 		s.log.Warn("damaged record not quarantined", "id", id.String(), "err", err)
 		return
 	}
@@ -816,6 +835,24 @@ func (s *Store) has(ids []cairn.ID, found []bool) (missing int) {
 		}
 	}
 	return missing
+}
+
+// Check reads and verifies every one of ids the store holds
+// (store.Checker): found[i] is true when a good copy of ids[i] is stored.
+// Damaged copies are quarantined, as by Get.
+func (s *Store) Check(ctx context.Context, ids []cairn.ID) ([]bool, error) {
+	good := make([]bool, len(ids))
+	for i, id := range ids {
+		_, err := s.Get(ctx, id)
+		switch {
+		case err == nil:
+			good[i] = true
+		case errors.Is(err, cairn.ErrCorrupt), errors.Is(err, cairn.ErrNotFound):
+		default:
+			return nil, err
+		}
+	}
+	return good, nil
 }
 
 // Quarantined reports which of ids this store knows to have no good copy
