@@ -466,6 +466,19 @@ func TestConnectPrivateFiles(t *testing.T) {
 	}
 }
 
+// A realm home too deep for a unix socket path is refused at once, saying
+// why, before anything is made there.
+func TestConnectLongHome(t *testing.T) {
+	home := filepath.Join(t.TempDir(), strings.Repeat("x", maxSocketPath))
+	_, err := Connect(context.Background(), home, testOpts)
+	if !errors.Is(err, cairn.ErrInvalid) || !strings.Contains(err.Error(), "shorter path") {
+		t.Fatalf("long home: %v, want Invalid", err)
+	}
+	if _, err := os.Stat(home); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("home made anyway: %v", err)
+	}
+}
+
 func TestEndpointFile(t *testing.T) {
 	dir := t.TempDir()
 	// Format 2 (a socket) and format 1 (a loopback port, an older server's).
