@@ -136,10 +136,10 @@ func Connect(ctx context.Context, home string, opts ConnectOptions) (*Conn, erro
 	if err != nil {
 		return nil, cairn.E(op, cairn.Invalid, home, err)
 	}
-	dir := filepath.Join(home, "etcd")
-	if sock := filepath.Join(dir, socketName); len(sock) > maxSocketPath {
+	if sock := filepath.Join(home, "etcd", socketName); len(sock) > maxSocketPath {
 		return nil, cairn.E(op, cairn.Invalid, home, fmt.Errorf("the metadata server's socket %s would be %d bytes, longer than a unix socket's %d: use a realm directory ($CAIRN_HOME) with a shorter path", sock, len(sock), maxSocketPath))
 	}
+	dir := filepath.Join(home, "etcd")
 	if err := makePrivateDir(dir); err != nil {
 		return nil, cairn.E(op, cairn.IO, dir, err)
 	}
