@@ -30,7 +30,11 @@ func (e *env) getCmd() *cobra.Command {
 If DEST is an existing directory, PATH lands inside it under its own name.
 Every byte is verified (hash and authentication tag) before it is written.
 Files are written to a temporary name and renamed into place, so an
-interrupted get never leaves a half-written file under the real name.`,
+interrupted get never leaves a half-written file under the real name.
+Nothing is written through a symlink below DEST: a file, symlink or
+directory replaces a symlink in its way. Records that do not check out
+(a name that differs from the record's key, '..', a '/') are reported and
+skipped; the rest is restored and get exits 1.`,
 		Example: `  cairn get home:/Documents ~/restore
   cairn get --version 3 home:/notes.txt ./notes-v3.txt`,
 		Args: exactArgs(2, "VOLUME:/PATH and a local DEST"),

@@ -42,6 +42,7 @@ const (
 	serverLockName  = "server.lock"  // LOCK_EX by the one serving daemon
 	endpointName    = "endpoint"     // "addr memberID(hex) pid\n", written by rename
 	logName         = "server.log"   // the daemon's stdout and stderr
+	socketName      = "sock"         // the server's client socket, its only listener
 	dataName        = "data"         // etcd's data dir
 )
 
@@ -64,7 +65,7 @@ type ConnectOptions struct {
 	// device's pki.ClientTLS, to reach a realm's metadata gateway. Its
 	// endpoints are then "host:port" or "https://host:port" ("http://" is
 	// refused: etcd's client would drop TLS for it). Connect, which talks
-	// to the realm's own server over loopback, ignores it.
+	// to the realm's own server over its unix socket, ignores it.
 	TLS *tls.Config
 }
 
@@ -134,6 +135,9 @@ func Connect(ctx context.Context, home string, opts ConnectOptions) (*Conn, erro
 	home, err := filepath.Abs(home)
 	if err != nil {
 		return nil, cairn.E(op, cairn.Invalid, home, err)
+	}
+	if sock := filepath.Join(home, "etcd", socketName); len(sock) > maxSocketPath {
+		return nil, cairn.E(op, cairn.Invalid, home, fmt.Errorf("the metadata server's socket %s would be %d bytes, longer than a unix socket's %d: use a realm directory ($CAIRN_HOME) with a shorter path", sock, len(sock), maxSocketPath))
 	}
 	dir := filepath.Join(home, "etcd")
 	if err = makePrivateDir(dir); err != nil {
@@ -267,9 +271,8 @@ func spawnDaemon(dir string, opts ConnectOptions) (<-chan error, int, error) {
 // dialLocal connects to the server named by ep and checks that it is that
 // server (its member ID), not some other etcd that reuses the port.
 func dialLocal(ctx context.Context, ep endpoint, opts ConnectOptions) (*clientv3.Client, error) {
-	// A dead port refuses at once; do not let gRPC retry it until timeout.
-	d := net.Dialer{Timeout: opts.DialTimeout}
-	nc, err := d.DialContext(ctx, "tcp", ep.addr)
+	// A dead socket refuses at once; do not let gRPC retry it until timeout.
+	nc, err := DialEndpoint(ctx, ep.addr, opts.DialTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -305,7 +308,23 @@ func newClient(endpoints []string, opts ConnectOptions, tlsConf *tls.Config) (*c
 	})
 }
 
-// endpoint is the content of $home/etcd/endpoint.
+// DialEndpoint opens a raw connection to a local server's endpoint as
+// Endpoint and Conn.Endpoints give it: "unix:///path" (the embedded
+// server), or "host:port" / "http://host:port" (TCP).
+func DialEndpoint(ctx context.Context, ep string, timeout time.Duration) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout}
+	if p, ok := strings.CutPrefix(ep, "unix://"); ok {
+		return d.DialContext(ctx, "unix", p)
+	}
+	ep = strings.TrimPrefix(strings.TrimPrefix(ep, "http://"), "https://")
+	return d.DialContext(ctx, "tcp", ep)
+}
+
+// endpoint is the content of $home/etcd/endpoint (format 2, see
+// doc/format.md): "unix:///path/to/sock MEMBER PID". Format 1, written by
+// older versions, named a loopback port ("127.0.0.1:port MEMBER PID"); it is
+// still read, so that a client can use an older server until that exits;
+// the next server started listens on the socket.
 type endpoint struct {
 	addr   string
 	member uint64
@@ -325,7 +344,15 @@ func readEndpoint(dir string) (endpoint, error) {
 	}
 	member, err1 := strconv.ParseUint(f[1], 16, 64)
 	pid, err2 := strconv.Atoi(f[2])
-	if _, _, err3 := net.SplitHostPort(f[0]); err1 != nil || err2 != nil || err3 != nil || pid <= 0 {
+	var err3 error
+	if p, ok := strings.CutPrefix(f[0], "unix://"); ok {
+		if !filepath.IsAbs(p) {
+			err3 = errors.New("relative socket path")
+		}
+	} else {
+		_, _, err3 = net.SplitHostPort(f[0]) // format 1
+	}
+	if err1 != nil || err2 != nil || err3 != nil || pid <= 0 {
 		return endpoint{}, fmt.Errorf("malformed endpoint file %q", b)
 	}
 	return endpoint{addr: f[0], member: member, pid: pid}, nil

@@ -461,22 +461,38 @@ func TestConnectPrivateFiles(t *testing.T) {
 			t.Errorf("%s: %v %v, want 0600", name, fi.Mode(), err)
 		}
 	}
-	if !strings.HasPrefix(conn.Endpoints()[0], "127.0.0.1:") {
-		t.Errorf("endpoint %s is not loopback", conn.Endpoints()[0])
+	if want := "unix://" + filepath.Join(dir, socketName); conn.Endpoints()[0] != want {
+		t.Errorf("endpoint %s, want the socket %s", conn.Endpoints()[0], want)
+	}
+}
+
+// A realm home too deep for a unix socket path is refused at once, saying
+// why, before anything is made there.
+func TestConnectLongHome(t *testing.T) {
+	home := filepath.Join(t.TempDir(), strings.Repeat("x", maxSocketPath))
+	_, err := Connect(context.Background(), home, testOpts)
+	if !errors.Is(err, cairn.ErrInvalid) || !strings.Contains(err.Error(), "shorter path") {
+		t.Fatalf("long home: %v, want Invalid", err)
+	}
+	if _, err := os.Stat(home); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("home made anyway: %v", err)
 	}
 }
 
 func TestEndpointFile(t *testing.T) {
 	dir := t.TempDir()
-	want := endpoint{addr: "127.0.0.1:2379", member: 0x8e9e05c52164694d, pid: 1234}
-	if err := writeEndpoint(dir, want); err != nil {
-		t.Fatal(err)
+	// Format 2 (a socket) and format 1 (a loopback port, an older server's).
+	for _, addr := range []string{"unix:///home/u/.cairn/etcd/sock", "127.0.0.1:2379"} {
+		want := endpoint{addr: addr, member: 0x8e9e05c52164694d, pid: 1234}
+		if err := writeEndpoint(dir, want); err != nil {
+			t.Fatal(err)
+		}
+		got, err := readEndpoint(dir)
+		if err != nil || got != want {
+			t.Fatalf("got %+v %v, want %+v", got, err, want)
+		}
 	}
-	got, err := readEndpoint(dir)
-	if err != nil || got != want {
-		t.Fatalf("got %+v %v, want %+v", got, err, want)
-	}
-	for _, bad := range []string{"", "127.0.0.1:1 1", "127.0.0.1 1 1", "127.0.0.1:1 zz 1", "127.0.0.1:1 1 -3", "a b c d"} {
+	for _, bad := range []string{"", "127.0.0.1:1 1", "127.0.0.1 1 1", "127.0.0.1:1 zz 1", "127.0.0.1:1 1 -3", "a b c d", "unix://sock 1 1"} {
 		os.WriteFile(filepath.Join(dir, endpointName), []byte(bad), 0o600)
 		if _, err := readEndpoint(dir); err == nil {
 			t.Errorf("readEndpoint accepted %q", bad)

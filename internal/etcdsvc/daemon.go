@@ -86,7 +86,9 @@ func runDaemon(home string, linger time.Duration, log io.Writer) int {
 	signal.Ignore(syscall.SIGHUP, syscall.SIGPIPE)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	srv, err := StartEmbedded(ctx, filepath.Join(dir, dataName), Options{Log: log})
+	// The socket lives in $home/etcd (0700, above): only this user's
+	// processes reach the server.
+	srv, err := StartEmbedded(ctx, filepath.Join(dir, dataName), Options{Log: log, Socket: filepath.Join(dir, socketName)})
 	cancel()
 	if err != nil {
 		logf("%v", err)

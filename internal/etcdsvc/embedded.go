@@ -3,10 +3,12 @@
 // of one realm by a lazily started daemon, see Connect) or an external cluster
 // (ConnectExternal).
 //
-// Security note: the embedded server listens on 127.0.0.1 only and keeps its
-// files in a 0700 directory, but a loopback port is reachable by every local
-// user. Until the realm CA gives etcd mutual TLS, anyone on the machine who
-// finds the port can read and write the realm's metadata.
+// Security: the embedded server listens on nothing but a unix socket inside
+// its own 0700 directory, and opens no peer (raft) listener at all, so only
+// its owner's processes (and root) can reach it. (Up to format 1 of the
+// endpoint file it listened on 127.0.0.1, which every local user can reach;
+// see doc/format.md.) Other machines reach it only through the metadata
+// gateway (internal/metagw), which admits devices of the realm by mutual TLS.
 package etcdsvc
 
 import (
@@ -17,6 +19,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -46,7 +49,20 @@ type Options struct {
 	// NoFsync disables fsync. Unsafe: a power loss loses committed writes.
 	// For tests only.
 	NoFsync bool
+	// Socket is the path of the client unix socket. Default "sock" in the
+	// data dir. Its directory must be private (0700): the socket is the
+	// server's only door, and anyone who can reach it can read and write
+	// everything.
+	Socket string
+	// Loopback makes the server listen on a free 127.0.0.1 TCP port instead
+	// of the socket, reachable by every user of the machine: only for tests
+	// in which it stands in for an external cluster.
+	Loopback bool
 }
+
+// maxSocketPath is the longest path a unix socket may have (sun_path is 108
+// bytes on Linux, with its terminating NUL).
+const maxSocketPath = 107
 
 const (
 	defaultQuota     = 4 << 30
@@ -79,7 +95,7 @@ const (
 	// record every 50 writes.
 	snapshotCount = 50
 	// startAttempts bounds retries when a picked free port is taken by
-	// someone else before etcd binds it.
+	// someone else before etcd binds it (Options.Loopback).
 	startAttempts = 5
 )
 
@@ -93,11 +109,13 @@ type Server struct {
 }
 
 // StartEmbedded starts a single-node etcd keeping its data in dir (created
-// 0700 if missing; an existing data dir is reopened with its contents). It
-// listens on 127.0.0.1 only, on free ports, and returns once the server
-// serves requests. Only one server may open dir at a time: a second
-// StartEmbedded on the same dir, from this process or another, fails at once
-// with Kind Conflict. Callers that share a realm between processes use Connect.
+// 0700 if missing; an existing data dir is reopened with its contents,
+// including one made by an older version that listened on loopback TCP). It
+// listens on the unix socket Options.Socket only (no TCP, no peer port), and
+// returns once the server serves requests. Only one server may open dir at
+// a time: a second StartEmbedded on the same dir, from this process or
+// another, fails at once with Kind Conflict. Callers that share a realm
+// between processes use Connect.
 func StartEmbedded(ctx context.Context, dir string, opts Options) (*Server, error) {
 	const op = "start embedded etcd"
 	if err := ctx.Err(); err != nil {
@@ -143,12 +161,34 @@ func StartEmbedded(ctx context.Context, dir string, opts Options) (*Server, erro
 
 func startOnce(ctx context.Context, dir string, opts Options) (*Server, error) {
 	t0 := time.Now()
-	ports, err := freePorts(2)
-	if err != nil {
-		return nil, err
+	var curl url.URL
+	endpoint := ""
+	if opts.Loopback {
+		ports, err := freePorts(1)
+		if err != nil {
+			return nil, err
+		}
+		curl = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])}
+		endpoint = curl.Host
+	} else {
+		sock := opts.Socket
+		if sock == "" {
+			sock = filepath.Join(dir, "sock")
+		}
+		sock, err := filepath.Abs(sock)
+		if err != nil {
+			return nil, err
+		}
+		if len(sock) > maxSocketPath {
+			return nil, fmt.Errorf("socket path %s is %d bytes, longer than a unix socket's %d: use a realm directory with a shorter path", sock, len(sock), maxSocketPath)
+		}
+		curl = url.URL{Scheme: "unix", Path: sock}
+		endpoint = curl.String() // unix:///abs/path
 	}
-	curl := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])}
-	purl := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])}
+	// No peer listener: a single member never hears from peers, and a raft
+	// port would let anyone who reaches it inject entries. The advertised
+	// peer URL only names the member (its ID derives from it).
+	purl := url.URL{Scheme: "http", Host: "127.0.0.1:2380"}
 
 	cfg := embed.NewConfig()
 	cfg.Name = "cairn"
@@ -157,7 +197,7 @@ func startOnce(ctx context.Context, dir string, opts Options) (*Server, error) {
 	cfg.ElectionMs = electionMs
 	cfg.ListenClientUrls = []url.URL{curl}
 	cfg.AdvertiseClientUrls = []url.URL{curl}
-	cfg.ListenPeerUrls = []url.URL{purl}
+	cfg.ListenPeerUrls = nil
 	cfg.AdvertisePeerUrls = []url.URL{purl}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	cfg.ListenMetricsUrls = nil
@@ -198,10 +238,12 @@ func startOnce(ctx context.Context, dir string, opts Options) (*Server, error) {
 		e.Close()
 		return nil, ctx.Err()
 	}
-	return &Server{e: e, endpoint: curl.Host, started: time.Since(t0)}, nil
+	return &Server{e: e, endpoint: endpoint, started: time.Since(t0)}, nil
 }
 
-// Endpoint returns the client address, "127.0.0.1:port".
+// Endpoint returns the client address: "unix:///path/to/sock" (a clientv3
+// endpoint; see DialEndpoint for a raw connection), or "127.0.0.1:port"
+// with Options.Loopback.
 func (s *Server) Endpoint() string { return s.endpoint }
 
 // MemberID returns the server's raft member ID. Connect compares it with the

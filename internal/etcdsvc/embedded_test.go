@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/storage/datadir"
 	"go.etcd.io/etcd/server/v3/storage/wal"
 	"go.etcd.io/etcd/server/v3/storage/wal/walpb"
@@ -192,5 +195,72 @@ func BenchmarkStartEmbedded(b *testing.B) {
 			b.Fatal(err)
 		}
 		s.Close()
+	}
+}
+
+// TestEmbeddedMigratesLoopbackDataDir: a data dir made by an older version,
+// whose server listened on loopback TCP for clients and peers, opens with
+// its contents, and the server now listens only on its socket.
+func TestEmbeddedMigratesLoopbackDataDir(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := t.TempDir() + "/data"
+	ports, err := freePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The configuration of format 1 (see git history of embedded.go).
+	curl := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[0])}
+	purl := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[1])}
+	cfg := embed.NewConfig()
+	cfg.Name = "cairn"
+	cfg.Dir = dir
+	cfg.TickMs, cfg.ElectionMs = tickMs, electionMs
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{curl}, []url.URL{curl}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{purl}, []url.URL{purl}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.ListenMetricsUrls = nil
+	cfg.SnapshotCount = snapshotCount
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		t.Fatal("old-style server did not start")
+	}
+	old := uint64(e.Server.MemberID())
+	cli := testClient(t, curl.Host)
+	if _, err := cli.Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	cli.Close()
+	e.Close()
+
+	s, err := StartEmbedded(ctx, dir, Options{NoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.MemberID() != old {
+		t.Errorf("member %x, was %x", s.MemberID(), old)
+	}
+	if want := "unix://" + dir + "/sock"; s.Endpoint() != want {
+		t.Errorf("endpoint %s, want %s", s.Endpoint(), want)
+	}
+	r, err := testClient(t, s.Endpoint()).Get(ctx, "k")
+	if err != nil || len(r.Kvs) != 1 || string(r.Kvs[0].Value) != "v" {
+		t.Fatalf("get after migration: %v, %v", r, err)
+	}
+	addrs := listeners(t, os.Getpid())
+	for _, a := range addrs {
+		if a == curl.Host || a == purl.Host {
+			t.Errorf("still listening on %s", a)
+		}
+	}
+	if !slices.Contains(addrs, dir+"/sock") {
+		t.Errorf("listening on %v, not on the socket", addrs)
 	}
 }

@@ -128,11 +128,14 @@ func (r refusal) Unwrap() error { return r.error }
 // the alert.
 func probe(ctx context.Context, ep string, tlsConf *tls.Config) error {
 	addr := ep
-	if j := strings.Index(addr, "://"); j >= 0 {
+	network := "tcp"
+	if p, ok := strings.CutPrefix(addr, "unix://"); ok && tlsConf == nil {
+		addr, network = p, "unix" // a local etcd on a socket (never with TLS, refused earlier)
+	} else if j := strings.Index(addr, "://"); j >= 0 {
 		addr = addr[j+3:]
 	}
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return err
 	}

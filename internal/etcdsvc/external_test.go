@@ -15,7 +15,7 @@ import (
 func TestConnectExternal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := StartEmbedded(ctx, t.TempDir(), Options{NoFsync: true})
+	s, err := StartEmbedded(ctx, t.TempDir(), Options{NoFsync: true, Loopback: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestConnectExternalTLS(t *testing.T) {
 			t.Errorf("%s with TLS: %v, want Invalid", ep, err)
 		}
 	}
-	s, err := StartEmbedded(ctx, t.TempDir(), Options{NoFsync: true})
+	s, err := StartEmbedded(ctx, t.TempDir(), Options{NoFsync: true, Loopback: true})
 	if err != nil {
 		t.Fatal(err)
 	}

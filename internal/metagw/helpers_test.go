@@ -51,8 +51,7 @@ func start(t *testing.T, tune func(*fixture, *Config)) *fixture {
 		Revocations: f.rev,
 		Dial: func(ctx context.Context) (net.Conn, error) {
 			f.dials.Add(1)
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", upstream)
+			return etcdsvc.DialEndpoint(ctx, upstream, 5*time.Second)
 		},
 		Logger:          slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		RecheckInterval: 200 * time.Millisecond,

@@ -33,12 +33,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/etcdsvc"
 	"cairn.dev/cairn/internal/pki"
 )
 
@@ -53,8 +55,9 @@ type Config struct {
 	// revokes nothing).
 	Revocations pki.Revocations
 
-	// Upstream lists etcd client endpoints ("host:port", plain TCP), tried
-	// in order for each admitted connection. Required unless Dial is set.
+	// Upstream lists etcd client endpoints ("host:port", plain TCP, or
+	// "unix:///path", a socket), tried in order for each admitted
+	// connection. Required unless Dial is set.
 	Upstream []string
 	// Dial, if set, connects to etcd instead of dialing Upstream.
 	Dial func(ctx context.Context) (net.Conn, error)
@@ -92,8 +95,11 @@ func (c Config) withDefaults() (Config, error) {
 			return c, cairn.E(op, cairn.Invalid, "", errors.New("no upstream etcd endpoint"))
 		}
 		for _, u := range c.Upstream {
+			if strings.HasPrefix(u, "unix:///") {
+				continue
+			}
 			if _, _, err := net.SplitHostPort(u); err != nil {
-				return c, cairn.E(op, cairn.Invalid, u, fmt.Errorf("upstream: want host:port: %w", err))
+				return c, cairn.E(op, cairn.Invalid, u, fmt.Errorf("upstream: want host:port or unix:///path: %w", err))
 			}
 		}
 	}
@@ -375,9 +381,8 @@ func (g *Gateway) dialUpstream(ctx context.Context) (net.Conn, error) {
 		return g.cfg.Dial(ctx)
 	}
 	var errs []error
-	var d net.Dialer
 	for _, u := range g.cfg.Upstream {
-		c, err := d.DialContext(ctx, "tcp", u)
+		c, err := etcdsvc.DialEndpoint(ctx, u, 0)
 		if err == nil {
 			return c, nil
 		}

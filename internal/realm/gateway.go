@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/etcdsvc"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/metagw"
 	"cairn.dev/cairn/internal/pki"
@@ -33,7 +34,6 @@ func (r *Realm) gateway(ctx context.Context, creds *pki.Credentials) (*metagw.Ga
 	if err != nil {
 		return nil, err
 	}
-	d := net.Dialer{Timeout: 3 * time.Second}
 	return metagw.New(metagw.Config{
 		Credentials: creds,
 		Revocations: rev,
@@ -42,20 +42,10 @@ func (r *Realm) gateway(ctx context.Context, creds *pki.Credentials) (*metagw.Ga
 			if len(eps) == 0 {
 				return nil, errors.New("no etcd endpoint")
 			}
-			return d.DialContext(ctx, "tcp", hostPort(eps[0]))
+			return etcdsvc.DialEndpoint(ctx, eps[0], 3*time.Second)
 		},
 		Logger: r.log,
 	})
-}
-
-// hostPort strips a URL scheme from an etcd endpoint.
-func hostPort(ep string) string {
-	for _, p := range []string{"http://", "https://"} {
-		if len(ep) > len(p) && ep[:len(p)] == p {
-			return ep[len(p):]
-		}
-	}
-	return ep
 }
 
 // gateway1 is the address of this device's metadata gateway, from its
