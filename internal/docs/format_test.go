@@ -2,6 +2,7 @@
 package docs
 
 import (
+	"cairn.dev/cairn/internal/etcdsvc"
 	"fmt"
 	"os"
 	"strings"
@@ -41,17 +42,18 @@ func one(t *testing.T, row string, vs ...int) string {
 // documentation.
 func TestFormatVersionTable(t *testing.T) {
 	want := map[string]string{
-		"chunk object":                      fmt.Sprint(pipeline.ChunkVersion),
-		"manifest object":                   fmt.Sprintf("%d, %d", manifest.Version, manifest.VersionDelta),
-		"local store (packs and index)":     one(t, "local store", localstore.PackVersion, localstore.IndexVersion),
-		"cloud store object names":          fmt.Sprint(objstore.KeyVersion),
-		"pack objects, local pack index":    one(t, "pack objects", packstore.PackVersion, packstore.LogVersion),
-		"metadata keys and records":         one(t, "metadata", meta.FormatVersion, realm.SealedKeyFormat),
-		"mount cache and commit queue":      fmt.Sprintf("%d (queue records: %d)", mount.CacheVersion, mount.QueueVersion),
-		"upload queue (`put --background`)": fmt.Sprint(cli.QueueFormat),
-		"keyring":                           fmt.Sprint(keyring.FormatVersion),
-		"realm config":                      one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
-		"WebDAV app passwords":              fmt.Sprint(dav.UsersFormat),
+		"chunk object":                                    fmt.Sprint(pipeline.ChunkVersion),
+		"manifest object":                                 fmt.Sprintf("%d, %d", manifest.Version, manifest.VersionDelta),
+		"local store (packs and index)":                   one(t, "local store", localstore.PackVersion, localstore.IndexVersion),
+		"cloud store object names":                        fmt.Sprint(objstore.KeyVersion),
+		"pack objects, local pack index":                  one(t, "pack objects", packstore.PackVersion, packstore.LogVersion),
+		"metadata keys and records":                       one(t, "metadata", meta.FormatVersion, realm.SealedKeyFormat),
+		"embedded etcd's files (endpoint, locks, socket)": fmt.Sprint(etcdsvc.HomeFormat),
+		"mount cache and commit queue":                    fmt.Sprintf("%d (queue records: %d)", mount.CacheVersion, mount.QueueVersion),
+		"upload queue (`put --background`)":               fmt.Sprint(cli.QueueFormat),
+		"keyring":                                         fmt.Sprint(keyring.FormatVersion),
+		"realm config":                                    one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
+		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),
 		"node wire protocol, join token, revocation and token lists, registrar state": one(t, "node wire protocol",
 			wire.Version, pki.JoinFormat, pki.TokenListFormat, pki.RevocationFormat, realm.RegistrarFormat),
 		"erasure-coded shards and shard maps, repair queue, shard-map cache": fmt.Sprint(ecstore.Version),

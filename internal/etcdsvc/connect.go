@@ -320,6 +320,11 @@ func DialEndpoint(ctx context.Context, ep string, timeout time.Duration) (net.Co
 	return d.DialContext(ctx, "tcp", ep)
 }
 
+// HomeFormat is the format of the embedded etcd's files under $home/etcd
+// (the endpoint file, its locks and socket): 2 since the server listens on
+// a unix socket only (doc/format.md, "Embedded etcd").
+const HomeFormat = 2
+
 // endpoint is the content of $home/etcd/endpoint (format 2, see
 // doc/format.md): "unix:///path/to/sock MEMBER PID". Format 1, written by
 // older versions, named a loopback port ("127.0.0.1:port MEMBER PID"); it is
