@@ -2,7 +2,6 @@
 package docs
 
 import (
-	"cairn.dev/cairn/internal/etcdsvc"
 	"fmt"
 	"os"
 	"strings"
@@ -10,6 +9,7 @@ import (
 
 	"cairn.dev/cairn/internal/cli"
 	"cairn.dev/cairn/internal/dav"
+	"cairn.dev/cairn/internal/etcdsvc"
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/manifest"
 	"cairn.dev/cairn/internal/meta"
