@@ -62,6 +62,12 @@ func killedRound(t *testing.T, r *realmT, mnt string, round int) []string {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(round)))
+	// When the kill comes: any moment is right.
+	killIn := time.Duration(200+rng.IntN(700)) * time.Millisecond
+	sizes := make([]int, 30)
+	for i := range sizes {
+		sizes[i] = 1 + rng.IntN(260<<10)
+	}
 	// done holds the files whose copy (and rename) returned before the
 	// kill, with their content.
 	var mu sync.Mutex
@@ -77,7 +83,7 @@ func killedRound(t *testing.T, r *realmT, mnt string, round int) []string {
 			default:
 			}
 			name := fmt.Sprintf("%s/f%02d", dir, i)
-			data := randBytes(1 + rng.IntN(260<<10))
+			data := randBytes(sizes[i])
 			p := filepath.Join(mnt, name)
 			var err error
 			if i%2 == 0 {
@@ -96,7 +102,7 @@ func killedRound(t *testing.T, r *realmT, mnt string, round int) []string {
 			mu.Unlock()
 		}
 	}()
-	time.Sleep(time.Duration(200+rng.IntN(700)) * time.Millisecond) // when the kill comes: any moment is right
+	time.Sleep(killIn)
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
