@@ -213,6 +213,12 @@ func (e *env) lsCmd() *cobra.Command {
 					fmt.Fprintf(w, "%s:\n", p)
 				}
 				for j := range list {
+					if pending, err := firstWritePending(ctx, mv, &list[j]); err != nil {
+						return err
+					} else if pending && ent.IsDir() {
+						fmt.Fprintf(e.stderr, "cairn: %s: not listed: its first content is not committed yet (a writer on some device holds it)\n", base.Join(list[j].Name))
+						continue
+					}
 					le := toLS(&list[j], base)
 					if asJSON {
 						all = append(all, le)

@@ -29,7 +29,10 @@ func (e *env) getCmd() *cobra.Command {
 If DEST is an existing directory, PATH lands inside it under its own name.
 Every byte is verified (hash and authentication tag) before it is written.
 Files are written to a temporary name and renamed into place, so an
-interrupted get never leaves a half-written file under the real name.`,
+interrupted get never leaves a half-written file under the real name.
+A file made on some device and still being written there for the first time
+(no content committed yet, its writer lock held) is skipped and named on
+stderr, and get exits 1: get it again later ('cairn ls' does not list it).`,
 		Example: `  cairn get home:/Documents ~/restore
   cairn get --version 3 home:/notes.txt ./notes-v3.txt`,
 		Args: exactArgs(2, "VOLUME:/PATH and a local DEST"),
@@ -96,6 +99,11 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 		if ver == nil {
 			ver = root.Current()
 		}
+		if pending, err := firstWritePending(ctx, v.Meta, root); err != nil {
+			return err
+		} else if pending && ver == nil {
+			return cairn.E("get", cairn.Conflict, rootPath, errors.New("its first content is not committed yet (a writer on some device holds it); get it again later"))
+		}
 		return writeLocalFile(ctx, v, root, ver, dest)
 	}
 	var files []getJob
@@ -137,6 +145,13 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 			mt := time.Unix(0, ent.Mtime)
 			_ = lutimes(dest, mt)
 		case meta.TypeFile:
+			if pending, err := firstWritePending(ctx, v.Meta, ent); err != nil {
+				return err
+			} else if pending {
+				fmt.Fprintf(e.stderr, "cairn: skipping %s: its first content is not committed yet (a writer on some device holds it); get it again later\n", path)
+				failed.Add(1)
+				return nil
+			}
 			files = append(files, getJob{ent: ent, path: path, dest: dest})
 			total += ent.Size
 		}
@@ -221,4 +236,16 @@ func writeLocalFile(ctx context.Context, v *fs.Volume, ent *meta.Entry, ver *met
 	}
 	ok = true
 	return nil
+}
+
+// firstWritePending reports whether file ent has no version yet while a
+// writer holds its lock: made on some device and being written for the
+// first time (a mount's create reaches the metadata before the commit of
+// the close), not a file made empty. Readers skip it instead of making
+// an empty copy.
+func firstWritePending(ctx context.Context, mv *meta.Vol, ent *meta.Entry) (bool, error) {
+	if ent.Type != meta.TypeFile || ent.Current() != nil {
+		return false, nil
+	}
+	return mv.LockHeld(ctx, ent.Parent, ent.Name)
 }
