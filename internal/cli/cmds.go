@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"strconv"
@@ -187,7 +188,7 @@ subdirectories too. --help (not -h) prints this help.`,
 			if len(args) == 0 {
 				args = []string{realm.DefaultVolume + ":/"}
 			}
-			l := &lister{w: bufio.NewWriter(e.stdout), long: long, human: humanSizes, recursive: recursive, asJSON: asJSON, headers: len(args) > 1 || recursive}
+			l := &lister{w: bufio.NewWriter(e.stdout), stderr: e.stderr, long: long, human: humanSizes, recursive: recursive, asJSON: asJSON, headers: len(args) > 1 || recursive}
 			defer l.w.Flush()
 			for _, a := range args {
 				mv, p, err := e.metaVol(ctx, a)
@@ -228,6 +229,7 @@ subdirectories too. --help (not -h) prints this help.`,
 // lister prints what ls finds.
 type lister struct {
 	w                              *bufio.Writer
+	stderr                         io.Writer
 	long, human, recursive, asJSON bool
 	headers                        bool // print "PATH:" above each directory's entries
 	blocks                         int  // blocks printed so far (a blank line separates them)
@@ -236,9 +238,21 @@ type lister struct {
 
 // dir lists the directory ent at p, and with -R the directories below it.
 func (l *lister) dir(ctx context.Context, mv *meta.Vol, ent *meta.Entry, p vpath.Path) error {
-	list, err := mv.ReadDir(ctx, ent.Ino)
+	all, err := mv.ReadDir(ctx, ent.Ino)
 	if err != nil {
 		return err
+	}
+	list := all[:0]
+	for i := range all {
+		// A file being written for the first time on some device (no
+		// content committed yet) is not listed: it is not there yet.
+		if pending, perr := firstWritePending(ctx, mv, &all[i]); perr != nil {
+			return perr
+		} else if pending {
+			fmt.Fprintf(l.stderr, "cairn: %s: not listed: its first content is not committed yet (a writer on some device holds it)\n", p.Join(all[i].Name))
+			continue
+		}
+		list = append(list, all[i])
 	}
 	if l.headers && !l.asJSON {
 		if l.blocks > 0 {

@@ -34,7 +34,10 @@ interrupted get never leaves a half-written file under the real name.
 Nothing is written through a symlink below DEST: a file, symlink or
 directory replaces a symlink in its way. Records that do not check out
 (a name that differs from the record's key, '..', a '/') are reported and
-skipped; the rest is restored and get exits 1.`,
+skipped; the rest is restored and get exits 1.
+A file made on some device and still being written there for the first time
+(no content committed yet, its writer lock held) is skipped and named on
+stderr, and get exits 1: get it again later ('cairn ls' does not list it).`,
 		Example: `  cairn get home:/Documents ~/restore
   cairn get --version 3 home:/notes.txt ./notes-v3.txt`,
 		Args: exactArgs(2, "VOLUME:/PATH and a local DEST"),
@@ -102,6 +105,11 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 		if ver == nil {
 			ver = root.Current()
 		}
+		if pending, err := firstWritePending(ctx, v.Meta, root); err != nil {
+			return err
+		} else if pending && ver == nil {
+			return cairn.E("get", cairn.Conflict, rootPath, errors.New("its first content is not committed yet (a writer on some device holds it); get it again later"))
+		}
 		return writeLocalFile(ctx, v, root, ver, dest)
 	}
 	if err := os.MkdirAll(dest, 0o700); err != nil {
@@ -167,6 +175,13 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 				failed.Add(1)
 			}
 		case meta.TypeFile:
+			if pending, perr := firstWritePending(ctx, v.Meta, ent); perr != nil {
+				return perr
+			} else if pending {
+				fmt.Fprintf(e.stderr, "cairn: skipping %s: its first content is not committed yet (a writer on some device holds it); get it again later\n", path)
+				failed.Add(1)
+				return nil
+			}
 			files = append(files, getJob{ent: ent, path: path, dir: d.parent, name: d.name})
 			total += ent.Size
 		}
@@ -226,4 +241,16 @@ func writeLocalFile(ctx context.Context, v *fs.Volume, ent *meta.Entry, ver *met
 	}
 	defer unix.Close(dir)
 	return writeFileAt(ctx, v, ent, ver, dir, filepath.Base(dest), dest)
+}
+
+// firstWritePending reports whether file ent has no version yet while a
+// writer holds its lock: made on some device and being written for the
+// first time (a mount's create reaches the metadata before the commit of
+// the close), not a file made empty. Readers skip it instead of making
+// an empty copy.
+func firstWritePending(ctx context.Context, mv *meta.Vol, ent *meta.Entry) (bool, error) {
+	if ent.Type != meta.TypeFile || ent.Current() != nil {
+		return false, nil
+	}
+	return mv.LockHeld(ctx, ent.Parent, ent.Name)
 }

@@ -969,6 +969,13 @@ func (v *Vol) Lock(ctx context.Context, parent uint64, name string) (*Lock, erro
 	}
 }
 
+// LockHeld reports whether someone holds the writer lock of name in
+// directory parent (a reader tells a file made and still being written
+// for the first time, on some device, from one made empty).
+func (v *Vol) LockHeld(ctx context.Context, parent uint64, name string) (bool, error) {
+	return v.lockHeld(ctx, parent, name)
+}
+
 // lockHeld reports whether someone holds the writer lock of name in
 // directory parent.
 func (v *Vol) lockHeld(ctx context.Context, parent uint64, name string) (bool, error) {

@@ -509,3 +509,55 @@ func TestWriteBackCtimeKept(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteBackDeferredRemoveAndRmdir (issue 14, item 5): a new file
+// whose creation waits for its first commit is removed here alone (its
+// queued commit is dropped, nothing reaches the metadata, nothing is
+// logged as lost), and its directory cannot be removed while it holds
+// one (ENOTEMPTY).
+func TestWriteBackDeferredRemoveAndRmdir(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack, QueueDelay: time.Hour})
+	if err := os.Mkdir(f.path("d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.syncDir("") // d in the metadata
+	for _, name := range []string{"d/gone", "d/kept"} {
+		if err := os.WriteFile(f.path(name), []byte("content of "+name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(time.Minute); f.m.WriteHandles() > 0 || f.m.Pending() != 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("queued: %d, write handles: %d", f.m.Pending(), f.m.WriteHandles())
+		}
+	}
+	if err := os.Remove(f.path("d/gone")); err != nil {
+		t.Fatalf("remove of a file whose creation waits for its commit: %v", err)
+	}
+	if err := os.Remove(f.path("d/kept")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.path("d/kept"), []byte("made again"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Rmdir(f.path("d")); err != unix.ENOTEMPTY {
+		t.Fatalf("rmdir of a directory holding a new file: %v, want ENOTEMPTY", err)
+	}
+	ents, err := f.vol.Meta.ReadDir(context.Background(), f.entry("d").Ino)
+	if err != nil || len(ents) != 0 {
+		t.Fatalf("d in the metadata before the commits: %v, %v", ents, err)
+	}
+	if err := f.m.Unmount(); err != nil { // the queue is done at the unmount
+		t.Fatal(err)
+	}
+	f.m.Wait()
+	if got := string(f.cat("d/kept")); got != "made again" {
+		t.Fatalf("d/kept: %q", got)
+	}
+	if _, err := f.vol.Meta.Lookup(context.Background(), []string{"d", "gone"}); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("d/gone in the metadata: %v", err)
+	}
+	if s := f.logs.String(); strings.Contains(s, "level=ERROR") {
+		t.Fatalf("errors logged:\n%s", s)
+	}
+}
