@@ -79,28 +79,28 @@ func TestTruncateAtOpenCommitsWithClose(t *testing.T) {
 				syscall.Close(fd)
 				t.Fatal(err)
 			}
-			if err := syscall.Close(fd); err != nil {
+			if cerr := syscall.Close(fd); cerr != nil {
 				syscall.Close(dup)
-				t.Fatalf("close of the shell's descriptor: %v", err)
+				t.Fatalf("close of the shell's descriptor: %v", cerr)
 			}
 			if got := f.contents("a"); !slices.Equal(got, []string{"one"}) {
 				syscall.Close(dup)
 				t.Fatalf("versions after the close of the truncating open's first descriptor: %q", got)
 			}
-			if _, err := syscall.Write(dup, []byte("x\n")); err != nil {
+			if _, werr := syscall.Write(dup, []byte("x\n")); werr != nil {
 				syscall.Close(dup)
-				t.Fatal(err)
+				t.Fatal(werr)
 			}
-			if err := syscall.Close(dup); err != nil {
-				t.Fatalf("close after the write: %v", err)
+			if cerr := syscall.Close(dup); cerr != nil {
+				t.Fatalf("close after the write: %v", cerr)
 			}
 			f.settle()
 			if got := f.contents("a"); !slices.Equal(got, []string{"one", "x\n"}) {
 				t.Fatalf("versions after echo x > a: %q, want one added", got)
 			}
 			// The same through a real shell.
-			if out, err := exec.Command("sh", "-c", "echo y > "+f.path("a")).CombinedOutput(); err != nil {
-				t.Fatal(err, string(out))
+			if out, serr := exec.Command("sh", "-c", "echo y > "+f.path("a")).CombinedOutput(); serr != nil {
+				t.Fatal(serr, string(out))
 			}
 			f.settle()
 			if got := f.contents("a"); !slices.Equal(got, []string{"one", "x\n", "y\n"}) {
