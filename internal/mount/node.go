@@ -1013,6 +1013,12 @@ type dirHandle struct {
 }
 
 func (d *dirHandle) load(ctx context.Context) syscall.Errno {
+	// New files whose creation waits for their first commit (write-back)
+	// are not in the metadata yet: listed from the mount's own record,
+	// taken before the metadata is read. One undeferred meanwhile (its
+	// last writer's release, say) is then in one or the other: taken
+	// after, it would be in neither if the read came before its write.
+	deferred := d.n.m.wb.deferredIn(d.n.ino)
 	ents, err := d.n.m.ents.readDir(ctx, d.n.ino)
 	if err != nil {
 		return d.n.m.errno("readdir", d.n.path(""), err)
@@ -1023,9 +1029,7 @@ func (d *dirHandle) load(ctx context.Context) syscall.Errno {
 	}
 	d.list = append(d.list[:0], fuse.DirEntry{Name: ".", Ino: d.n.ino, Mode: syscall.S_IFDIR},
 		fuse.DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR})
-	// New files whose creation waits for their first commit (write-back)
-	// are not in the metadata yet: listed from the mount's own record.
-	for _, e := range d.n.m.wb.deferredIn(d.n.ino) {
+	for _, e := range deferred {
 		if !slices.ContainsFunc(ents, func(x meta.Entry) bool { return x.Name == e.Name }) {
 			ents = append(ents, e)
 		}
