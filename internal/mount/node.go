@@ -99,7 +99,8 @@ type nodeState struct {
 	// still go where the file is.
 	removed atomic.Bool
 	// heir is the file renamed over this one on this mount that took its
-	// history (versions follow the path: meta.Vol.Rename). Commits of
+	// history (versions follow the path: meta.Vol.Rename) while its own
+	// content was still to be committed here (RenamePending). Commits of
 	// this file queued before that rename land where heir is, as the
 	// versions before heir's own (the queue runs in order), instead of
 	// being dropped: an editor's saves in quick succession each stay a
@@ -907,7 +908,16 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		return n.m.errno("rename", n.path(name), err)
 	}
 	if replaced != nil && replaced != moving {
-		if follows && moving != nil {
+		// The replaced file's queued commits land before the moving
+		// file's own only if that one is still to come (RenamePending).
+		// Otherwise the moving file's content is the name's current one
+		// now (its committed versions, or none: an empty new file, or
+		// one a write-back mount made just now because this rename
+		// needed it), and a commit landing under the name after it
+		// would give the name the replaced file's content: those
+		// commits are dropped instead (the file is removed), as a
+		// local disk drops a replaced file's unsaved writes.
+		if follows && unsaved && moving != nil {
 			replaced.heir.Store(moving)
 		}
 		replaced.setMoved(&movedTo{fromParent: np, fromName: newName, gone: true})
@@ -1003,6 +1013,12 @@ type dirHandle struct {
 }
 
 func (d *dirHandle) load(ctx context.Context) syscall.Errno {
+	// New files whose creation waits for their first commit (write-back)
+	// are not in the metadata yet: listed from the mount's own record,
+	// taken before the metadata is read. One undeferred meanwhile (its
+	// last writer's release, say) is then in one or the other: taken
+	// after, it would be in neither if the read came before its write.
+	deferred := d.n.m.wb.deferredIn(d.n.ino)
 	ents, err := d.n.m.ents.readDir(ctx, d.n.ino)
 	if err != nil {
 		return d.n.m.errno("readdir", d.n.path(""), err)
@@ -1013,9 +1029,7 @@ func (d *dirHandle) load(ctx context.Context) syscall.Errno {
 	}
 	d.list = append(d.list[:0], fuse.DirEntry{Name: ".", Ino: d.n.ino, Mode: syscall.S_IFDIR},
 		fuse.DirEntry{Name: "..", Ino: parent, Mode: syscall.S_IFDIR})
-	// New files whose creation waits for their first commit (write-back)
-	// are not in the metadata yet: listed from the mount's own record.
-	for _, e := range d.n.m.wb.deferredIn(d.n.ino) {
+	for _, e := range deferred {
 		if !slices.ContainsFunc(ents, func(x meta.Entry) bool { return x.Name == e.Name }) {
 			ents = append(ents, e)
 		}

@@ -422,3 +422,80 @@ func TestPassthroughRefreshNoSpuriousVersion(t *testing.T) {
 		t.Fatalf("reads %q", got)
 	}
 }
+
+// TestPassthroughHeldQueuedCommittedOnce: in write-back mode (the one
+// that queues a close's commit with passthrough), a copy held at its last writer's release (a writable
+// mapping lives on, held.go; or, on a loaded machine, the kernel let the
+// released open's file go too late to tell) is committed again when the
+// hold ends only if the mapping stored into it since: the queued commit
+// keeps the checksum of what it queued, as a commit does. (Without it
+// every held copy was queued twice: TestWriteBackQueueChecksum found 3
+// records for 2 files under load.)
+func TestPassthroughHeldQueuedCommittedOnce(t *testing.T) {
+	for _, later := range []bool{false, true} {
+		name := "unchanged"
+		if later {
+			name = "stored-after-close"
+		}
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, mount.Options{Mode: mount.WriteBack, Passthrough: mount.PassthroughAuto})
+			if !mount.PassthroughOn(f.m) {
+				t.Skip("passthrough not available here (kernel < 6.9 or not root)")
+			}
+			f.st.fail.Store(true) // the commits stay queued, to be counted
+			fd, err := unix.Open(f.path("m"), unix.O_RDWR|unix.O_CREAT, 0o644)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ferr := unix.Ftruncate(fd, 8192); ferr != nil {
+				unix.Close(fd)
+				t.Fatal(ferr)
+			}
+			mem, err := unix.Mmap(fd, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			if err != nil {
+				unix.Close(fd)
+				t.Fatal(err)
+			}
+			mapped := true
+			t.Cleanup(func() { // before the unmount
+				if mapped {
+					unix.Munmap(mem)
+				}
+			})
+			copy(mem, "first")
+			if cerr := unix.Close(fd); cerr != nil {
+				t.Fatal(cerr)
+			}
+			for deadline := time.Now().Add(30 * time.Second); mount.HeldCopies(f.m) != 1 || f.m.WriteHandles() > 0; time.Sleep(2 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the copy is not held while a writable mapping of it lives")
+				}
+			}
+			if later {
+				copy(mem[4096:], "later")
+			}
+			mapped = false
+			if merr := unix.Munmap(mem); merr != nil {
+				t.Fatal(merr)
+			}
+			for deadline := time.Now().Add(30 * time.Second); mount.HeldCopies(f.m) != 0; time.Sleep(2 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the copy is still held after the mapping went")
+				}
+			}
+			want := 1
+			if later {
+				want = 2
+			}
+			if got := f.m.Pending(); got != want {
+				t.Fatalf("%d commits queued after the mapping went, want %d", got, want)
+			}
+			f.st.fail.Store(false)
+			f.settle()
+			got := f.cat("m")
+			if len(got) != 8192 || !bytes.HasPrefix(got, []byte("first")) || later != bytes.HasPrefix(got[4096:], []byte("later")) {
+				t.Fatalf("m: %d bytes, %q ... %q", len(got), got[:min(8, len(got))], got[min(4096, len(got)):min(4104, len(got))])
+			}
+		})
+	}
+}

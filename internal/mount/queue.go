@@ -715,8 +715,8 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.mu.Lock()
-	dirty, size, mtime, ctime := c.dirty, c.size, c.mtime, c.ctime
-	unseen := c.ptw && (c.writers > 0 || c.held)
+	dirty, size, mtime, ctime, ptw := c.dirty, c.size, c.mtime, c.ctime, c.ptw
+	unseen := ptw && (c.writers > 0 || c.held)
 	c.mu.Unlock()
 	if !dirty {
 		return nil
@@ -750,13 +750,19 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 		f, data, named = sf, sp, false
 	}
 	// Write-back mode makes nothing durable at a close, as a local disk
-	// does not: the record carries the data's checksum instead.
+	// does not: the record carries the data's checksum instead. A copy
+	// the kernel writes itself (passthrough) keeps the checksum of what
+	// is queued, as a commit does (content.sum): a writable mapping's
+	// release (held.go) then commits it again only if it changed since.
 	var crc *uint32
-	if m.mode == WriteBack {
-		sum, err := dataCRC(f, size)
-		if err != nil {
+	var sum uint32
+	if m.mode == WriteBack || ptw {
+		var err error
+		if sum, err = dataCRC(f, size); err != nil {
 			return cairn.E("close", cairn.IO, n.path(""), err)
 		}
+	}
+	if m.mode == WriteBack {
 		crc = &sum
 	} else if err := f.Sync(); err != nil {
 		return cairn.E("close", cairn.IO, n.path(""), err)
@@ -785,11 +791,16 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	c.frozen = c.frozen || !unseen
 	c.dirty, c.truncOnly = false, false
 	c.pending++
+	sumWas, sumOKWas := c.sum, c.sumOK
+	if ptw {
+		c.sum, c.sumOK = sum, true
+	}
 	c.mu.Unlock()
 	if err := m.queue.add(j); err != nil {
 		c.mu.Lock()
 		c.frozen, c.dirty = false, true
 		c.pending--
+		c.sum, c.sumOK = sumWas, sumOKWas
 		c.mu.Unlock()
 		n.unlockWrite(ctx)
 		if unseen {

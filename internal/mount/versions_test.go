@@ -79,28 +79,28 @@ func TestTruncateAtOpenCommitsWithClose(t *testing.T) {
 				syscall.Close(fd)
 				t.Fatal(err)
 			}
-			if err := syscall.Close(fd); err != nil {
+			if cerr := syscall.Close(fd); cerr != nil {
 				syscall.Close(dup)
-				t.Fatalf("close of the shell's descriptor: %v", err)
+				t.Fatalf("close of the shell's descriptor: %v", cerr)
 			}
 			if got := f.contents("a"); !slices.Equal(got, []string{"one"}) {
 				syscall.Close(dup)
 				t.Fatalf("versions after the close of the truncating open's first descriptor: %q", got)
 			}
-			if _, err := syscall.Write(dup, []byte("x\n")); err != nil {
+			if _, werr := syscall.Write(dup, []byte("x\n")); werr != nil {
 				syscall.Close(dup)
-				t.Fatal(err)
+				t.Fatal(werr)
 			}
-			if err := syscall.Close(dup); err != nil {
-				t.Fatalf("close after the write: %v", err)
+			if cerr := syscall.Close(dup); cerr != nil {
+				t.Fatalf("close after the write: %v", cerr)
 			}
 			f.settle()
 			if got := f.contents("a"); !slices.Equal(got, []string{"one", "x\n"}) {
 				t.Fatalf("versions after echo x > a: %q, want one added", got)
 			}
 			// The same through a real shell.
-			if out, err := exec.Command("sh", "-c", "echo y > "+f.path("a")).CombinedOutput(); err != nil {
-				t.Fatal(err, string(out))
+			if out, serr := exec.Command("sh", "-c", "echo y > "+f.path("a")).CombinedOutput(); serr != nil {
+				t.Fatal(serr, string(out))
 			}
 			f.settle()
 			if got := f.contents("a"); !slices.Equal(got, []string{"one", "x\n", "y\n"}) {
@@ -202,6 +202,87 @@ func TestSaveByRenameKeepsHistory(t *testing.T) {
 				}
 				if tr, err := f.vol.Meta.Trash(context.Background()); err != nil || len(tr) != 0 {
 					t.Fatalf("trash after the saves: %d items, %v", len(tr), err)
+				}
+			})
+		}
+	}
+}
+
+// TestRenameOverQueuedCommit: a file renamed over one whose commit is
+// still queued on this mount, while its own content is not to come (it is
+// what the metadata has: an empty new file, or one with a version made
+// elsewhere), leaves the name with its own content, also after a
+// remount: the replaced file's queued writes are dropped, as a local disk
+// drops a replaced file's unsaved writes, and do not land after it as
+// the name's newest version. Its committed versions go as the versions
+// design says: to the trash under an empty file that never had a version
+// (none here if it had none), before the moved file's own otherwise.
+// (The merge of write-back's deferred creates with versions following
+// the path made the replaced file, created only at the rename, empty and
+// versionless, so the empty file took its history and its queued commit
+// landed on it: TestFSX seed 1796161450245364827.)
+func TestRenameOverQueuedCommit(t *testing.T) {
+	for _, mode := range []mount.Mode{mount.NonBlocking, mount.WriteBack} {
+		for _, tc := range []struct {
+			name      string
+			committed bool   // a has a committed version "one" before its queued "two"
+			b         string // b's content: "" an empty file made on the mount, else a version made elsewhere
+			versions  []string
+			trash     int // trash items, each a's committed version
+		}{
+			{name: "new-empty", b: ""},
+			{name: "empty-over-committed", committed: true, b: "", trash: 1},
+			{name: "versioned", b: "bee", versions: []string{"bee"}},
+			{name: "versioned-over-committed", committed: true, b: "bee", versions: []string{"one", "bee"}},
+		} {
+			t.Run(mode.String()+"/"+tc.name, func(t *testing.T) {
+				f := newFixture(t, mount.Options{Mode: mode})
+				mount.SetQuietTime(f.m, 0)
+				if tc.committed {
+					if err := os.WriteFile(f.path("a"), []byte("one"), 0o644); err != nil {
+						t.Fatal(err)
+					}
+					f.settle()
+				}
+				if tc.b != "" {
+					f.put("b", []byte(tc.b))
+				}
+				f.st.fail.Store(true) // a's commit stays queued
+				if err := os.WriteFile(f.path("a"), []byte("two"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if tc.b == "" {
+					if err := os.WriteFile(f.path("b"), nil, 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+				f.waitClosed(0)
+				if err := os.Rename(f.path("b"), f.path("a")); err != nil {
+					t.Fatal(err)
+				}
+				check := func(when string) {
+					t.Helper()
+					if got := f.readMount("a"); string(got) != tc.b {
+						t.Fatalf("a reads %q %s, want %q (b's)", got, when, tc.b)
+					}
+				}
+				check("after the rename")
+				f.st.fail.Store(false)
+				f.settle()
+				check("once the queue is done")
+				f.mountAgain(mount.Options{Mode: mode})
+				check("after a remount")
+				if got := f.contents("a"); !slices.Equal(got, tc.versions) {
+					t.Fatalf("versions of a: %q, want %q", got, tc.versions)
+				}
+				tr, err := f.vol.Meta.Trash(context.Background())
+				if err != nil || len(tr) != tc.trash {
+					t.Fatalf("trash: %d items, %v; want %d", len(tr), err, tc.trash)
+				}
+				for _, it := range tr {
+					if len(it.Entry.Versions) != 1 {
+						t.Fatalf("a in the trash: %+v, want its committed version", it.Entry)
+					}
 				}
 			})
 		}

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -559,5 +561,63 @@ func TestWriteBackDeferredRemoveAndRmdir(t *testing.T) {
 	}
 	if s := f.logs.String(); strings.Contains(s, "level=ERROR") {
 		t.Fatalf("errors logged:\n%s", s)
+	}
+}
+
+// TestWriteBackListingDuringUndefer: a listing whose read of the metadata
+// was on its way while a new file's deferred creation was made (its last
+// writer's release, no commit queued: a file made empty) lists the file:
+// the mount's record of deferred creations is taken before the read, so
+// the file is in one or the other (it was in neither: TestFSX seed
+// 1796162443208777903, a readdir right after such a close).
+func TestWriteBackListingDuringUndefer(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack})
+	mount.SetQuietTime(f.m, 0)
+	w, err := os.OpenFile(f.path("e"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, lerr := f.vol.Meta.Lookup(context.Background(), []string{"e"}); !errors.Is(lerr, cairn.ErrNotFound) {
+		w.Close()
+		t.Fatalf("a new file open for writing is in the metadata before its commit: %v", lerr)
+	}
+	held, releaseOnce := f.holdRequest("Range")
+	release := sync.OnceFunc(releaseOnce)
+	defer release()
+	type result struct {
+		names []string
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ents, rerr := os.ReadDir(f.mnt)
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		done <- result{names, rerr}
+	}()
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		w.Close()
+		t.Fatal("the listing read nothing from the metadata")
+	}
+	// Closed without writes: its release makes it, empty, meanwhile.
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, lerr := f.vol.Meta.Lookup(context.Background(), []string{"e"}); lerr == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the file closed without writes was not made in the metadata")
+		}
+	}
+	release()
+	res := <-done
+	if res.err != nil || !slices.Contains(res.names, "e") {
+		t.Fatalf("listing: %q, %v; want e in it", res.names, res.err)
 	}
 }
