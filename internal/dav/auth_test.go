@@ -8,9 +8,8 @@ import (
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable/durabletest"
 )
 
 func TestUsers(t *testing.T) {
@@ -112,30 +111,14 @@ func TestCheckPassword(t *testing.T) {
 // the password file written before must still hold its users (a lost
 // write error once renamed an empty file over it and reported success).
 func TestUsersFullDisk(t *testing.T) {
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
-		t.Skipf("cannot mount a small tmpfs to fill (needs root or CAP_SYS_ADMIN): %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	dir := durabletest.SmallTmpfs(t)
 	path := filepath.Join(dir, "dav", "passwd.json")
 	u := OpenUsers(path)
 	pass, err := u.Add("alice", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Create(filepath.Join(dir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for buf := make([]byte, 4096); ; {
-		if _, err = f.Write(buf); err != nil {
-			break
-		}
-	}
-	f.Close()
-	if !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("fill: %v", err)
-	}
+	durabletest.Fill(t, dir)
 	if _, err = u.Add("bob", false); !errors.Is(err, cairn.ErrIO) || !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("Add on a full disk = %v, want an IO error wrapping ENOSPC", err)
 	}

@@ -10,10 +10,9 @@ import (
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/durable"
+	"cairn.dev/cairn/internal/durable/durabletest"
 )
 
 func TestWriteAppendSync(t *testing.T) {
@@ -81,13 +80,13 @@ func TestReplaceFile(t *testing.T) {
 // TestReplaceFileFullDisk replaces a file on a full file system: the write
 // fails, and the old file must be left whole, with no temporary file.
 func TestReplaceFileFullDisk(t *testing.T) {
-	dir := smallTmpfs(t)
+	dir := durabletest.SmallTmpfs(t)
 	p := filepath.Join(dir, "keyring")
 	old := []byte(strings.Repeat("old ", 100))
 	if err := durable.ReplaceFile(p, old, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	filler := fill(t, dir)
+	filler := durabletest.Fill(t, dir)
 	err := durable.ReplaceFile(p, []byte(strings.Repeat("new ", 1000)), 0o600)
 	if !errors.Is(err, syscall.ENOSPC) || !errors.Is(err, cairn.ErrIO) {
 		t.Fatalf("replace on a full disk: %v, want an IO error wrapping ENOSPC", err)
@@ -118,38 +117,6 @@ func checkNoTemp(t *testing.T, dir string, names ...string) {
 	for _, e := range ents {
 		if e.Name() != "f" && !slices.Contains(names, e.Name()) {
 			t.Errorf("left behind: %s", e.Name())
-		}
-	}
-}
-
-// smallTmpfs mounts a 64 KiB tmpfs for the test (it needs root, as the
-// tests run in CI and here).
-func smallTmpfs(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
-		t.Skipf("cannot mount a small tmpfs to fill (needs root or CAP_SYS_ADMIN): %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
-// fill writes a file in dir until the file system is full and returns its
-// name.
-func fill(t *testing.T, dir string) string {
-	t.Helper()
-	f, err := os.Create(filepath.Join(dir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 4096)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatalf("fill: %v", err)
-			}
-			return "filler"
 		}
 	}
 }

@@ -8,9 +8,8 @@ import (
 	"syscall"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable/durabletest"
 )
 
 func TestSealedRoundTrip(t *testing.T) {
@@ -96,11 +95,7 @@ func containsBytes(h, n []byte) bool {
 // and the keyring saved before must still open with its keys (a lost
 // write error once renamed an empty file over it and reported success).
 func TestSaveFullDisk(t *testing.T) {
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
-		t.Skipf("cannot mount a small tmpfs to fill (needs root or CAP_SYS_ADMIN): %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	dir := durabletest.SmallTmpfs(t)
 	p := filepath.Join(dir, "keyring")
 	k, err := Create(p, nil)
 	if err != nil {
@@ -112,19 +107,7 @@ func TestSaveFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Fill the file system.
-	f, err := os.Create(filepath.Join(dir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for buf := make([]byte, 4096); ; {
-		if _, err = f.Write(buf); err != nil {
-			break
-		}
-	}
-	f.Close()
-	if !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("fill: %v", err)
-	}
+	durabletest.Fill(t, dir)
 	k.Add("vol2", NewMaster())
 	if err = k.Save(); !errors.Is(err, cairn.ErrIO) || !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("Save on a full disk = %v, want an IO error wrapping ENOSPC", err)

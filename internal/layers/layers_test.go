@@ -14,10 +14,11 @@ const module = "cairn.dev/cairn/"
 
 // layer ranks every package; lower numbers are lower layers.
 var layer = map[string]int{
-	"internal/cairn":   0, // vocabulary: no cairn imports at all
-	"internal/volkey":  1,
-	"internal/durable": 1, // fsynced writes of small files and directory entries
-	"internal/vpath":   1,
+	"internal/cairn":               0, // vocabulary: no cairn imports at all
+	"internal/volkey":              1,
+	"internal/durable":             1, // fsynced writes of small files and directory entries
+	"internal/durable/durabletest": 2, // test helper: a small tmpfs to fill
+	"internal/vpath":               1,
 
 	"internal/chunker":  2,
 	"internal/store":    2, // optional store abilities and helpers

@@ -15,9 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable/durabletest"
 )
 
 func TestCreateLoadCA(t *testing.T) {
@@ -244,31 +243,15 @@ func TestRevocationList(t *testing.T) {
 // TestCredentialsSaveFullDisk saves new credentials over good ones on a
 // full file system: Save fails and the old credentials still load.
 func TestCredentialsSaveFullDisk(t *testing.T) {
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
-		t.Skipf("cannot mount a small tmpfs to fill (needs root or CAP_SYS_ADMIN): %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	dir := durabletest.SmallTmpfs(t)
 	ca := newCA(t, "r1")
 	old := creds(t, ca, "n1", Device)
 	credDir := filepath.Join(dir, "pki")
 	if err := old.Save(credDir); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Create(filepath.Join(dir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for buf := make([]byte, 4096); ; {
-		if _, err = f.Write(buf); err != nil {
-			break
-		}
-	}
-	f.Close()
-	if !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("fill: %v", err)
-	}
-	if err = creds(t, ca, "n1", Device).Save(credDir); !errors.Is(err, cairn.ErrIO) || !errors.Is(err, syscall.ENOSPC) {
+	durabletest.Fill(t, dir)
+	if err := creds(t, ca, "n1", Device).Save(credDir); !errors.Is(err, cairn.ErrIO) || !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("Save on a full disk = %v, want an IO error wrapping ENOSPC", err)
 	}
 	back, err := LoadCredentials(credDir)
