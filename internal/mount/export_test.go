@@ -133,3 +133,6 @@ func ForgetRoot(m *Mount, name string, wait time.Duration) bool {
 	}
 	return false
 }
+
+// CheckAllowOtherUser is CheckAllowOther for a user other than root.
+var CheckAllowOtherUser = checkAllowOther

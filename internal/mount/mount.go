@@ -99,6 +99,52 @@ type Options struct {
 	// Debug logs every FUSE request and reply (go-fuse's debug output, to
 	// standard error).
 	Debug bool
+	// AllowOther lets users other than the one that mounts use the mount
+	// (FUSE allow_other): the kernel then checks their access by the
+	// files' modes and owners, as on a local disk; without it, it refuses
+	// them everything (EACCES). A mount by another user than root needs
+	// user_allow_other in /etc/fuse.conf (CheckAllowOther).
+	AllowOther bool
+}
+
+// FuseConf is the configuration file fusermount3 reads.
+const FuseConf = "/etc/fuse.conf"
+
+// CheckAllowOther reports whether a mount with AllowOther may be made:
+// by root always; by another user only if confPath (FuseConf) has a
+// user_allow_other line as fusermount3 reads it (a comment from '#' on,
+// blanks around it; a line counts only once ended by a newline).
+// Otherwise a Permission error says what to add.
+func CheckAllowOther(confPath string) error {
+	if os.Geteuid() == 0 {
+		return nil
+	}
+	return checkAllowOther(confPath)
+}
+
+func checkAllowOther(confPath string) error {
+	const op = "mount --allow-other"
+	advice := fmt.Sprintf("only root may mount with --allow-other unless %s has a line user_allow_other: add it (as root), or mount without --allow-other", confPath)
+	b, err := os.ReadFile(confPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return cairn.E(op, cairn.Permission, confPath, errors.New("no such file: "+advice))
+	}
+	if err != nil {
+		return cairn.E(op, cairn.Permission, confPath, fmt.Errorf("%w: %s", err, advice))
+	}
+	lines := strings.Split(string(b), "\n")
+	for _, l := range lines[:len(lines)-1] { // the last is not ended by a newline
+		if i := strings.IndexByte(l, '#'); i >= 0 {
+			l = l[:i]
+		}
+		if strings.TrimSpace(l) == "user_allow_other" {
+			return nil
+		}
+	}
+	if last := lines[len(lines)-1]; strings.TrimSpace(strings.SplitN(last, "#", 2)[0]) == "user_allow_other" {
+		return cairn.E(op, cairn.Permission, confPath, errors.New("its user_allow_other line has no newline at its end (fusermount3 ignores it): add one"))
+	}
+	return cairn.E(op, cairn.Permission, confPath, errors.New(advice))
 }
 
 // Mount is a mounted volume.
@@ -222,6 +268,11 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 	} else if mounted {
 		return nil, cairn.E(op, cairn.Exist, dir, errors.New("something is already mounted there (cairn umount it first)"))
 	}
+	if o.AllowOther {
+		if err = CheckAllowOther(FuseConf); err != nil {
+			return nil, err
+		}
+	}
 	if _, err = os.Stat("/dev/fuse"); err != nil {
 		return nil, cairn.E(op, cairn.Unavailable, "/dev/fuse", errors.New("no FUSE device: load the fuse module or install fuse3"))
 	}
@@ -310,6 +361,9 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 			// as on a local disk.
 			ExplicitDataCacheControl: true,
 			Debug:                    o.Debug,
+			// Other users' access is checked by the kernel
+			// (default_permissions).
+			AllowOther: o.AllowOther,
 		},
 	}
 	var b *backing
