@@ -35,11 +35,11 @@ const mountReadyTimeout = 2 * time.Minute
 const envQueueDelay = "CAIRN_MOUNT_QUEUE_DELAY"
 
 func (e *env) mountCmds() []*cobra.Command {
-	var foreground, debug bool
+	var foreground, debug, allowOther bool
 	var attrTimeout time.Duration
 	var cacheSize, mode, passthrough string
 	m := &cobra.Command{
-		Use:   "mount [--foreground] [--mode blocking|non-blocking|write-back] [--passthrough auto|off] [--cache-size SIZE] VOLUME MOUNTPOINT",
+		Use:   "mount [--foreground] [--mode blocking|non-blocking|write-back] [--passthrough auto|off] [--cache-size SIZE] [--allow-other] VOLUME MOUNTPOINT",
 		Short: "Mount a volume as a directory (FUSE)",
 		Long: `Mount VOLUME (for example 'home') on the directory MOUNTPOINT, so unmodified
 programs read and write it. It runs in the background (log: $CAIRN_HOME/mount.log)
@@ -100,6 +100,15 @@ fails meanwhile with "Device or resource busy" (EBUSY), and its mount log names
 the file. The lock of a mount that was killed lapses with its lease
 (CAIRN_LOCK_TTL, default 15s).
 
+Only the user who mounts may use the mount (the kernel refuses others: EACCES).
+With --allow-other, other users may too, and the kernel checks their access by
+the files' modes and owners as on a local disk (owner, group, other bits; sticky
+directories; set-ID bits cleared by a write of another user and by chown). A
+user other than root may mount with --allow-other only if /etc/fuse.conf has a
+line user_allow_other (fusermount3 requires it): add it as root; 'cairn mount'
+checks for it and says so before mounting. Owners are numeric IDs, the same on
+every device.
+
 Extended attributes of the user.* namespace are kept (other namespaces:
 EOPNOTSUPP). Not supported: hard links, device nodes and FIFOs (EPERM),
 RENAME_EXCHANGE (EINVAL); atime reads as mtime. Writes not yet closed when the
@@ -118,7 +127,12 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 			if attrTimeout < 0 {
 				return withCode(ExitUsage, errors.New("mount: --attr-timeout must not be negative"))
 			}
-			o := mount.Options{AttrTimeout: attrTimeout, Debug: debug, CacheDir: filepath.Join(e.home, "mountcache")}
+			o := mount.Options{AttrTimeout: attrTimeout, Debug: debug, CacheDir: filepath.Join(e.home, "mountcache"), AllowOther: allowOther}
+			if allowOther {
+				if err = mount.CheckAllowOther(mount.FuseConf); err != nil {
+					return err
+				}
+			}
 			if attrTimeout == 0 {
 				o.AttrTimeout = mount.NoAttrCache
 			}
@@ -149,6 +163,9 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 				extra = append(extra, "--mode", o.Mode.String())
 			}
 			extra = append(extra, "--passthrough", o.Passthrough.String())
+			if allowOther {
+				extra = append(extra, "--allow-other")
+			}
 			return e.mountBackground(cmd.Context(), name, dir, attrTimeout, debug, extra)
 		},
 	}
@@ -157,6 +174,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")
 	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them; write-back (experimental): as non-blocking, and creates, mkdirs and attribute changes are written in batches")
 	m.Flags().StringVar(&passthrough, "passthrough", "auto", "auto: the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking or write-back mode, file leases on the cache's disk; elsewise the log says why and the mount serves them); off: always through the mount")
+	m.Flags().BoolVar(&allowOther, "allow-other", false, "let other users use the mount, their access checked by the files' modes and owners (not root: needs user_allow_other in /etc/fuse.conf)")
 	m.Flags().StringVar(&cacheSize, "cache-size", "", "bound of the whole-file cache, such as 2GiB (default: a tenth of the free disk, at most 4GiB)")
 
 	var lazy bool

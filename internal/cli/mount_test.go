@@ -527,3 +527,46 @@ func TestMountPassthroughDefault(t *testing.T) {
 		}
 	}
 }
+
+// mountOptions returns the options the kernel shows for the FUSE mount
+// on dir (the super block's, after " - " in /proc/self/mountinfo).
+func mountOptions(t *testing.T, dir string) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(l, " - ")
+		if f := strings.Fields(pre); ok && len(f) >= 5 && f[4] == dir {
+			return post
+		}
+	}
+	t.Fatalf("%s is not in /proc/self/mountinfo", dir)
+	return ""
+}
+
+// TestMountAllowOther: 'cairn mount --allow-other' (in the background,
+// the default) mounts with allow_other, which lets the kernel serve other
+// users; without it the mount has no allow_other. (The check of
+// /etc/fuse.conf for a mount by another user than root:
+// mount.TestCheckAllowOther; other users' access: mount.TestAllowOther.)
+func TestMountAllowOther(t *testing.T) {
+	skipWithoutFUSE(t)
+	r := newRealm(t)
+	mnt := mountPoint(t)
+	for _, tc := range []struct {
+		flags []string
+		want  bool
+	}{{[]string{"--allow-other"}, true}, {nil, false}} {
+		res := r.run(append(append([]string{"mount"}, tc.flags...), "home", mnt)...)
+		if res.code != 0 {
+			t.Fatalf("mount %q: exit %d\n%s%s", tc.flags, res.code, res.stdout, res.stderr)
+		}
+		opts := mountOptions(t, mnt)
+		r.ok("umount", mnt)
+		if got := strings.Contains(opts, "allow_other"); got != tc.want {
+			t.Fatalf("mount %q: kernel options %q: allow_other %v, want %v", tc.flags, opts, got, tc.want)
+		}
+	}
+}
