@@ -102,7 +102,7 @@ type Options struct {
 	// AllowOther lets users other than the one that mounts use the mount
 	// (FUSE allow_other): the kernel then checks their access by the
 	// files' modes and owners, as on a local disk; without it, it refuses
-	// them everything (EACCES). A mount by another user than root needs
+	// them everything (EACCES). A mount by a user other than root needs
 	// user_allow_other in /etc/fuse.conf (CheckAllowOther).
 	AllowOther bool
 }
