@@ -414,10 +414,10 @@ func (m *Mount) truncateContent(c *content, size int64) error {
 
 // truncatedAtOpen truncates c for an open with O_TRUNC: the truncation
 // is part of the writer's change, saved with its writes (truncOnly). The
-// open changes the mtime and ctime of a file it empties (or of uncommitted
-// writes it drops), at once, as on a
-// local disk (POSIX open: marked for update), even when its copy was
-// loaded empty for it (load): the save carries them.
+// open changes the mtime and ctime of a file it empties (or whose
+// uncommitted writes it drops) at once, as on a local disk (POSIX open:
+// marked for update), even when its copy was loaded empty for it (load):
+// the save carries them.
 func (m *Mount) truncatedAtOpen(c *content) error {
 	if err := m.truncateContent(c, 0); err != nil {
 		return err
