@@ -429,6 +429,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if n.typ != meta.TypeDir {
 		return nil, syscall.ENOTDIR
 	}
+	if len(name) > vpath.MaxName {
+		// As ext4: no such name can exist, and saying so names the cause
+		// for every call that looks a name up first (chmod, unlink, ...).
+		return nil, syscall.ENAMETOOLONG
+	}
 	e, err := n.m.ents.get(ctx, n.ino, name, false)
 	if err != nil {
 		return nil, n.m.errno("lookup", n.path(name), err)
@@ -706,6 +711,9 @@ func (n *node) flushFor(op, name string) syscall.Errno {
 // name is still that entry.
 func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno {
 	ctx = bg(ctx)
+	if len(name) > vpath.MaxName {
+		return syscall.ENAMETOOLONG
+	}
 	if errno := n.flushFor("remove", name); errno != 0 {
 		return errno
 	}
@@ -790,6 +798,9 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 // lands as that version. RENAME_EXCHANGE is not supported (EINVAL).
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	ctx = bg(ctx)
+	if len(name) > vpath.MaxName || len(newName) > vpath.MaxName {
+		return syscall.ENAMETOOLONG
+	}
 	if flags&gofs.RENAME_EXCHANGE != 0 {
 		return syscall.EINVAL
 	}

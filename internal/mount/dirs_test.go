@@ -1,0 +1,144 @@
+package mount_test
+
+// Differential tests of directory semantics (issue 15): the same
+// operations on a directory on local disk and on the mount, in each
+// mode, must give the same errors, directory link counts, and the same
+// answer to "did the directory's mtime and ctime advance".
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/mount"
+)
+
+// dirOp is one operation of a differential test, run in root.
+type dirOp struct {
+	name string
+	do   func(root string) error
+}
+
+// dirObs is what is compared after an operation.
+type dirObs struct {
+	errno  syscall.Errno
+	links  map[string]uint64 // directory -> nlink
+	mtimeU map[string]bool   // directory -> mtime advanced by the op
+	ctimeU map[string]bool
+}
+
+func dirErrno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return syscall.EIO
+}
+
+func statDir(t *testing.T, p string) syscall.Stat_t {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Lstat(p, &st); err != nil {
+		t.Fatalf("stat %s: %v", p, err)
+	}
+	return st
+}
+
+// runDirOps runs ops in root, observing dirs (relative to root; "." is
+// root) after each; times says whether to compare their times (a short
+// sleep before each op lets a clock of coarse granularity move on).
+func runDirOps(t *testing.T, root string, ops []dirOp, dirs []string, times bool) []dirObs {
+	t.Helper()
+	var out []dirObs
+	for _, op := range ops {
+		before := map[string]syscall.Stat_t{}
+		if times {
+			for _, d := range dirs {
+				if _, err := os.Lstat(filepath.Join(root, d)); err == nil {
+					before[d] = statDir(t, filepath.Join(root, d))
+				}
+			}
+			time.Sleep(20 * time.Millisecond) // clock granularity, not synchronisation
+		}
+		o := dirObs{errno: dirErrno(op.do(root)), links: map[string]uint64{}, mtimeU: map[string]bool{}, ctimeU: map[string]bool{}}
+		for _, d := range dirs {
+			p := filepath.Join(root, d)
+			if _, err := os.Lstat(p); err != nil {
+				continue
+			}
+			st := statDir(t, p)
+			o.links[d] = uint64(st.Nlink)
+			if b, ok := before[d]; ok {
+				o.mtimeU[d] = st.Mtim.Nano() > b.Mtim.Nano()
+				o.ctimeU[d] = st.Ctim.Nano() > b.Ctim.Nano()
+			}
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+// diffDirOps runs ops on local disk and on a mount of each mode and
+// reports every difference.
+func diffDirOps(t *testing.T, ops []dirOp, dirs []string, links, times bool) {
+	want := runDirOps(t, t.TempDir(), ops, dirs, times)
+	for _, mode := range []mount.Mode{mount.Blocking, mount.NonBlocking, mount.WriteBack} {
+		t.Run(mode.String(), func(t *testing.T) {
+			f := newFixture(t, mount.Options{Mode: mode})
+			got := runDirOps(t, f.mnt, ops, dirs, times)
+			for i, op := range ops {
+				w, g := want[i], got[i]
+				if w.errno != g.errno {
+					t.Errorf("%s: error %v, local disk %v", op.name, g.errno, w.errno)
+				}
+				for _, d := range dirs {
+					if links && w.links[d] != g.links[d] {
+						t.Errorf("%s: nlink of %s %d, local disk %d", op.name, d, g.links[d], w.links[d])
+					}
+					if times && w.mtimeU[d] != g.mtimeU[d] {
+						t.Errorf("%s: mtime of %s advanced %v, local disk %v", op.name, d, g.mtimeU[d], w.mtimeU[d])
+					}
+					if times && w.ctimeU[d] != g.ctimeU[d] {
+						t.Errorf("%s: ctime of %s advanced %v, local disk %v", op.name, d, g.ctimeU[d], w.ctimeU[d])
+					}
+				}
+			}
+		})
+	}
+}
+
+func dirIn(root, p string) string { return filepath.Join(root, p) }
+
+func dirWrite(root, p string) error { return os.WriteFile(dirIn(root, p), []byte("x"), 0o644) }
+
+func TestDirsNameTooLong(t *testing.T) {
+	long := strings.Repeat("n", 256)
+	ops := []dirOp{
+		{"mkdir d", func(r string) error { return os.Mkdir(dirIn(r, "d"), 0o755) }},
+		{"create f", func(r string) error { return dirWrite(r, "f") }},
+		{"stat long", func(r string) error { _, err := os.Lstat(dirIn(r, long)); return err }},
+		{"stat d/long", func(r string) error { _, err := os.Lstat(dirIn(r, "d/"+long)); return err }},
+		{"chmod long", func(r string) error { return os.Chmod(dirIn(r, long), 0o600) }},
+		{"chown long", func(r string) error { return os.Lchown(dirIn(r, long), os.Getuid(), os.Getgid()) }},
+		{"truncate long", func(r string) error { return os.Truncate(dirIn(r, long), 0) }},
+		{"rename long", func(r string) error { return os.Rename(dirIn(r, long), dirIn(r, "g")) }},
+		{"rename to long", func(r string) error { return os.Rename(dirIn(r, "f"), dirIn(r, long)) }},
+		{"rmdir long", func(r string) error { return syscall.Rmdir(dirIn(r, long)) }},
+		{"unlink long", func(r string) error { return syscall.Unlink(dirIn(r, long)) }},
+		{"readlink long", func(r string) error { _, err := os.Readlink(dirIn(r, long)); return err }},
+		{"open long", func(r string) error { _, err := os.ReadFile(dirIn(r, long)); return err }},
+		{"mkdir long", func(r string) error { return os.Mkdir(dirIn(r, long), 0o755) }},
+		{"create long", func(r string) error { return dirWrite(r, long) }},
+		{"symlink long", func(r string) error { return os.Symlink("f", dirIn(r, long)) }},
+		{"create 255", func(r string) error { return dirWrite(r, long[:255]) }},
+		{"stat 255", func(r string) error { _, err := os.Lstat(dirIn(r, long[:255])); return err }},
+	}
+	diffDirOps(t, ops, []string{"."}, false, false)
+}
