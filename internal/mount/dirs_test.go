@@ -142,3 +142,23 @@ func TestDirsNameTooLong(t *testing.T) {
 	}
 	diffDirOps(t, ops, []string{"."}, false, false)
 }
+
+func TestDirsLinkCount(t *testing.T) {
+	ops := []dirOp{
+		{"mkdir a", func(r string) error { return os.Mkdir(dirIn(r, "a"), 0o755) }},
+		{"mkdir a/b", func(r string) error { return os.Mkdir(dirIn(r, "a/b"), 0o755) }},
+		{"mkdir a/c", func(r string) error { return os.Mkdir(dirIn(r, "a/c"), 0o755) }},
+		{"create a/f", func(r string) error { return dirWrite(r, "a/f") }},
+		{"symlink a/l", func(r string) error { return os.Symlink("b", dirIn(r, "a/l")) }},
+		{"mkdir a/b/x", func(r string) error { return os.Mkdir(dirIn(r, "a/b/x"), 0o755) }},
+		{"rename a/c out", func(r string) error { return os.Rename(dirIn(r, "a/c"), dirIn(r, "c")) }},
+		{"rename c in", func(r string) error { return os.Rename(dirIn(r, "c"), dirIn(r, "a/b/c")) }},
+		{"rename a/f", func(r string) error { return os.Rename(dirIn(r, "a/f"), dirIn(r, "a/g")) }},
+		{"rmdir a/b (not empty)", func(r string) error { return syscall.Rmdir(dirIn(r, "a/b")) }},
+		{"rmdir a/b/x", func(r string) error { return syscall.Rmdir(dirIn(r, "a/b/x")) }},
+		{"rmdir a/b/c", func(r string) error { return syscall.Rmdir(dirIn(r, "a/b/c")) }},
+		{"rmdir a/b", func(r string) error { return syscall.Rmdir(dirIn(r, "a/b")) }},
+		{"unlink a/g", func(r string) error { return syscall.Unlink(dirIn(r, "a/g")) }},
+	}
+	diffDirOps(t, ops, []string{".", "a", "a/b", "c", "a/b/c", "a/b/x"}, true, false)
+}

@@ -382,8 +382,8 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 	if e.Type == meta.TypeSymlink {
 		a.Size = uint64(len(e.Target))
 	}
-	// 1 for directories too: "subdirectories unknown" to find and fts,
-	// which would otherwise skip entries on a count cairn does not keep.
+	// Directories: 1 ("subdirectories unknown" to find and fts) until
+	// the caller sets the count it knows (dirLinks).
 	a.Nlink = 1
 	a.Uid, a.Gid = e.UID, e.GID
 	mtime, ctime := time.Unix(0, e.Mtime), time.Unix(0, e.Ctime)
@@ -410,18 +410,113 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 	a.Blocks = (a.Size + 511) / 512
 }
 
-// child returns the inode of entry e in directory n, filling out.
+// child returns the inode of entry e in directory n, filling out (a
+// directory's link count counted: entryLinks).
 func (n *node) child(ctx context.Context, e *meta.Entry, out *fuse.EntryOut) *gofs.Inode {
+	return n.childOf(ctx, e, out, true)
+}
+
+// childOf is child; count false takes a directory's link count from the
+// entry cache only (entryLinks).
+func (n *node) childOf(ctx context.Context, e *meta.Entry, out *fuse.EntryOut, count bool) *gofs.Inode {
 	if ch := n.GetChild(e.Name); ch != nil && ch.StableAttr().Ino == e.Ino {
 		cn := ch.Operations().(*node)
 		cn.remember(e)
 		cn.fill(e, &out.Attr)
+		cn.entryLinks(ctx, out, count)
 		return ch
 	}
 	cn := &node{m: n.m, ino: e.Ino, typ: e.Type, nodeState: n.m.stateFor(e.Ino)}
 	cn.remember(e)
 	cn.fill(e, &out.Attr)
+	cn.entryLinks(ctx, out, count)
 	return n.NewInode(ctx, cn, gofs.StableAttr{Mode: typeMode(e.Type), Ino: e.Ino})
+}
+
+// entryLinks sets the link count of directory n in a reply that gives
+// its entry: 2 plus its subdirectories, as on ext4, counted by dirLinks
+// (from the entry cache, else by listing n) when count is set. A
+// READDIRPLUS (dirHandle.Lookup) does not count: listing every
+// subdirectory of a directory being listed would cost a read of etcd
+// each. Its replies take the count from the entry cache when it knows it;
+// otherwise (and if a listing fails) they say 1, what btrfs says of every
+// directory: "subdirectories unknown" to find and fts, which then look at
+// every entry rather than trust the count (a count too high would make
+// find skip subdirectories unless -noleaf). Such a reply is kept by the
+// kernel for the shortest time it can be given (a nanosecond, which the
+// kernel rounds up to a clock tick): a stat after it asks Getattr, which
+// counts.
+func (n *node) entryLinks(ctx context.Context, out *fuse.EntryOut, count bool) {
+	if n.typ != meta.TypeDir {
+		return
+	}
+	if k, ok := n.cachedSubdirs(); ok {
+		out.Nlink = uint32(2 + k)
+		return
+	}
+	if count {
+		if links, err := n.dirLinks(ctx); err == nil {
+			out.Nlink = links
+			return
+		}
+	}
+	out.Nlink = 1
+	out.SetAttrTimeout(time.Nanosecond)
+}
+
+// cachedSubdirs returns directory n's number of subdirectories if the
+// entry cache knows it (n's every entry; in write-back mode, with the
+// directories made in n and not written yet).
+func (n *node) cachedSubdirs() (int, bool) {
+	pending, fresh := n.m.wb.pendingSubdirs(n.ino)
+	if fresh {
+		return len(pending), true
+	}
+	return n.m.ents.subdirCount(n.ino, pending)
+}
+
+// dirLinks returns directory n's link count, 2 plus its subdirectories
+// (as on ext4): from the entry cache, else by listing n (which makes the
+// cache hold its every entry for the next time, while the watch lasts).
+func (n *node) dirLinks(ctx context.Context) (uint32, error) {
+	if k, ok := n.cachedSubdirs(); ok {
+		return uint32(2 + k), nil
+	}
+	if n.m.wb == nil {
+		ents, err := n.m.ents.readDir(ctx, n.ino)
+		if err != nil {
+			return 0, err
+		}
+		return 2 + subdirsOf(ents, nil), nil
+	}
+	// Write-back: the directories made in n and not written yet, read
+	// before the listing (one written meanwhile is in one or the other),
+	// rather than a listing after the pending changes, which would make
+	// a stat wait for them. Every other change (a removal, a rename) is
+	// written before it returns.
+	pending, _ := n.m.wb.pendingSubdirs(n.ino)
+	ents, err := n.m.vol.Meta.ReadDir(ctx, n.ino)
+	if err != nil {
+		return 0, err
+	}
+	return 2 + subdirsOf(ents, pending), nil
+}
+
+// subdirsOf counts the directories of ents and the names of pending
+// (directories too) that ents lacks.
+func subdirsOf(ents []meta.Entry, pending []string) uint32 {
+	var k uint32
+	for i := range ents {
+		if ents[i].IsDir() {
+			k++
+		}
+	}
+	for _, name := range pending {
+		if !slices.ContainsFunc(ents, func(e meta.Entry) bool { return e.Name == name && e.IsDir() }) {
+			k++
+		}
+	}
+	return k
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -466,6 +561,15 @@ func (n *node) getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 		return n.m.errno("stat", n.path(""), err)
 	}
 	n.fill(e, &out.Attr)
+	if n.typ == meta.TypeDir {
+		if links, lerr := n.dirLinks(ctx); lerr == nil {
+			out.Nlink = links
+		} else {
+			// Unknown (1, as fill says), and asked again at once.
+			n.m.log.Debug("directory not counted", "path", n.path(""), "err", lerr)
+			out.SetTimeout(time.Nanosecond)
+		}
+	}
 	return 0
 }
 
@@ -1094,7 +1198,7 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if e == nil {
 		return d.n.Lookup(ctx, name, out)
 	}
-	return d.n.child(bg(ctx), e, out), 0
+	return d.n.childOf(bg(ctx), e, out, false), 0
 }
 
 func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {}

@@ -633,6 +633,23 @@ func (w *writeBack) applyOne(ctx context.Context, s *snapshot) error {
 	}
 }
 
+// pendingSubdirs returns the names of the directories made in directory
+// ino that are pending, and whether ino's creation is pending itself (its
+// every entry is a pending one).
+func (w *writeBack) pendingSubdirs(ino uint64) (names []string, fresh bool) {
+	if w == nil {
+		return nil, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, it := range w.items {
+		if k.parent == ino && it.e.IsDir() {
+			names = append(names, k.name)
+		}
+	}
+	return names, w.fresh[ino]
+}
+
 // pendingDir reports whether directory ino's creation is pending.
 func (w *writeBack) pendingDir(ino uint64) bool {
 	w.mu.Lock()
