@@ -162,3 +162,30 @@ func TestDirsLinkCount(t *testing.T) {
 	}
 	diffDirOps(t, ops, []string{".", "a", "a/b", "c", "a/b/c", "a/b/x"}, true, false)
 }
+
+func TestDirsTimes(t *testing.T) {
+	past := time.Unix(1e9, 0)
+	ops := []dirOp{
+		{"mkdir a", func(r string) error { return os.Mkdir(dirIn(r, "a"), 0o755) }},
+		{"mkdir b", func(r string) error { return os.Mkdir(dirIn(r, "b"), 0o755) }},
+		{"create a/f", func(r string) error { return dirWrite(r, "a/f") }},
+		{"mkdir a/d", func(r string) error { return os.Mkdir(dirIn(r, "a/d"), 0o755) }},
+		{"symlink a/l", func(r string) error { return os.Symlink("f", dirIn(r, "a/l")) }},
+		{"mknod a/n", func(r string) error { return syscall.Mknod(dirIn(r, "a/n"), syscall.S_IFREG|0o644, 0) }},
+		{"chmod a/f", func(r string) error { return os.Chmod(dirIn(r, "a/f"), 0o600) }},
+		{"write a/f", func(r string) error { return os.WriteFile(dirIn(r, "a/f"), []byte("more"), 0o600) }},
+		{"mkdir a (exists)", func(r string) error { return os.Mkdir(dirIn(r, "a"), 0o755) }},
+		{"rename a/f b/f", func(r string) error { return os.Rename(dirIn(r, "a/f"), dirIn(r, "b/f")) }},
+		{"rename b/f b/g", func(r string) error { return os.Rename(dirIn(r, "b/f"), dirIn(r, "b/g")) }},
+		{"rename a/n over b/g", func(r string) error { return os.Rename(dirIn(r, "a/n"), dirIn(r, "b/g")) }},
+		{"unlink b/g", func(r string) error { return syscall.Unlink(dirIn(r, "b/g")) }},
+		{"unlink b/g (absent)", func(r string) error { return syscall.Unlink(dirIn(r, "b/g")) }},
+		{"rmdir a/d", func(r string) error { return syscall.Rmdir(dirIn(r, "a/d")) }},
+		{"rename a/l l", func(r string) error { return os.Rename(dirIn(r, "a/l"), dirIn(r, "l")) }},
+		{"utimes a", func(r string) error { return os.Chtimes(dirIn(r, "a"), past, past) }},
+		{"stat a", func(r string) error { _, err := os.Stat(dirIn(r, "a")); return err }},
+		{"create a/f2", func(r string) error { return dirWrite(r, "a/f2") }},
+		{"rename b a/b", func(r string) error { return os.Rename(dirIn(r, "b"), dirIn(r, "a/b")) }},
+	}
+	diffDirOps(t, ops, []string{".", "a", "b", "a/b"}, false, true)
+}

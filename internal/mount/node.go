@@ -387,6 +387,12 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 	a.Nlink = 1
 	a.Uid, a.Gid = e.UID, e.GID
 	mtime, ctime := time.Unix(0, e.Mtime), time.Unix(0, e.Ctime)
+	if e.Type == meta.TypeDir {
+		// Entries added or removed here since (dirtimes.go).
+		if t := n.m.dirTimes.get(e.Ino); t != 0 {
+			mtime, ctime = later(mtime, time.Unix(0, t)), later(ctime, time.Unix(0, t))
+		}
+	}
 	a.SetTimes(&mtime, &mtime, &ctime)
 	a.Blksize = 4096
 	// Judged under n.mu with e: a queued commit that ends meanwhile
@@ -600,6 +606,9 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 			setMode, mode = true, m
 		}
 	}
+	if setMtime && n.typ == meta.TypeDir {
+		n.m.dirTimes.forget(n.ino) // the mtime set is the one it has
+	}
 	if setMtime {
 		n.mu.Lock()
 		c := n.content
@@ -712,6 +721,7 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 		if err != nil {
 			return ne, nil, false, syscall.EEXIST
 		}
+		n.m.dirTimes.touch(n.ino)
 		return ne, nil, true, 0
 	}
 	if ferr := n.m.wb.flush(ctx); ferr != nil {
@@ -735,6 +745,7 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 		return nil, nil, false, n.m.errno("create", n.path(e.Name), err)
 	}
 	n.m.ents.wrote(epoch, ne, true)
+	n.m.dirTimes.touch(n.ino)
 	return ne, l, false, 0
 }
 
@@ -834,6 +845,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 		// (write-back) is not in the metadata: removed here alone.
 		if _, ok := n.m.wb.dropDeferred(n.ino, name); ok {
 			n.m.ents.forget(n.ino, name)
+			n.m.dirTimes.touch(n.ino)
 			n.removedHere(ctx, name)
 			return 0
 		}
@@ -873,6 +885,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	if err != nil {
 		return n.m.errno("remove", n.path(name), err)
 	}
+	n.m.dirTimes.touch(n.ino)
 	n.removedHere(ctx, name)
 	return 0
 }
@@ -1021,6 +1034,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	n.m.ents.forget(np.ino, newName)
 	if err != nil {
 		return n.m.errno("rename", n.path(name), err)
+	}
+	if np != n || newName != name {
+		n.m.dirTimes.touch(n.ino)
+		n.m.dirTimes.touch(np.ino)
 	}
 	if replaced != nil && replaced != moving {
 		// The replaced file's queued commits land before the moving
