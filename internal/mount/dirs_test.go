@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
 )
 
@@ -188,4 +189,54 @@ func TestDirsTimes(t *testing.T) {
 		{"rename b a/b", func(r string) error { return os.Rename(dirIn(r, "b"), dirIn(r, "a/b")) }},
 	}
 	diffDirOps(t, ops, []string{".", "a", "b", "a/b"}, false, true)
+}
+
+// TestDirsTimesStored: the mtime and ctime a change gives a directory
+// are written into its record (as another device, or a remount, reads
+// it), in every mode (write-back: once its pending changes are written).
+func TestDirsTimesStored(t *testing.T) {
+	for _, mode := range []mount.Mode{mount.Blocking, mount.NonBlocking, mount.WriteBack} {
+		t.Run(mode.String(), func(t *testing.T) {
+			f := newFixture(t, mount.Options{Mode: mode})
+			for _, d := range []string{"a", "b"} {
+				if err := os.Mkdir(f.path(d), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.syncDir("")
+			r := f.mnt
+			ops := []struct {
+				name string
+				dirs []string // whose times it advances
+				do   func() error
+			}{
+				{"mkdir a/d", []string{"a"}, func() error { return os.Mkdir(dirIn(r, "a/d"), 0o755) }},
+				{"symlink a/l", []string{"a"}, func() error { return os.Symlink("x", dirIn(r, "a/l")) }},
+				{"mknod a/n", []string{"a"}, func() error { return syscall.Mknod(dirIn(r, "a/n"), syscall.S_IFREG|0o644, 0) }},
+				{"rename a/n b/n", []string{"a", "b"}, func() error { return os.Rename(dirIn(r, "a/n"), dirIn(r, "b/n")) }},
+				{"rename b/n b/m", []string{"b"}, func() error { return os.Rename(dirIn(r, "b/n"), dirIn(r, "b/m")) }},
+				{"unlink b/m", []string{"b"}, func() error { return syscall.Unlink(dirIn(r, "b/m")) }},
+				{"rmdir a/d", []string{"a"}, func() error { return syscall.Rmdir(dirIn(r, "a/d")) }},
+				{"mkdir c", []string{""}, func() error { return os.Mkdir(dirIn(r, "c"), 0o755) }},
+			}
+			for _, op := range ops {
+				before := map[string]*meta.Entry{}
+				for _, d := range op.dirs {
+					before[d] = f.entry(d)
+					f.waitWatched(before[d].Rev) // the mount holds the record
+				}
+				time.Sleep(2 * time.Millisecond) // clock granularity
+				if err := op.do(); err != nil {
+					t.Fatalf("%s: %v", op.name, err)
+				}
+				f.syncDir("")
+				for _, d := range op.dirs {
+					e := f.entry(d)
+					if e.Mtime <= before[d].Mtime || e.Ctime <= before[d].Ctime {
+						t.Errorf("%s: record of %q has mtime %d ctime %d, before %d %d", op.name, d, e.Mtime, e.Ctime, before[d].Mtime, before[d].Ctime)
+					}
+				}
+			}
+		})
+	}
 }

@@ -729,10 +729,12 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 	}
 	var l *meta.Lock
 	epoch := n.m.ents.writing()
+	td := n.m.touching(dir)
+	tdRev := td.Rev
 	if locked {
-		ne, l, err = n.m.vol.Meta.CreateLocked(ctx, dir, e)
+		ne, l, err = n.m.vol.Meta.CreateLocked(ctx, td, e)
 	} else {
-		ne, err = n.m.vol.Meta.Create(ctx, dir, e)
+		ne, err = n.m.vol.Meta.Create(ctx, td, e)
 	}
 	if err != nil {
 		n.m.ents.wrote(epoch, nil, false)
@@ -745,6 +747,7 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 		return nil, nil, false, n.m.errno("create", n.path(e.Name), err)
 	}
 	n.m.ents.wrote(epoch, ne, true)
+	n.m.keepTouched(td, tdRev)
 	n.m.dirTimes.touch(n.ino)
 	return ne, l, false, 0
 }
@@ -860,6 +863,8 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	// the cache may not have heard yet that the name was made again, as a
 	// directory or as a file, on another device.
 	fresh, tried := false, false
+	tp := n.m.touching(parent)
+	tpRev := tp.Rev
 	err := retryConflict(func() error {
 		e, err := n.m.ents.get(ctx, n.ino, name, fresh)
 		if err == nil && e.IsDir() != dir && !fresh {
@@ -875,7 +880,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 			return syscall.EISDIR
 		}
 		tried = true
-		_, err = n.m.vol.Meta.RemoveKnown(ctx, parent, name, n.path(name), false, e)
+		_, err = n.m.vol.Meta.RemoveKnown(ctx, tp, name, n.path(name), false, e)
 		return err
 	})
 	if !tried { // refused before any removal was tried
@@ -885,6 +890,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	if err != nil {
 		return n.m.errno("remove", n.path(name), err)
 	}
+	n.m.keepTouched(tp, tpRev)
 	n.m.dirTimes.touch(n.ino)
 	n.removedHere(ctx, name)
 	return 0
@@ -953,6 +959,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	// part of the compare-and-swap: a name made meanwhile on another
 	// device is never replaced (EEXIST).
 	fresh, follows := false, false
+	// The records whose times the rename advances (dirtimes.go).
+	tsrc, tdst := n.m.touching(src), n.m.touching(dst)
+	tsrcRev, tdstRev := tsrc.Rev, tdst.Rev
 	var movedIno, replacedIno uint64
 	var renameErr error
 	inMemory := false
@@ -1009,7 +1018,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			movedIno, replacedIno = se.Ino, 0
 			if noReplace {
 				fresh = true
-				return n.m.vol.Meta.RenameNoReplace(ctx, src, name, se, dst, newName, np.path(newName))
+				return n.m.vol.Meta.RenameNoReplace(ctx, tsrc, name, se, tdst, newName, np.path(newName))
 			}
 			de, err := n.m.ents.get(ctx, np.ino, newName, fresh)
 			if err != nil && !errors.Is(err, cairn.ErrNotFound) {
@@ -1021,9 +1030,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			fresh = true
 			follows = de != nil && meta.FollowsPath(se, de, unsaved)
 			if unsaved {
-				return n.m.vol.Meta.RenamePending(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
+				return n.m.vol.Meta.RenamePending(ctx, tsrc, name, se, tdst, newName, np.path(newName), meta.KnownEntry(de))
 			}
-			return n.m.vol.Meta.RenameKnown(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
+			return n.m.vol.Meta.RenameKnown(ctx, tsrc, name, se, tdst, newName, np.path(newName), meta.KnownEntry(de))
 		})
 	}
 	err := renameErr
@@ -1035,6 +1044,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if err != nil {
 		return n.m.errno("rename", n.path(name), err)
 	}
+	n.m.keepTouched(tsrc, tsrcRev)
+	n.m.keepTouched(tdst, tdstRev)
 	if np != n || newName != name {
 		n.m.dirTimes.touch(n.ino)
 		n.m.dirTimes.touch(np.ino)

@@ -530,7 +530,7 @@ func (w *writeBack) applyOnce(ctx context.Context) error {
 			return nil
 		}
 		ss[i].node = writers(&ss[i].snap)
-		puts = append(puts, meta.BatchPut{Entry: ss[i].snap.e, Dir: *dir, Lock: ss[i].node != nil})
+		puts = append(puts, meta.BatchPut{Entry: ss[i].snap.e, Dir: *w.m.touching(dir), Lock: ss[i].node != nil})
 	}
 	epoch := w.m.ents.writing()
 	res, err := w.m.vol.Meta.PutBatch(ctx, puts)
@@ -539,6 +539,12 @@ func (w *writeBack) applyOnce(ctx context.Context) error {
 			e := ss[i].snap.e
 			e.Rev = res.Rev
 			w.m.ents.keepWritten(epoch, &e, ss[i].snap.made)
+		}
+		for i := range puts {
+			if d := puts[i].Dir; d.Touch && d.Rev == res.Rev {
+				d.Touch = false
+				w.m.ents.keepWritten(epoch, &d, false) // its times advanced
+			}
 		}
 		w.m.ents.wrote(epoch, nil, false)
 		for i := range ss {
@@ -576,10 +582,15 @@ func (w *writeBack) applyOne(ctx context.Context, s *snapshot) error {
 			return nil
 		}
 		epoch := w.m.ents.writing()
-		res, err := w.m.vol.Meta.PutBatch(ctx, []meta.BatchPut{{Entry: snap.e, Dir: *dir, Lock: lock}})
+		puts := []meta.BatchPut{{Entry: snap.e, Dir: *w.m.touching(dir), Lock: lock}}
+		res, err := w.m.vol.Meta.PutBatch(ctx, puts)
 		if err == nil {
 			e := snap.e
 			e.Rev = res.Rev
+			if d := puts[0].Dir; d.Touch && d.Rev == res.Rev {
+				d.Touch = false
+				w.m.ents.keepWritten(epoch, &d, false) // its times advanced
+			}
 			w.m.ents.wrote(epoch, &e, snap.made)
 			if s.node != nil {
 				w.adopt(s.node, res.Locks[0])
