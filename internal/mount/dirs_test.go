@@ -240,3 +240,54 @@ func TestDirsTimesStored(t *testing.T) {
 		})
 	}
 }
+
+// TestDirsOtherDevice: subdirectories made and removed on another device
+// change the link count this mount gives (its entry cache hears of them
+// through its watch), and the times a change here gives a directory are
+// what the other device shows.
+func TestDirsOtherDevice(t *testing.T) {
+	f := newFixture(t, mount.Options{})
+	d := f.device(mount.Options{}, meta.Options{})
+	if err := os.Mkdir(f.path("a"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	links := func(p string) uint64 {
+		t.Helper()
+		st := statDir(t, p)
+		return uint64(st.Nlink)
+	}
+	// waitFor polls cond (the kernel keeps attributes for a while, and
+	// the watch takes a moment) with a generous deadline.
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 30 s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if n := links(f.path("a")); n != 2 {
+		t.Fatalf("nlink of a new directory %d, want 2", n)
+	}
+	waitFor("the other device sees a", func() bool { _, err := os.Stat(d.path("a")); return err == nil })
+	if err := os.Mkdir(d.path("a/x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("nlink 3 after a subdirectory made elsewhere", func() bool { return links(f.path("a")) == 3 })
+	if err := syscall.Rmdir(d.path("a/x")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("nlink 2 after it was removed elsewhere", func() bool { return links(f.path("a")) == 2 })
+
+	before := statDir(t, d.path("a"))
+	time.Sleep(2 * time.Millisecond) // clock granularity
+	if err := os.WriteFile(f.path("a/f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the other device sees a's times advance", func() bool {
+		st := statDir(t, d.path("a"))
+		return st.Mtim.Nano() > before.Mtim.Nano() && st.Ctim.Nano() > before.Ctim.Nano()
+	})
+}
