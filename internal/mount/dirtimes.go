@@ -25,8 +25,9 @@ const maxDirTimes = 100_000
 // change yet, or the directory was not in it), and lag behind what this
 // mount shows; another device, or this one after a remount, sees the
 // record's. A write-back mount advances the record's times when it
-// writes the pending changes, except for a new file whose creation
-// waited for its first commit.
+// writes the pending changes, to when it made them (what it showed),
+// except for a new file whose creation waited for its first commit (made
+// by the commit, which does not touch the directory).
 type dirTimes struct {
 	mu sync.Mutex
 	t  map[uint64]int64
