@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -28,7 +29,9 @@ func NewIno() uint64 { return randomIno() }
 // record at that ModRevision (a change, as Update). Dir is the directory
 // that holds it, as the calls that take a parent want it (its Ino, and
 // where its own record lives): a new entry needs it to exist, unless an
-// earlier entry of the batch makes it. Lock asks for a new file's writer
+// earlier entry of the batch makes it; Dir.Touch (with its record as
+// read) advances its times with a new entry's creation (Entry.Touch).
+// Lock asks for a new file's writer
 // lock in the same transaction, as CreateLocked takes it.
 type BatchPut struct {
 	Entry Entry
@@ -79,6 +82,7 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 		}
 	}()
 	var sess *concurrency.Session
+	var toTouch []touch
 	for i := range puts {
 		p := &puts[i]
 		e := p.Entry
@@ -111,6 +115,15 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 				ops = append(ops, clientv3.OpPut(lk, lockHolder(), clientv3.WithLease(sess.Lease())))
 			}
 		}
+		if e.Rev == 0 {
+			// As of the entry's making: a mount that made it earlier
+			// (write-back) showed the directory's times change then.
+			t := e.Ctime
+			if t == 0 {
+				t = time.Now().UnixNano()
+			}
+			toTouch = append(toTouch, touch{&p.Dir, t})
+		}
 		if e.IsDir() {
 			made[e.Ino] = true
 		}
@@ -118,6 +131,15 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 		b, _ := json.Marshal(e)
 		ops = append(ops, clientv3.OpPut(k, string(b)))
 	}
+	var fresh []touch // directories the batch does not make
+	for _, x := range toTouch {
+		if !made[x.d.Ino] {
+			fresh = append(fresh, x)
+		}
+	}
+	at := len(ops)
+	tops, touched := v.touchOpsAt(seen, fresh)
+	ops = append(ops, tops...)
 	var els []clientv3.Op
 	if len(puts) == 1 {
 		els = []clientv3.Op{clientv3.OpGet(v.keyOf(&puts[0].Entry)), clientv3.OpGet(v.keyOf(&puts[0].Dir), clientv3.WithCountOnly())}
@@ -130,6 +152,7 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 	}
 	if resp.Succeeded {
 		res.Rev = resp.Header.Revision
+		touchedDirs(resp, at, touched)
 		res.Locks = make([]*Lock, len(puts))
 		r := 0
 		for i, lk := range lockKeys {

@@ -91,6 +91,15 @@ type Entry struct {
 
 	// Rev is the etcd ModRevision the entry was read at (not stored).
 	Rev int64 `json:"-"`
+	// Touch, on a directory given as the parent of a create, removal,
+	// rename or PutBatch entry (with its whole record as read, at Rev),
+	// asks that its mtime and ctime advance to the change's time in the
+	// change's own transaction, as a local disk's do when an entry is
+	// added or removed: if its record is still the one read, else not
+	// (the change is made all the same). Once the change is made, an
+	// entry whose record it wrote has the times and Rev written. Not
+	// stored.
+	Touch bool `json:"-"`
 }
 
 // Current returns the current version of a file, or nil.

@@ -38,6 +38,77 @@ func (v *Vol) dirPrefix(ino uint64) string { return v.base + "e/" + inoHex(ino) 
 
 func (v *Vol) keyOf(e *Entry) string { return v.entryKey(e.Parent, e.Name) }
 
+// touchOps returns, for each directory of dirs that asks for it (Touch,
+// with its record as read: Rev), an operation that advances its mtime and
+// ctime to now: a transaction nested in the change's that writes its
+// record only if it is still the one read. A directory changed meanwhile
+// (another entry made in it at the same moment, say) keeps its times, and
+// costs the change no conflict. A key in skip (written by the change
+// itself) is not touched: a transaction writes a key once. It returns the
+// directories touched, for touchedDirs.
+func (v *Vol) touchOps(now int64, skip map[string]bool, dirs ...*Entry) ([]clientv3.Op, []touch) {
+	ts := make([]touch, len(dirs))
+	for i, d := range dirs {
+		ts[i] = touch{d, now}
+	}
+	return v.touchOpsAt(skip, ts)
+}
+
+// touch is a directory to touch, and the time to give it.
+type touch struct {
+	d *Entry
+	t int64
+}
+
+// touchOpsAt is touchOps with a time per directory (the latest of those
+// given for a directory twice).
+func (v *Vol) touchOpsAt(skip map[string]bool, ts []touch) ([]clientv3.Op, []touch) {
+	var ops []clientv3.Op
+	var touched []touch
+	at := map[string]int{}
+	for _, x := range ts {
+		d := x.d
+		if d == nil || !d.Touch || d.Rev == 0 || !d.IsDir() {
+			continue
+		}
+		k := v.keyOf(d)
+		if skip[k] {
+			continue
+		}
+		if i, ok := at[k]; ok {
+			touched[i].t = max(touched[i].t, x.t)
+			continue
+		}
+		at[k] = len(touched)
+		touched = append(touched, x)
+	}
+	for _, x := range touched {
+		k := v.keyOf(x.d)
+		n := *x.d
+		n.Mtime, n.Ctime = max(n.Mtime, x.t), max(n.Ctime, x.t)
+		b, _ := json.Marshal(n)
+		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", x.d.Rev)},
+			[]clientv3.Op{clientv3.OpPut(k, string(b))}, nil))
+	}
+	return ops, touched
+}
+
+// touchedDirs updates the directories of a transaction that succeeded
+// whose records its touchOps (from index at of its operations) wrote:
+// their times and Rev are what was written, so that a caller can keep
+// them (Entry.Touch).
+func touchedDirs(resp *clientv3.TxnResponse, at int, ts []touch) {
+	for i, x := range ts {
+		if at+i >= len(resp.Responses) {
+			return
+		}
+		if r := resp.Responses[at+i].GetResponseTxn(); r != nil && r.Succeeded {
+			d := x.d
+			d.Mtime, d.Ctime, d.Rev = max(d.Mtime, x.t), max(d.Ctime, x.t), resp.Header.Revision
+		}
+	}
+}
+
 // decode reads the entry stored at key k. The key, not the value, says
 // where an entry is: a value whose name or parent differ from its key's
 // (a hostile or damaged record), or whose name could not be one element of
@@ -200,7 +271,8 @@ func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (
 		clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(pk), ">", 0),
 	}
-	ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
+	tops, touched := v.touchOps(now, nil, parent)
+	ops := append([]clientv3.Op{clientv3.OpPut(k, string(b))}, tops...)
 	var lk string
 	var release func()
 	var sess *concurrency.Session
@@ -245,6 +317,7 @@ func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (
 		return nil, nil, cairn.E("create", cairn.NotFound, parent.Name, errors.New("parent directory was removed"))
 	}
 	e.Rev = resp.Header.Revision
+	touchedDirs(resp, 1, touched)
 	var l *Lock
 	if release != nil {
 		l = &Lock{s: v.s, key: lk, rev: resp.Header.Revision, sess: sess, release: release}
@@ -518,7 +591,8 @@ func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string,
 			return nil, relabel(err, path)
 		}
 	}
-	item := TrashItem{ID: fmt.Sprintf("%016x-%s", time.Now().UnixNano(), randomID()[:8]), Path: path, Deleted: time.Now().UnixNano(), Entry: *e}
+	now := time.Now().UnixNano()
+	item := TrashItem{ID: fmt.Sprintf("%016x-%s", now, randomID()[:8]), Path: path, Deleted: now, Entry: *e}
 	b, _ := json.Marshal(item)
 	k := v.keyOf(e)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev)}
@@ -527,8 +601,9 @@ func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string,
 	}
 	cctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
-	resp, err := v.s.cli.Txn(cctx).If(cmps...).
-		Then(clientv3.OpDelete(k), clientv3.OpPut(v.base+"trash/"+item.ID, string(b))).Commit()
+	tops, touched := v.touchOps(now, map[string]bool{k: true}, parent)
+	ops := append([]clientv3.Op{clientv3.OpDelete(k), clientv3.OpPut(v.base+"trash/"+item.ID, string(b))}, tops...)
+	resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
 		return nil, etcdErr("remove", path, err)
 	}
@@ -540,6 +615,7 @@ func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string,
 		}
 		return nil, cairn.E("remove", cairn.Conflict, path, errors.New("changed concurrently; try again"))
 	}
+	touchedDirs(resp, 2, touched)
 	return &item, nil
 }
 
@@ -761,8 +837,9 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	if dst != nil && dst.Ino == src.Ino {
 		return nil
 	}
+	now := time.Now().UnixNano()
 	n := *src
-	n.Parent, n.Name, n.Ctime = dstParent.Ino, dstName, time.Now().UnixNano()
+	n.Parent, n.Name, n.Ctime = dstParent.Ino, dstName, now
 	follow := dst != nil && FollowsPath(src, dst, o.pending)
 	if follow {
 		n.Versions = appendHistory(dst.Versions, src.Versions, v.V.KeepVersions)
@@ -798,6 +875,9 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 			ops = append(ops, clientv3.OpPut(v.base+"trash/"+item.ID, string(tb)))
 		}
 	}
+	at := len(ops)
+	tops, touched := v.touchOps(now, map[string]bool{sk: true, dk: true}, srcParent, dstParent)
+	ops = append(ops, tops...)
 	cctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
 	resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
@@ -817,6 +897,7 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 		}
 		return cairn.E("rename", cairn.Conflict, dstPath, errors.New("changed concurrently; try again"))
 	}
+	touchedDirs(resp, at, touched)
 	return nil
 }
 

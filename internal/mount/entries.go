@@ -50,10 +50,15 @@ type entryCache struct {
 	// this mount, or listed whole): the watch adds what is created in
 	// them, and a name they lack is known absent without asking etcd.
 	complete map[uint64]bool
-	epoch    uint64 // bumped when the cache is emptied; a read begun before is not kept
-	live     bool   // a watch is established and reports every change
-	heard    time.Time
-	rev      int64 // the revision up to which the watch has reported every change
+	// subdirs are the names of the directories ents holds in each
+	// directory (by its inode): its subdirectories while it is complete.
+	// Kept by setLocked and delLocked, which every change of ents goes
+	// through.
+	subdirs map[uint64]map[string]struct{}
+	epoch   uint64 // bumped when the cache is emptied; a read begun before is not kept
+	live    bool   // a watch is established and reports every change
+	heard   time.Time
+	rev     int64 // the revision up to which the watch has reported every change
 	// reads counts reads of etcd in progress, and tombs the newest change
 	// seen for a name while any is, so that a read answered before a
 	// change is not kept after it.
@@ -70,7 +75,55 @@ type entryCache struct {
 
 func newEntryCache(v *meta.Vol) *entryCache {
 	return &entryCache{vol: v, trust: watchTrust, progress: watchProgress, ents: map[ekey]*meta.Entry{},
-		complete: map[uint64]bool{}, tombs: map[ekey]int64{}}
+		complete: map[uint64]bool{}, subdirs: map[uint64]map[string]struct{}{}, tombs: map[ekey]int64{}}
+}
+
+// setLocked caches e under k, keeping subdirs.
+func (c *entryCache) setLocked(k ekey, e *meta.Entry) {
+	c.delLocked(k)
+	c.ents[k] = e
+	if e.IsDir() && k != (ekey{}) {
+		d := c.subdirs[k.parent]
+		if d == nil {
+			d = map[string]struct{}{}
+			c.subdirs[k.parent] = d
+		}
+		d[k.name] = struct{}{}
+	}
+}
+
+// delLocked drops k, keeping subdirs.
+func (c *entryCache) delLocked(k ekey) {
+	old, ok := c.ents[k]
+	if !ok {
+		return
+	}
+	delete(c.ents, k)
+	if d := c.subdirs[k.parent]; old.IsDir() && k != (ekey{}) && d != nil {
+		if delete(d, k.name); len(d) == 0 {
+			delete(c.subdirs, k.parent)
+		}
+	}
+}
+
+// subdirCount returns the number of subdirectories of directory ino if
+// the cache may say it without asking etcd (ino is complete), counting
+// the names in pending (write-back: directories made in it and not
+// written yet) too, once.
+func (c *entryCache) subdirCount(ino uint64, pending []string) (int, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.trustedLocked() || !c.complete[ino] {
+		return 0, false
+	}
+	d := c.subdirs[ino]
+	k := len(d)
+	for _, name := range pending {
+		if _, ok := d[name]; !ok {
+			k++
+		}
+	}
+	return k, true
 }
 
 func copyEntry(e *meta.Entry) *meta.Entry {
@@ -208,7 +261,7 @@ func (c *entryCache) keepLocked(epoch uint64, k ekey, e *meta.Entry) {
 		c.resetLocked()
 		return
 	}
-	c.ents[k] = copyEntry(e)
+	c.setLocked(k, copyEntry(e))
 }
 
 // put records e, just written by this mount (its Rev is the write's). A
@@ -281,7 +334,7 @@ func (c *entryCache) forget(parent uint64, name string) {
 	k := ekey{parent, name}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.ents, k)
+	c.delLocked(k)
 	delete(c.complete, parent) // the change may have failed: ask etcd
 	if c.reads > 0 {
 		c.tombs[k] = math.MaxInt64
@@ -291,6 +344,7 @@ func (c *entryCache) forget(parent uint64, name string) {
 func (c *entryCache) resetLocked() {
 	c.ents = map[ekey]*meta.Entry{}
 	c.complete = map[uint64]bool{}
+	c.subdirs = map[uint64]map[string]struct{}{}
 	c.epoch++
 }
 
@@ -327,16 +381,16 @@ func (c *entryCache) apply(ev meta.EntryEvents) []meta.EntryChange {
 				if len(c.ents) >= maxCachedEntries {
 					c.resetLocked()
 				} else {
-					c.ents[k] = ch.Entry // created in a complete directory
+					c.setLocked(k, ch.Entry) // created in a complete directory
 				}
 			}
 			continue
 		}
 		known = append(known, meta.EntryChange{Parent: ch.Parent, Name: ch.Name, Entry: old, Rev: ch.Rev})
 		if ch.Entry == nil {
-			delete(c.ents, k)
+			c.delLocked(k)
 		} else if ch.Rev >= old.Rev {
-			c.ents[k] = ch.Entry
+			c.setLocked(k, ch.Entry)
 		}
 	}
 	c.heard = time.Now()

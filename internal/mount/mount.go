@@ -206,6 +206,10 @@ type Mount struct {
 	curWatch  *meta.EntryWatch
 	watchHold chan struct{} // tests: hold a new watch until closed
 
+	// dirTimes are when this mount last changed each directory's
+	// entries (dirtimes.go).
+	dirTimes dirTimes
+
 	// states are the inodes' node states (node.go, stateFor).
 	statesMu sync.Mutex
 	states   map[uint64]weak.Pointer[nodeState]

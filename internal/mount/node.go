@@ -382,11 +382,17 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 	if e.Type == meta.TypeSymlink {
 		a.Size = uint64(len(e.Target))
 	}
-	// 1 for directories too: "subdirectories unknown" to find and fts,
-	// which would otherwise skip entries on a count cairn does not keep.
+	// Directories: 1 ("subdirectories unknown" to find and fts) until
+	// the caller sets the count it knows (dirLinks).
 	a.Nlink = 1
 	a.Uid, a.Gid = e.UID, e.GID
 	mtime, ctime := time.Unix(0, e.Mtime), time.Unix(0, e.Ctime)
+	if e.Type == meta.TypeDir {
+		// Entries added or removed here since (dirtimes.go).
+		if t := n.m.dirTimes.get(e.Ino); t != 0 {
+			mtime, ctime = later(mtime, time.Unix(0, t)), later(ctime, time.Unix(0, t))
+		}
+	}
 	a.SetTimes(&mtime, &mtime, &ctime)
 	a.Blksize = 4096
 	// Judged under n.mu with e: a queued commit that ends meanwhile
@@ -410,24 +416,124 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 	a.Blocks = (a.Size + 511) / 512
 }
 
-// child returns the inode of entry e in directory n, filling out.
+// child returns the inode of entry e in directory n, filling out (a
+// directory's link count counted: entryLinks).
 func (n *node) child(ctx context.Context, e *meta.Entry, out *fuse.EntryOut) *gofs.Inode {
+	return n.childOf(ctx, e, out, true)
+}
+
+// childOf is child; count false takes a directory's link count from the
+// entry cache only (entryLinks).
+func (n *node) childOf(ctx context.Context, e *meta.Entry, out *fuse.EntryOut, count bool) *gofs.Inode {
 	if ch := n.GetChild(e.Name); ch != nil && ch.StableAttr().Ino == e.Ino {
 		cn := ch.Operations().(*node)
 		cn.remember(e)
 		cn.fill(e, &out.Attr)
+		cn.entryLinks(ctx, out, count)
 		return ch
 	}
 	cn := &node{m: n.m, ino: e.Ino, typ: e.Type, nodeState: n.m.stateFor(e.Ino)}
 	cn.remember(e)
 	cn.fill(e, &out.Attr)
+	cn.entryLinks(ctx, out, count)
 	return n.NewInode(ctx, cn, gofs.StableAttr{Mode: typeMode(e.Type), Ino: e.Ino})
+}
+
+// entryLinks sets the link count of directory n in a reply that gives
+// its entry: 2 plus its subdirectories, as on ext4, counted by dirLinks
+// (from the entry cache, else by listing n) when count is set. A
+// READDIRPLUS (dirHandle.Lookup) does not count: listing every
+// subdirectory of a directory being listed would cost a read of etcd
+// each. Its replies take the count from the entry cache when it knows it;
+// otherwise (and if a listing fails) they say 1, what btrfs says of every
+// directory: "subdirectories unknown" to find and fts, which then look at
+// every entry rather than trust the count (a count too high would make
+// find skip subdirectories unless -noleaf). Such a reply is kept by the
+// kernel for the shortest time it can be given (a nanosecond, which the
+// kernel rounds up to a clock tick): a stat after it asks Getattr, which
+// counts.
+func (n *node) entryLinks(ctx context.Context, out *fuse.EntryOut, count bool) {
+	if n.typ != meta.TypeDir {
+		return
+	}
+	if k, ok := n.cachedSubdirs(); ok {
+		out.Nlink = uint32(2 + k)
+		return
+	}
+	if count {
+		if links, err := n.dirLinks(ctx); err == nil {
+			out.Nlink = links
+			return
+		}
+	}
+	out.Nlink = 1
+	out.SetAttrTimeout(time.Nanosecond)
+}
+
+// cachedSubdirs returns directory n's number of subdirectories if the
+// entry cache knows it (n's every entry; in write-back mode, with the
+// directories made in n and not written yet).
+func (n *node) cachedSubdirs() (int, bool) {
+	pending, fresh := n.m.wb.pendingSubdirs(n.ino)
+	if fresh {
+		return len(pending), true
+	}
+	return n.m.ents.subdirCount(n.ino, pending)
+}
+
+// dirLinks returns directory n's link count, 2 plus its subdirectories
+// (as on ext4): from the entry cache, else by listing n (which makes the
+// cache hold its every entry for the next time, while the watch lasts).
+func (n *node) dirLinks(ctx context.Context) (uint32, error) {
+	if k, ok := n.cachedSubdirs(); ok {
+		return uint32(2 + k), nil
+	}
+	if n.m.wb == nil {
+		ents, err := n.m.ents.readDir(ctx, n.ino)
+		if err != nil {
+			return 0, err
+		}
+		return 2 + subdirsOf(ents, nil), nil
+	}
+	// Write-back: the directories made in n and not written yet, read
+	// before the listing (one written meanwhile is in one or the other),
+	// rather than a listing after the pending changes, which would make
+	// a stat wait for them. Every other change (a removal, a rename) is
+	// written before it returns.
+	pending, _ := n.m.wb.pendingSubdirs(n.ino)
+	ents, err := n.m.vol.Meta.ReadDir(ctx, n.ino)
+	if err != nil {
+		return 0, err
+	}
+	return 2 + subdirsOf(ents, pending), nil
+}
+
+// subdirsOf counts the directories of ents and the names of pending
+// (directories too) that ents lacks.
+func subdirsOf(ents []meta.Entry, pending []string) uint32 {
+	var k uint32
+	for i := range ents {
+		if ents[i].IsDir() {
+			k++
+		}
+	}
+	for _, name := range pending {
+		if !slices.ContainsFunc(ents, func(e meta.Entry) bool { return e.Name == name && e.IsDir() }) {
+			k++
+		}
+	}
+	return k
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx = bg(ctx)
 	if n.typ != meta.TypeDir {
 		return nil, syscall.ENOTDIR
+	}
+	if len(name) > vpath.MaxName {
+		// As ext4: no such name can exist, and saying so names the cause
+		// for every call that looks a name up first (chmod, unlink, ...).
+		return nil, syscall.ENAMETOOLONG
 	}
 	e, err := n.m.ents.get(ctx, n.ino, name, false)
 	if err != nil {
@@ -461,6 +567,15 @@ func (n *node) getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 		return n.m.errno("stat", n.path(""), err)
 	}
 	n.fill(e, &out.Attr)
+	if n.typ == meta.TypeDir {
+		if links, lerr := n.dirLinks(ctx); lerr == nil {
+			out.Nlink = links
+		} else {
+			// Unknown (1, as fill says), and asked again at once.
+			n.m.log.Debug("directory not counted", "path", n.path(""), "err", lerr)
+			out.SetTimeout(time.Nanosecond)
+		}
+	}
 	return 0
 }
 
@@ -490,6 +605,9 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 		if m, kill := n.killPriv(ctx); kill {
 			setMode, mode = true, m
 		}
+	}
+	if setMtime && n.typ == meta.TypeDir {
+		n.m.dirTimes.forget(n.ino) // the mtime set is the one it has
 	}
 	if setMtime {
 		n.mu.Lock()
@@ -603,6 +721,7 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 		if err != nil {
 			return ne, nil, false, syscall.EEXIST
 		}
+		n.m.dirTimes.touch(n.ino)
 		return ne, nil, true, 0
 	}
 	if ferr := n.m.wb.flush(ctx); ferr != nil {
@@ -610,10 +729,12 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 	}
 	var l *meta.Lock
 	epoch := n.m.ents.writing()
+	td := n.m.touching(dir)
+	tdRev := td.Rev
 	if locked {
-		ne, l, err = n.m.vol.Meta.CreateLocked(ctx, dir, e)
+		ne, l, err = n.m.vol.Meta.CreateLocked(ctx, td, e)
 	} else {
-		ne, err = n.m.vol.Meta.Create(ctx, dir, e)
+		ne, err = n.m.vol.Meta.Create(ctx, td, e)
 	}
 	if err != nil {
 		n.m.ents.wrote(epoch, nil, false)
@@ -626,6 +747,8 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 		return nil, nil, false, n.m.errno("create", n.path(e.Name), err)
 	}
 	n.m.ents.wrote(epoch, ne, true)
+	n.m.keepTouched(td, tdRev)
+	n.m.dirTimes.touch(n.ino)
 	return ne, l, false, 0
 }
 
@@ -706,6 +829,9 @@ func (n *node) flushFor(op, name string) syscall.Errno {
 // name is still that entry.
 func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno {
 	ctx = bg(ctx)
+	if len(name) > vpath.MaxName {
+		return syscall.ENAMETOOLONG
+	}
 	if errno := n.flushFor("remove", name); errno != 0 {
 		return errno
 	}
@@ -722,6 +848,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 		// (write-back) is not in the metadata: removed here alone.
 		if _, ok := n.m.wb.dropDeferred(n.ino, name); ok {
 			n.m.ents.forget(n.ino, name)
+			n.m.dirTimes.touch(n.ino)
 			n.removedHere(ctx, name)
 			return 0
 		}
@@ -736,6 +863,8 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	// the cache may not have heard yet that the name was made again, as a
 	// directory or as a file, on another device.
 	fresh, tried := false, false
+	tp := n.m.touching(parent)
+	tpRev := tp.Rev
 	err := retryConflict(func() error {
 		e, err := n.m.ents.get(ctx, n.ino, name, fresh)
 		if err == nil && e.IsDir() != dir && !fresh {
@@ -751,7 +880,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 			return syscall.EISDIR
 		}
 		tried = true
-		_, err = n.m.vol.Meta.RemoveKnown(ctx, parent, name, n.path(name), false, e)
+		_, err = n.m.vol.Meta.RemoveKnown(ctx, tp, name, n.path(name), false, e)
 		return err
 	})
 	if !tried { // refused before any removal was tried
@@ -761,6 +890,8 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	if err != nil {
 		return n.m.errno("remove", n.path(name), err)
 	}
+	n.m.keepTouched(tp, tpRev)
+	n.m.dirTimes.touch(n.ino)
 	n.removedHere(ctx, name)
 	return 0
 }
@@ -790,6 +921,9 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 // lands as that version. RENAME_EXCHANGE is not supported (EINVAL).
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	ctx = bg(ctx)
+	if len(name) > vpath.MaxName || len(newName) > vpath.MaxName {
+		return syscall.ENAMETOOLONG
+	}
 	if flags&gofs.RENAME_EXCHANGE != 0 {
 		return syscall.EINVAL
 	}
@@ -825,6 +959,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	// part of the compare-and-swap: a name made meanwhile on another
 	// device is never replaced (EEXIST).
 	fresh, follows := false, false
+	// The records whose times the rename advances (dirtimes.go).
+	tsrc, tdst := n.m.touching(src), n.m.touching(dst)
+	tsrcRev, tdstRev := tsrc.Rev, tdst.Rev
 	var movedIno, replacedIno uint64
 	var renameErr error
 	inMemory := false
@@ -881,7 +1018,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			movedIno, replacedIno = se.Ino, 0
 			if noReplace {
 				fresh = true
-				return n.m.vol.Meta.RenameNoReplace(ctx, src, name, se, dst, newName, np.path(newName))
+				return n.m.vol.Meta.RenameNoReplace(ctx, tsrc, name, se, tdst, newName, np.path(newName))
 			}
 			de, err := n.m.ents.get(ctx, np.ino, newName, fresh)
 			if err != nil && !errors.Is(err, cairn.ErrNotFound) {
@@ -893,9 +1030,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			fresh = true
 			follows = de != nil && meta.FollowsPath(se, de, unsaved)
 			if unsaved {
-				return n.m.vol.Meta.RenamePending(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
+				return n.m.vol.Meta.RenamePending(ctx, tsrc, name, se, tdst, newName, np.path(newName), meta.KnownEntry(de))
 			}
-			return n.m.vol.Meta.RenameKnown(ctx, src, name, se, dst, newName, np.path(newName), meta.KnownEntry(de))
+			return n.m.vol.Meta.RenameKnown(ctx, tsrc, name, se, tdst, newName, np.path(newName), meta.KnownEntry(de))
 		})
 	}
 	err := renameErr
@@ -906,6 +1043,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	n.m.ents.forget(np.ino, newName)
 	if err != nil {
 		return n.m.errno("rename", n.path(name), err)
+	}
+	n.m.keepTouched(tsrc, tsrcRev)
+	n.m.keepTouched(tdst, tdstRev)
+	if np != n || newName != name {
+		n.m.dirTimes.touch(n.ino)
+		n.m.dirTimes.touch(np.ino)
 	}
 	if replaced != nil && replaced != moving {
 		// The replaced file's queued commits land before the moving
@@ -1083,7 +1226,7 @@ func (d *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if e == nil {
 		return d.n.Lookup(ctx, name, out)
 	}
-	return d.n.child(bg(ctx), e, out), 0
+	return d.n.childOf(bg(ctx), e, out, false), 0
 }
 
 func (d *dirHandle) Releasedir(ctx context.Context, flags uint32) {}

@@ -115,7 +115,11 @@ type writeBack struct {
 	mu    sync.Mutex
 	cond  *sync.Cond // broadcast when items are written or dropped
 	items map[ekey]*wbItem
-	order []ekey // first-pending order: directories before what they hold
+	// dirItems are the names of the directories among items, by the
+	// directory that holds them (pendingSubdirs). Kept by putItemLocked
+	// and delItemLocked, which every change of items goes through.
+	dirItems map[uint64]map[string]struct{}
+	order    []ekey // first-pending order: directories before what they hold
 	// fresh are directories made here whose creation is pending: no
 	// other device can see them, so every entry they hold is pending.
 	fresh    map[uint64]bool
@@ -133,7 +137,7 @@ type writeBack struct {
 }
 
 func newWriteBack(m *Mount) *writeBack {
-	w := &writeBack{m: m, items: map[ekey]*wbItem{}, fresh: map[uint64]bool{},
+	w := &writeBack{m: m, items: map[ekey]*wbItem{}, dirItems: map[uint64]map[string]struct{}{}, fresh: map[uint64]bool{},
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	w.cond = sync.NewCond(&w.mu)
 	return w
@@ -197,7 +201,7 @@ func (w *writeBack) create(parent *node, dir *meta.Entry, e meta.Entry, deferred
 	}
 	w.seq++
 	it := &wbItem{e: e, parent: parent, dir: *dir, made: true, first: w.seq, seq: w.seq, deferred: deferred && e.Type == meta.TypeFile}
-	w.items[k] = it
+	w.putItemLocked(k, it)
 	if !it.deferred {
 		w.pendingSinceLocked()
 	}
@@ -252,7 +256,7 @@ func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
 	}
 	e.Ctime = time.Now().UnixNano()
 	w.seq++
-	w.items[k] = &wbItem{e: *e, parent: p, dir: *dir, attrs: a, first: w.seq, seq: w.seq}
+	w.putItemLocked(k, &wbItem{e: *e, parent: p, dir: *dir, attrs: a, first: w.seq, seq: w.seq})
 	w.pendingSinceLocked()
 	w.order = append(w.order, k)
 	w.poke()
@@ -398,7 +402,7 @@ func (w *writeBack) stop() {
 	}
 	w.mu.Lock()
 	w.stopping = true
-	w.items = map[ekey]*wbItem{}
+	w.items, w.dirItems = map[ekey]*wbItem{}, map[uint64]map[string]struct{}{}
 	w.since = time.Time{}
 	w.cond.Broadcast()
 	w.mu.Unlock()
@@ -530,7 +534,7 @@ func (w *writeBack) applyOnce(ctx context.Context) error {
 			return nil
 		}
 		ss[i].node = writers(&ss[i].snap)
-		puts = append(puts, meta.BatchPut{Entry: ss[i].snap.e, Dir: *dir, Lock: ss[i].node != nil})
+		puts = append(puts, meta.BatchPut{Entry: ss[i].snap.e, Dir: *w.m.touching(dir), Lock: ss[i].node != nil})
 	}
 	epoch := w.m.ents.writing()
 	res, err := w.m.vol.Meta.PutBatch(ctx, puts)
@@ -539,6 +543,12 @@ func (w *writeBack) applyOnce(ctx context.Context) error {
 			e := ss[i].snap.e
 			e.Rev = res.Rev
 			w.m.ents.keepWritten(epoch, &e, ss[i].snap.made)
+		}
+		for i := range puts {
+			if d := puts[i].Dir; d.Touch && d.Rev == res.Rev {
+				d.Touch = false
+				w.m.ents.keepWritten(epoch, &d, false) // its times advanced
+			}
 		}
 		w.m.ents.wrote(epoch, nil, false)
 		for i := range ss {
@@ -576,10 +586,15 @@ func (w *writeBack) applyOne(ctx context.Context, s *snapshot) error {
 			return nil
 		}
 		epoch := w.m.ents.writing()
-		res, err := w.m.vol.Meta.PutBatch(ctx, []meta.BatchPut{{Entry: snap.e, Dir: *dir, Lock: lock}})
+		puts := []meta.BatchPut{{Entry: snap.e, Dir: *w.m.touching(dir), Lock: lock}}
+		res, err := w.m.vol.Meta.PutBatch(ctx, puts)
 		if err == nil {
 			e := snap.e
 			e.Rev = res.Rev
+			if d := puts[0].Dir; d.Touch && d.Rev == res.Rev {
+				d.Touch = false
+				w.m.ents.keepWritten(epoch, &d, false) // its times advanced
+			}
 			w.m.ents.wrote(epoch, &e, snap.made)
 			if s.node != nil {
 				w.adopt(s.node, res.Locks[0])
@@ -633,6 +648,48 @@ func (w *writeBack) applyOne(ctx context.Context, s *snapshot) error {
 	}
 }
 
+// pendingSubdirs returns the names of the directories made in directory
+// ino that are pending, and whether ino's creation is pending itself (its
+// every entry is a pending one).
+func (w *writeBack) pendingSubdirs(ino uint64) (names []string, fresh bool) {
+	if w == nil {
+		return nil, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for name := range w.dirItems[ino] {
+		names = append(names, name)
+	}
+	return names, w.fresh[ino]
+}
+
+// putItemLocked records it as the pending item of k.
+func (w *writeBack) putItemLocked(k ekey, it *wbItem) {
+	w.delItemLocked(k)
+	w.items[k] = it
+	if it.e.IsDir() {
+		d := w.dirItems[k.parent]
+		if d == nil {
+			d = map[string]struct{}{}
+			w.dirItems[k.parent] = d
+		}
+		d[k.name] = struct{}{}
+	}
+}
+
+// delItemLocked drops k's pending item.
+func (w *writeBack) delItemLocked(k ekey) {
+	if _, ok := w.items[k]; !ok {
+		return
+	}
+	delete(w.items, k)
+	if d := w.dirItems[k.parent]; d != nil {
+		if delete(d, k.name); len(d) == 0 {
+			delete(w.dirItems, k.parent)
+		}
+	}
+}
+
 // pendingDir reports whether directory ino's creation is pending.
 func (w *writeBack) pendingDir(ino uint64) bool {
 	w.mu.Lock()
@@ -652,9 +709,9 @@ func (w *writeBack) renameAside(k ekey, it *wbItem) (ekey, bool) {
 		w.finish(k, it, it.seq, 0)
 		return k, false
 	}
-	delete(w.items, k)
+	w.delItemLocked(k)
 	it.e.Name = newName
-	w.items[nk] = it
+	w.putItemLocked(nk, it)
 	for i, ok := range w.order {
 		if ok == k {
 			w.order[i] = nk // in place: before what it holds
@@ -698,7 +755,7 @@ func (w *writeBack) finish(k ekey, it *wbItem, seq uint64, rev int64) {
 			it.made, it.e.Rev, it.first, it.deferred = false, rev, seq+1, false
 			w.order = append(w.order, k)
 		} else {
-			delete(w.items, k)
+			w.delItemLocked(k)
 		}
 	}
 	if !w.readyLocked() {
@@ -810,7 +867,7 @@ func (w *writeBack) dropDeferred(parent uint64, name string) (ino uint64, ok boo
 	if it == nil {
 		return 0, false
 	}
-	delete(w.items, k)
+	w.delItemLocked(k)
 	if !w.readyLocked() {
 		w.since = time.Time{}
 	}
@@ -850,11 +907,11 @@ func (w *writeBack) moveDeferred(from *node, name string, to *node, dir *meta.En
 			return 0, false
 		}
 	}
-	delete(w.items, k)
+	w.delItemLocked(k)
 	it.e.Name, it.e.Parent = newName, to.ino
 	it.e.Ctime = time.Now().UnixNano()
 	it.parent, it.dir = to, *dir
-	w.items[nk] = it
+	w.putItemLocked(nk, it)
 	w.order = append(w.order, nk)
 	return it.e.Ino, true
 }
