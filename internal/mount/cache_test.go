@@ -57,6 +57,7 @@ func TestCacheAcrossRemount(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.put("b", b) // committed without the mount: not in its cache
+	f.waitWatched(f.entry("b").Rev)
 	if got := f.readMount("b"); !bytes.Equal(got, b) {
 		t.Fatal("first read of b differs")
 	}
@@ -343,6 +344,9 @@ func TestWriterLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close()
+	// The other device knows of the new file once its watch has the
+	// create (until then its complete-directory cache says ENOENT).
+	g.waitWatched(f.entry("new").Rev)
 	if x, oerr := os.OpenFile(g.path("new"), os.O_WRONLY, 0); !errors.Is(oerr, syscall.EBUSY) {
 		if oerr == nil {
 			x.Close()
