@@ -132,6 +132,11 @@ func (v *Vol) checkKey(k string, e *Entry) error {
 	if !ok {
 		return errors.New("not an entry key")
 	}
+	if parent == 0 && name != "" {
+		// Only the root record ("root") has parent 0: no directory has
+		// inode 0, so an entry key naming it is not one cairn writes.
+		return errors.New("entry key in directory 0000000000000000")
+	}
 	if parent == 0 {
 		if e.Name != "" || e.Parent != 0 {
 			return fmt.Errorf("root record names %q in directory %s", e.Name, inoHex(e.Parent))
