@@ -47,7 +47,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"local store (packs and index)":                   one(t, "local store", localstore.PackVersion, localstore.IndexVersion),
 		"cloud store object names":                        fmt.Sprint(objstore.KeyVersion),
 		"pack objects, local pack index":                  one(t, "pack objects", packstore.PackVersion, packstore.LogVersion),
-		"metadata keys and records":                       one(t, "metadata", meta.FormatVersion, realm.SealedKeyFormat),
+		"metadata keys and records":                       fmt.Sprintf("%s (records: 1, %d)", one(t, "metadata", meta.FormatVersion, realm.SealedKeyFormat), meta.RecordFormat),
 		"embedded etcd's files (endpoint, locks, socket)": fmt.Sprint(etcdsvc.HomeFormat),
 		"mount cache and commit queue":                    fmt.Sprintf("%d (queue records: %d)", mount.CacheVersion, mount.QueueVersion),
 		"upload queue (`put --background`)":               fmt.Sprint(cli.QueueFormat),

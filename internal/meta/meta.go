@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	json "github.com/goccy/go-json"
@@ -62,6 +63,10 @@ type Service struct {
 	mu      sync.Mutex
 	session *concurrency.Session
 	local   keyedLocks
+
+	// format is the realm record's format as last read or raised by
+	// UseFormat (0: not known yet).
+	format atomic.Int32
 }
 
 // New returns a Service using cli.
@@ -180,7 +185,50 @@ func (s *Service) Realm(ctx context.Context) (*RealmInfo, error) {
 	if _, err := s.getJSON(ctx, "realm", s.key("realm"), &r); err != nil {
 		return nil, err
 	}
+	s.format.Store(int32(r.Format))
 	return &r, nil
+}
+
+// UseFormat makes sure the realm's record says format n or newer before a
+// record of format n is written (record formats: RecordFormat). It raises
+// the realm record's format by a compare-and-swap on the record as read, so
+// that a binary reading only older formats refuses the realm from then on
+// instead of misreading or rewriting records it does not know. Once the
+// realm is known to be at n or above, it costs nothing.
+func (s *Service) UseFormat(ctx context.Context, n int) error {
+	if n > RecordFormat {
+		return cairn.E("use metadata format", cairn.Invalid, "", fmt.Errorf("format %d; this cairn writes up to %d", n, RecordFormat))
+	}
+	if int(s.format.Load()) >= n {
+		return nil
+	}
+	for {
+		var r RealmInfo
+		k := s.key("realm")
+		rev, err := s.getJSON(ctx, "use metadata format", k, &r)
+		if err != nil {
+			return err
+		}
+		if r.Format >= n {
+			s.format.Store(int32(r.Format))
+			return nil
+		}
+		old := r.Format
+		r.Format = n
+		b, _ := json.Marshal(r)
+		octx, cancel := s.opCtx(ctx)
+		resp, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
+			Then(clientv3.OpPut(k, string(b))).Commit()
+		cancel()
+		if err != nil {
+			return etcdErr("use metadata format", "realm", err)
+		}
+		if resp.Succeeded {
+			s.opts.Logger.Info("realm metadata format raised", "from", old, "to", n)
+			s.format.Store(int32(n))
+			return nil
+		}
+	}
 }
 
 func (s *Service) getJSON(ctx context.Context, op, k string, v any) (int64, error) {

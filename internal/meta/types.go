@@ -13,8 +13,20 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 )
 
-// FormatVersion is the version of the metadata key layout and record encoding.
+// FormatVersion is the version of the metadata key layout (the prefix
+// /cairn/v1/). Records change within it by RecordFormat.
 const FormatVersion = 1
+
+// RecordFormat is the newest entry-record format this binary reads and
+// writes. Format 2 adds hard links (an entry's Links) and special files
+// (types p, s, c and b, with Rdev). The realm record's format says the
+// newest format any record of the realm may have: it is raised, by a
+// compare-and-swap (Service.UseFormat), before the first record that needs
+// the new format is written, and a binary whose RecordFormat is lower
+// refuses the realm (realm.Open) rather than rewrite records it does not
+// understand. Records of format 1 are records of format 2 without those
+// fields, so no existing record is rewritten.
+const RecordFormat = 2
 
 // Type is the type of a namespace entry.
 type Type string
@@ -24,7 +36,28 @@ const (
 	TypeDir     Type = "d"
 	TypeFile    Type = "f"
 	TypeSymlink Type = "l"
+	// Special files (record format 2): kept as entries with their type,
+	// mode, owner and, for devices, Rdev; they have no versions.
+	TypeFIFO   Type = "p"
+	TypeSocket Type = "s"
+	TypeChar   Type = "c"
+	TypeBlock  Type = "b"
 )
+
+// Special reports whether t is a FIFO, socket or device node.
+func (t Type) Special() bool {
+	switch t {
+	case TypeFIFO, TypeSocket, TypeChar, TypeBlock:
+		return true
+	}
+	return false
+}
+
+// Link is one name of an inode that has several (record format 2).
+type Link struct {
+	Parent uint64 `json:"parent"`
+	Name   string `json:"name"`
+}
 
 // RootIno is the inode number of every volume's root directory.
 const RootIno uint64 = 1
@@ -72,8 +105,9 @@ type Version struct {
 	Digest string `json:"digest,omitempty"`
 }
 
-// Entry is a directory entry with its inode: cairn has no hard links, so the
-// entry *is* the inode. Stored at v/<volID>/e/<parent ino>/<name>.
+// Entry is a directory entry with its inode. Stored at
+// v/<volID>/e/<parent ino>/<name>. A file with several names (hard links)
+// has one record per name, each a copy of the inode (see Links).
 type Entry struct {
 	Name   string `json:"name"`
 	Parent uint64 `json:"parent"`
@@ -86,6 +120,15 @@ type Entry struct {
 	Mtime  int64  `json:"mtime"` // unix ns
 	Ctime  int64  `json:"ctime"` // unix ns: last change of the record
 	Target string `json:"target,omitempty"`
+	// Rdev is a character or block device's device number (record
+	// format 2), as stat's st_rdev.
+	Rdev uint64 `json:"rdev,omitempty"`
+	// Links, on a regular file with more than one name (record format 2),
+	// lists every name of the inode, its own included, sorted by parent
+	// and name. Each name's record is a full copy of the inode (same ino,
+	// attributes and versions), and every change to the inode rewrites
+	// every copy in one transaction. Absent: the inode has one name.
+	Links []Link `json:"links,omitempty"`
 	// Versions of a regular file, oldest first; the last is current.
 	Versions []Version `json:"versions,omitempty"`
 
@@ -108,6 +151,15 @@ func (e *Entry) Current() *Version {
 		return nil
 	}
 	return &e.Versions[len(e.Versions)-1]
+}
+
+// Nlink is the inode's number of names (a directory's subdirectories are
+// not counted here).
+func (e *Entry) Nlink() int {
+	if len(e.Links) > 1 {
+		return len(e.Links)
+	}
+	return 1
 }
 
 // IsDir reports whether e is a directory.

@@ -261,6 +261,10 @@ func Open(ctx context.Context, home string, opts Options) (*Realm, error) {
 		r.Close()
 		return nil, cairn.E("open realm", cairn.Invalid, home, fmt.Errorf("metadata service holds realm %s, this device belongs to %s", info.ID, cfg.RealmID))
 	}
+	if info.Format > meta.RecordFormat {
+		r.Close()
+		return nil, cairn.E("open realm", cairn.Invalid, home, fmt.Errorf("the realm's metadata is at format %d (a newer cairn wrote it); this cairn reads up to %d: upgrade cairn on this device", info.Format, meta.RecordFormat))
+	}
 	return r, nil
 }
 
