@@ -302,6 +302,14 @@ func (s *Service) Open(ctx context.Context, name string) (*Vol, error) {
 
 // scan calls fn for every key with the prefix, in key order, in pages.
 func (s *Service) scan(ctx context.Context, op, prefix string, fn func(k, v []byte, rev int64) error) error {
+	_, err := s.scanAt(ctx, op, prefix, fn)
+	return err
+}
+
+// scanAt is scan that also returns the revision of the snapshot it read
+// (every page is read at the first one's revision): the keys fn saw are
+// those the prefix had at that revision, no more, no fewer.
+func (s *Service) scanAt(ctx context.Context, op, prefix string, fn func(k, v []byte, rev int64) error) (int64, error) {
 	start := prefix
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	var atRev int64
@@ -314,18 +322,18 @@ func (s *Service) scan(ctx context.Context, op, prefix string, fn func(k, v []by
 		resp, err := s.cli.Get(cctx, start, opts...)
 		cancel()
 		if err != nil {
-			return etcdErr(op, prefix, err)
+			return 0, etcdErr(op, prefix, err)
 		}
 		if atRev == 0 {
 			atRev = resp.Header.Revision // one consistent snapshot across pages
 		}
 		for _, kv := range resp.Kvs {
 			if err := fn(kv.Key, kv.Value, kv.ModRevision); err != nil {
-				return err
+				return 0, err
 			}
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
-			return nil
+			return atRev, nil
 		}
 		start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}

@@ -133,6 +133,16 @@ func TestNamespace(t *testing.T) {
 	if err != nil || len(ents) != 2 || ents[0].Name != "f.txt" || ents[1].Target != "f.txt" {
 		t.Fatalf("ReadDir = %+v, %v", ents, err)
 	}
+	// ReadDirAt: the revision the listing was read at, no older than its
+	// entries and older than any later change.
+	ents, at, err := v.ReadDirAt(ctx, dir.Ino)
+	if err != nil || len(ents) != 2 || at < max(ents[0].Rev, ents[1].Rev) {
+		t.Fatalf("ReadDirAt = %+v at %d, %v", ents, at, err)
+	}
+	later, err := v.Create(ctx, dir, meta.Entry{Name: "later", Type: meta.TypeSymlink, Target: "f.txt", Mode: 0o777})
+	if err != nil || later.Rev <= at {
+		t.Fatalf("a create after a listing at %d: %+v, %v", at, later, err)
+	}
 }
 
 func mustLookup(t *testing.T, v *meta.Vol, parts ...string) *meta.Entry {

@@ -215,12 +215,26 @@ func (v *Vol) ReadDir(ctx context.Context, ino uint64) ([]Entry, error) {
 	return v.ReadDirSkip(ctx, ino, nil)
 }
 
+// ReadDirAt is ReadDir that also returns the etcd revision the listing
+// was read at: the directory held exactly these entries then, so a change
+// of it at or before that revision (reported late by a watch) is already
+// in the listing. A cache kept current by WatchEntries needs it to tell a
+// late change from a new one.
+func (v *Vol) ReadDirAt(ctx context.Context, ino uint64) ([]Entry, int64, error) {
+	return v.readDir(ctx, ino, nil)
+}
+
 // ReadDirSkip is ReadDir that, if bad is not nil, passes each record it
 // cannot decode (a Corrupt error naming its key) to bad and goes on with
 // the others, instead of failing.
 func (v *Vol) ReadDirSkip(ctx context.Context, ino uint64, bad func(error)) ([]Entry, error) {
+	out, _, err := v.readDir(ctx, ino, bad)
+	return out, err
+}
+
+func (v *Vol) readDir(ctx context.Context, ino uint64, bad func(error)) ([]Entry, int64, error) {
 	var out []Entry
-	err := v.s.scan(ctx, "read dir", v.dirPrefix(ino), func(k, val []byte, rev int64) error {
+	at, err := v.s.scanAt(ctx, "read dir", v.dirPrefix(ino), func(k, val []byte, rev int64) error {
 		e, err := v.decode("read dir", k, val, rev)
 		if err != nil {
 			if bad != nil && cairn.KindOf(err) == cairn.Corrupt {
@@ -233,7 +247,7 @@ func (v *Vol) ReadDirSkip(ctx context.Context, ino uint64, bad func(error)) ([]E
 		return nil
 	})
 	sortEntries(out)
-	return out, err
+	return out, at, err
 }
 
 // Create adds a new directory, symlink or (empty, versionless) file named

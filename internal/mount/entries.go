@@ -49,7 +49,10 @@ type entryCache struct {
 	// complete are directories whose every entry ents holds (made by
 	// this mount, or listed whole): the watch adds what is created in
 	// them, and a name they lack is known absent without asking etcd.
-	complete map[uint64]bool
+	// Each maps to the revision its whole state was read at (the
+	// listing's, or the write that made it empty): a change the watch
+	// reports late, at or before it, is already there (apply).
+	complete map[uint64]int64
 	// subdirs are the names of the directories ents holds in each
 	// directory (by its inode): its subdirectories while it is complete.
 	// Kept by setLocked and delLocked, which every change of ents goes
@@ -75,7 +78,7 @@ type entryCache struct {
 
 func newEntryCache(v *meta.Vol) *entryCache {
 	return &entryCache{vol: v, trust: watchTrust, progress: watchProgress, ents: map[ekey]*meta.Entry{},
-		complete: map[uint64]bool{}, subdirs: map[uint64]map[string]struct{}{}, tombs: map[ekey]int64{}}
+		complete: map[uint64]int64{}, subdirs: map[uint64]map[string]struct{}{}, tombs: map[ekey]int64{}}
 }
 
 // setLocked caches e under k, keeping subdirs.
@@ -113,7 +116,7 @@ func (c *entryCache) delLocked(k ekey) {
 func (c *entryCache) subdirCount(ino uint64, pending []string) (int, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.trustedLocked() || !c.complete[ino] {
+	if !c.trustedLocked() || !c.completeDir(ino) {
 		return 0, false
 	}
 	d := c.subdirs[ino]
@@ -156,7 +159,7 @@ func (c *entryCache) get(ctx context.Context, parent uint64, name string, fresh 
 			c.mu.Unlock()
 			return copyEntry(e), nil
 		}
-		if k != (ekey{}) && c.complete[parent] {
+		if k != (ekey{}) && c.completeDir(parent) {
 			c.mu.Unlock()
 			return nil, cairn.E("lookup", cairn.NotFound, name, nil)
 		}
@@ -187,7 +190,13 @@ func (c *entryCache) known(parent uint64, name string) (e *meta.Entry, known boo
 	if e := c.ents[ekey{parent, name}]; e != nil {
 		return copyEntry(e), true
 	}
-	return nil, c.complete[parent]
+	return nil, c.completeDir(parent)
+}
+
+// completeDir reports whether ents holds every entry of directory ino.
+func (c *entryCache) completeDir(ino uint64) bool {
+	_, ok := c.complete[ino]
+	return ok
 }
 
 // readDir lists directory ino from etcd and keeps what it read (after
@@ -201,41 +210,44 @@ func (c *entryCache) readDir(ctx context.Context, ino uint64) ([]meta.Entry, err
 	c.reads++
 	c.mu.Unlock()
 	c.etcdReads.Add(1)
-	ents, err := c.vol.ReadDir(ctx, ino)
+	ents, at, err := c.vol.ReadDirAt(ctx, ino)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err == nil {
-		for i := range ents {
-			c.keepLocked(epoch, ekey{ino, ents[i].Name}, &ents[i])
-		}
-		c.completeLocked(epoch, ino)
+		c.listedLocked(epoch, ino, ents, at)
 	}
 	c.doneReadLocked()
 	return ents, err
 }
 
-// completeLocked marks directory ino complete, once every entry it had
-// when read (or made, empty) since epoch is kept: unless the cache was
-// emptied since, or the watch reported a change in it meanwhile (which
-// the read may or may not have seen).
-func (c *entryCache) completeLocked(epoch uint64, ino uint64) {
-	c.completeSinceLocked(epoch, ino, 0)
+// listedLocked keeps ents, the whole listing of directory ino read from
+// etcd at revision at (by a read begun since epoch), and marks the
+// directory complete.
+func (c *entryCache) listedLocked(epoch uint64, ino uint64, ents []meta.Entry, at int64) {
+	for i := range ents {
+		c.keepLocked(epoch, ekey{ino, ents[i].Name}, &ents[i])
+	}
+	c.completeAtLocked(epoch, ino, at)
 }
 
-// completeSinceLocked is completeLocked for a directory that did not
-// exist before revision made (its inode is new: made by this mount's
-// write at that revision): a change in it the watch reported at or
-// before made is that write's own, or one it holds.
-func (c *entryCache) completeSinceLocked(epoch uint64, ino uint64, made int64) {
+// completeAtLocked marks directory ino complete as of revision at: every
+// entry it had then was read (or it was made empty then, by this mount's
+// write: its inode is new) since epoch and is kept. Not when the cache
+// was emptied since, nor when the watch reported a change in it after at
+// while the read was in progress: the read did not see that change, and
+// the watch, which had passed it, will not report it again. A change the
+// watch reports at or before at, during the read or after it, is one the
+// directory's state already holds (apply ignores it).
+func (c *entryCache) completeAtLocked(epoch uint64, ino uint64, at int64) {
 	if !c.live || epoch != c.epoch {
 		return
 	}
 	for k, rev := range c.tombs {
-		if k.parent == ino && rev > made {
+		if k.parent == ino && rev > at {
 			return
 		}
 	}
-	c.complete[ino] = true
+	c.complete[ino] = at
 }
 
 func (c *entryCache) doneReadLocked() {
@@ -324,7 +336,7 @@ func (c *entryCache) keepWrittenLocked(epoch uint64, e *meta.Entry, made bool) {
 	}
 	c.keepLocked(epoch, k, e)
 	if made && e.IsDir() {
-		c.completeSinceLocked(epoch, e.Ino, e.Rev)
+		c.completeAtLocked(epoch, e.Ino, e.Rev)
 	}
 }
 
@@ -343,7 +355,7 @@ func (c *entryCache) forget(parent uint64, name string) {
 
 func (c *entryCache) resetLocked() {
 	c.ents = map[ekey]*meta.Entry{}
-	c.complete = map[uint64]bool{}
+	c.complete = map[uint64]int64{}
 	c.subdirs = map[uint64]map[string]struct{}{}
 	c.epoch++
 }
@@ -366,6 +378,17 @@ func (c *entryCache) broken() {
 
 // apply takes in one response of the watch. It returns the changes to
 // names the cache held (for the kernel's caches).
+//
+// The watch may report a change after the cache holds a newer state: a
+// read or a write of this mount's answered at a revision the watch has
+// not reached yet. Such a late change must not undo that state: a change
+// older than the entry held is ignored (a removal too: the name was made
+// again since), and so is a creation, in a complete directory, at or
+// before the revision the directory was listed at (the listing has the
+// name, or it was gone by then). Without that, a name git created and
+// renamed away (index.lock) before a listing came back for a moment when
+// the watch reported its creation, and git's next create of it failed
+// with EEXIST.
 func (c *entryCache) apply(ev meta.EntryEvents) []meta.EntryChange {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -377,7 +400,7 @@ func (c *entryCache) apply(ev meta.EntryEvents) []meta.EntryChange {
 		}
 		old, ok := c.ents[k]
 		if !ok {
-			if ch.Entry != nil && c.complete[ch.Parent] {
+			if at, complete := c.complete[ch.Parent]; ch.Entry != nil && complete && ch.Rev > at {
 				if len(c.ents) >= maxCachedEntries {
 					c.resetLocked()
 				} else {
@@ -386,10 +409,13 @@ func (c *entryCache) apply(ev meta.EntryEvents) []meta.EntryChange {
 			}
 			continue
 		}
+		if ch.Rev < old.Rev {
+			continue // older than what the cache holds
+		}
 		known = append(known, meta.EntryChange{Parent: ch.Parent, Name: ch.Name, Entry: old, Rev: ch.Rev})
 		if ch.Entry == nil {
 			c.delLocked(k)
-		} else if ch.Rev >= old.Rev {
+		} else {
 			c.setLocked(k, ch.Entry)
 		}
 	}

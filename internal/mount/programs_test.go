@@ -68,7 +68,15 @@ func progEnv(t *testing.T, extra ...string) []string {
 // binary on it). Go forks with vfork, and until the child execs, the
 // forking thread holds its P: a garbage collection then cannot stop the
 // world, no goroutine answers the kernel, and the child waits forever
-// (bazil/fuse issue 264, golang/go issue 21014). It happened here.
+// (bazil/fuse issue 264, golang/go issue 21014). It happened here, and a
+// loop of exec.Command(script on the mount).Run() with runtime.GC in
+// another goroutine hangs within seconds: the child sits in execve ->
+// fuse_send_open, the forking thread in clone, a GC worker in "stopping
+// the world", and the go-fuse goroutine that has read the OPEN is
+// runnable without a P. (Not the kernel: the serving process never calls
+// execve itself.) The child holds a copy of the /dev/fuse descriptor, so
+// killing the test leaves it stuck, unkillable, until the connection is
+// aborted (echo 1 > /sys/fs/fuse/connections/N/abort, fusectl mounted).
 func run(t *testing.T, dir string, env []string, stdin string, name string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
