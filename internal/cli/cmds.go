@@ -157,6 +157,14 @@ func typeName(t meta.Type) string {
 		return "dir"
 	case meta.TypeSymlink:
 		return "symlink"
+	case meta.TypeFIFO:
+		return "fifo"
+	case meta.TypeSocket:
+		return "socket"
+	case meta.TypeChar:
+		return "char-device"
+	case meta.TypeBlock:
+		return "block-device"
 	}
 	return "file"
 }
@@ -168,6 +176,14 @@ func modeString(e *meta.Entry) string {
 		m |= fs.ModeDir
 	case meta.TypeSymlink:
 		m |= fs.ModeSymlink
+	case meta.TypeFIFO:
+		m |= fs.ModeNamedPipe
+	case meta.TypeSocket:
+		m |= fs.ModeSocket
+	case meta.TypeChar:
+		m |= fs.ModeDevice | fs.ModeCharDevice
+	case meta.TypeBlock:
+		m |= fs.ModeDevice
 	}
 	return m.String()
 }

@@ -663,8 +663,15 @@ func TestNamespace(t *testing.T) {
 	if err := os.WriteFile(f.path("bad\xffname"), nil, 0o644); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("a name that is not UTF-8: %v", err)
 	}
-	if err := syscall.Mkfifo(f.path("fifo"), 0o644); err != syscall.EPERM {
+	// Special files are kept (TestSpecialFiles); their names are taken.
+	if err := syscall.Mkfifo(f.path("fifo"), 0o644); err != nil {
 		t.Fatalf("mkfifo: %v", err)
+	}
+	if e := f.entry("fifo"); e.Type != meta.TypeFIFO {
+		t.Fatalf("fifo's record: %+v", e)
+	}
+	if err := syscall.Mkfifo(f.path("fifo"), 0o644); err != syscall.EEXIST {
+		t.Fatalf("mkfifo of an existing name: %v", err)
 	}
 }
 
