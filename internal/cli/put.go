@@ -67,11 +67,13 @@ trusted (checking would mean downloading: see 'cairn fsck --repair').
 Each file is committed
 atomically: readers see its previous version until the new one is complete.
 Files that cannot be read are reported and skipped; the exit code is then 1.
+FIFOs, unix sockets and device nodes are stored as entries of their type (mode,
+owner, mtime, device number; no data), and 'cairn get' makes them again.
 
 With --background, put returns once the files are stored on this device: their
 upload to the stores the placement policy names, and their commit, are queued
 and happen in the background (see 'cairn queue'). Until its commit a file is
-not visible in cairn; directories and symlinks are created at once. A crash or
+not visible in cairn; directories, symlinks and special files are created at once. A crash or
 kill loses nothing queued: the next drainer finishes the work.`,
 		Example: `  cairn put ~/Documents home:/
   cairn put --json photo.jpg notes.txt home:/inbox
