@@ -132,6 +132,9 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 				return withCode(ExitUsage, errors.New("mount: --attr-timeout must not be negative"))
 			}
 			o := mount.Options{AttrTimeout: attrTimeout, Debug: debug, CacheDir: filepath.Join(e.home, "mountcache"), AllowOther: allowOther, Devices: devices}
+			if devices && os.Geteuid() != 0 {
+				return withCode(ExitUsage, errors.New("mount: --dev needs root (fusermount3 mounts every other user's FUSE mount nodev)"))
+			}
 			if allowOther {
 				if err = mount.CheckAllowOther(mount.FuseConf); err != nil {
 					return err
