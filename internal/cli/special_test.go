@@ -62,7 +62,7 @@ func TestPutGetSpecialFiles(t *testing.T) {
 		t.Fatalf("put of the unchanged tree: %+v, want nothing stored", s)
 	}
 	ls := r.ok("ls", "-l", "home:/t")
-	for _, want := range []string{"prw-r-----", "Srwxr-x--x", "Dcrw-rw-rw-", "Drw-rw----"} {
+	for _, want := range []string{"prw-r-----", "Srwxr-x--x", "Dcrw-rw-rw-       1, 3", "Drw-rw----     7, 291"} {
 		if !strings.Contains(ls, want) {
 			t.Errorf("ls -l does not show %s:\n%s", want, ls)
 		}
