@@ -68,8 +68,9 @@ With --mode write-back (experimental), a file's commit is queued as in
 non-blocking mode, but only once the last descriptor open for writing on this
 device is closed (the kernel's release, just after close returns: close waits
 for nothing) and without fsync (fsync does that, as on a local disk), and
-creates, mkdirs, symlinks and attribute changes this mount can decide alone (a new
-name in a directory whose every entry it knows) return at once and are written to
+creates, mkdirs, symlinks, special files (mknod) and attribute changes this
+mount can decide alone (a new name in a directory whose every entry it knows)
+return at once and are written to
 the metadata in batches, many per transaction: tar x and git clone wait for no
 round trip per file. That work and the queued commits wait while programs keep
 the mount busy: they start once it has had no request for 20 ms, at the latest
