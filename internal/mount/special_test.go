@@ -1,6 +1,7 @@
 package mount_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
 )
@@ -192,5 +194,44 @@ func testSpecialFiles(t *testing.T, mode mount.Mode) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
+	}
+}
+
+// TestWriteBackSpecialFiles: in write-back mode a mknod is answered at once
+// and written with the next batch, as a mkdir is: pending, it is shown
+// here and not yet in the metadata; after an fsync of its directory the
+// metadata holds it with its type, mode and device number.
+func TestWriteBackSpecialFiles(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack})
+	if _, err := os.ReadDir(f.mnt); err != nil { // the mount knows every name of the root
+		t.Fatal(err)
+	}
+	release := mount.HoldWriteBack(f.m)
+	defer release()
+	if err := unix.Mkfifo(f.path("fifo"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(f.path("null"), unix.S_IFCHR|0o640, int(unix.Mkdev(1, 3))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(f.path("null"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n := mount.PendingChanges(f.m); n != 2 {
+		t.Fatalf("%d changes pending, want 2 (the chmod with its mknod)", n)
+	}
+	if got, err := statSpecial(f.path("null")); err != nil || got.fmt != unix.S_IFCHR || got.perm != 0o600 || got.rdev != unix.Mkdev(1, 3) {
+		t.Fatalf("stat of a pending device node: %+v, %v", got, err)
+	}
+	if _, err := f.vol.Meta.Lookup(context.Background(), []string{"fifo"}); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("a pending FIFO in the metadata before its batch: %v", err)
+	}
+	release()
+	f.syncDir("")
+	if e := f.entry("fifo"); e.Type != meta.TypeFIFO || e.Mode != 0o640 {
+		t.Fatalf("fifo's record: %+v", e)
+	}
+	if e := f.entry("null"); e.Type != meta.TypeChar || e.Mode != 0o600 || e.Rdev != unix.Mkdev(1, 3) {
+		t.Fatalf("null's record: %+v", e)
 	}
 }
