@@ -209,17 +209,19 @@ func specialType(mode uint32) (meta.Type, bool) {
 	return "", false
 }
 
-// The kernel passes FUSE a device number in its 32-bit encoding
-// (new_encode_dev: minor's low 8 bits, major's 12 bits, minor's next 12
-// bits); an entry keeps it as stat's st_rdev (glibc's 64-bit makedev),
-// which says the same for every number the 32-bit form can hold.
-
+// devFromKernel turns a device number as the kernel passes it to FUSE, in
+// its 32-bit encoding (new_encode_dev: minor's low 8 bits, major's 12
+// bits, minor's next 12 bits), into stat's st_rdev (glibc's 64-bit
+// makedev), as an entry keeps it: the same number for every one the
+// 32-bit form can hold.
 func devFromKernel(dev uint32) uint64 {
 	major := (dev & 0xfff00) >> 8
 	minor := dev&0xff | (dev>>12)&0xfff00
 	return unix.Mkdev(major, minor)
 }
 
+// devToKernel is devFromKernel's inverse, for the attributes the mount
+// replies (a major from 4096 or a minor from 2^20 does not fit).
 func devToKernel(rdev uint64) uint32 {
 	major, minor := unix.Major(rdev), unix.Minor(rdev)
 	return minor&0xff | (major&0xfff)<<8 | (minor&^0xff)<<12
