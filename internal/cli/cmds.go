@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
@@ -147,6 +148,7 @@ type lsEntry struct {
 	UID      uint32    `json:"uid"`
 	GID      uint32    `json:"gid"`
 	Target   string    `json:"target,omitempty"`
+	Device   string    `json:"device,omitempty"` // a device node's "major,minor"
 	Version  uint64    `json:"version,omitempty"`
 	Versions int       `json:"versions,omitempty"`
 }
@@ -157,6 +159,14 @@ func typeName(t meta.Type) string {
 		return "dir"
 	case meta.TypeSymlink:
 		return "symlink"
+	case meta.TypeFIFO:
+		return "fifo"
+	case meta.TypeSocket:
+		return "socket"
+	case meta.TypeChar:
+		return "char-device"
+	case meta.TypeBlock:
+		return "block-device"
 	}
 	return "file"
 }
@@ -168,6 +178,14 @@ func modeString(e *meta.Entry) string {
 		m |= fs.ModeDir
 	case meta.TypeSymlink:
 		m |= fs.ModeSymlink
+	case meta.TypeFIFO:
+		m |= fs.ModeNamedPipe
+	case meta.TypeSocket:
+		m |= fs.ModeSocket
+	case meta.TypeChar:
+		m |= fs.ModeDevice | fs.ModeCharDevice
+	case meta.TypeBlock:
+		m |= fs.ModeDevice
 	}
 	return m.String()
 }
@@ -297,6 +315,9 @@ func (l *lister) print(list []meta.Entry, base vpath.Path) {
 		if l.human {
 			size = humanLS(le.Size)
 		}
+		if le.Device != "" {
+			size = strings.Replace(le.Device, ",", ", ", 1) // as ls(1): major, minor
+		}
 		fmt.Fprintf(l.w, "%s %10s %s %s\n", le.Mode, size, le.Mtime.Local().Format("2006-01-02 15:04"), name)
 	}
 }
@@ -330,6 +351,9 @@ func toLS(ent *meta.Entry, dir vpath.Path) lsEntry {
 		Mtime: time.Unix(0, ent.Mtime).UTC(), UID: ent.UID, GID: ent.GID, Target: ent.Target, Versions: len(ent.Versions)}
 	if ent.Name == "" {
 		le.Path = dir.String()
+	}
+	if ent.Type == meta.TypeChar || ent.Type == meta.TypeBlock {
+		le.Device = fmt.Sprintf("%d,%d", unix.Major(ent.Rdev), unix.Minor(ent.Rdev))
 	}
 	if cur := ent.Current(); cur != nil {
 		le.Version = cur.N

@@ -37,7 +37,11 @@ directory replaces a symlink in its way. Records that do not check out
 skipped; the rest is restored and get exits 1.
 A file made on some device and still being written there for the first time
 (no content committed yet, its writer lock held) is skipped and named on
-stderr, and get exits 1: get it again later ('cairn ls' does not list it).`,
+stderr, and get exits 1: get it again later ('cairn ls' does not list it).
+FIFOs and unix sockets are made as such (mknod, as tar and rsync do), with
+their mode and mtime. Device nodes are made when get may (root, CAP_MKNOD);
+otherwise each is skipped with a warning on stderr, a count follows at the
+end, and get exits 0 for them (as rsync does: the rest is restored).`,
 		Example: `  cairn get home:/Documents ~/restore
   cairn get --version 3 home:/notes.txt ./notes-v3.txt`,
 		Args: exactArgs(2, "VOLUME:/PATH and a local DEST"),
@@ -101,6 +105,19 @@ type dirTime struct {
 }
 
 func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath, dest string, ver *meta.Version, workers int) error {
+	if root.Type.Special() {
+		dest = filepath.Clean(dest)
+		dir, err := openTop(filepath.Dir(dest))
+		if err != nil {
+			return err
+		}
+		defer unix.Close(dir)
+		made, err := makeSpecial(dir, filepath.Base(dest), dest, root)
+		if err == nil && !made {
+			fmt.Fprintf(e.stderr, "cairn: skipping %s: making a device node needs root (CAP_MKNOD)\n", rootPath)
+		}
+		return err
+	}
 	if !root.IsDir() {
 		if ver == nil {
 			ver = root.Current()
@@ -124,6 +141,7 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 	var dirs []dirTime
 	var total int64
 	var failed atomic.Int64
+	var devSkipped int
 	seen := map[uint64]bool{} // directories entered: a looping record cannot recurse forever
 	// walk restores ent, whose parent directory d is open as fd (which walk
 	// does not close), under name (ignored for the top).
@@ -174,6 +192,16 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 				fmt.Fprintf(e.stderr, "cairn: %v\n", err)
 				failed.Add(1)
 			}
+		case meta.TypeFIFO, meta.TypeSocket, meta.TypeChar, meta.TypeBlock:
+			made, err := makeSpecial(fd, d.name, d.path, ent)
+			switch {
+			case err != nil:
+				fmt.Fprintf(e.stderr, "cairn: %v\n", err)
+				failed.Add(1)
+			case !made:
+				fmt.Fprintf(e.stderr, "cairn: skipping %s: making a device node needs root (CAP_MKNOD)\n", path)
+				devSkipped++
+			}
 		case meta.TypeFile:
 			if pending, perr := firstWritePending(ctx, v.Meta, ent); perr != nil {
 				return perr
@@ -223,6 +251,9 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 	// Directory modes and mtimes last, deepest first, once their contents are in.
 	for i := len(dirs) - 1; i >= 0; i-- {
 		_ = setDirAttrs(top, dirs[i].dir, dirs[i].mode, dirs[i].mtime)
+	}
+	if devSkipped > 0 {
+		fmt.Fprintf(e.stderr, "cairn: skipped %d device node(s): making them needs root (CAP_MKNOD)\n", devSkipped)
 	}
 	if n := failed.Load(); n > 0 {
 		return withCode(ExitError, fmt.Errorf("get: %d item(s) could not be restored", n))

@@ -262,7 +262,7 @@ func (e *env) statsCmd() *cobra.Command {
 				return e.printJSON(s)
 			}
 			fmt.Fprintf(e.stdout, "volumes:            %d\n", s.Volumes)
-			fmt.Fprintf(e.stdout, "files:              %d (%d dirs, %d symlinks, %d in trash)\n", s.Files, s.Dirs, s.Symlinks, s.TrashItems)
+			fmt.Fprintf(e.stdout, "files:              %d (%d dirs, %d symlinks, %d FIFOs, sockets and devices, %d in trash)\n", s.Files, s.Dirs, s.Symlinks, s.Specials, s.TrashItems)
 			fmt.Fprintf(e.stdout, "logical bytes:      %s (current versions)\n", human1024(s.LogicalBytes))
 			fmt.Fprintf(e.stdout, "versions kept:      %d (%s)\n", s.Versions, human1024(s.VersionBytes))
 			fmt.Fprintf(e.stdout, "chunks:             %d (%s before compression)\n", s.Chunks, human1024(s.UniqueBytes))

@@ -35,11 +35,11 @@ const mountReadyTimeout = 2 * time.Minute
 const envQueueDelay = "CAIRN_MOUNT_QUEUE_DELAY"
 
 func (e *env) mountCmds() []*cobra.Command {
-	var foreground, debug, allowOther bool
+	var foreground, debug, allowOther, devices bool
 	var attrTimeout time.Duration
 	var cacheSize, mode, passthrough string
 	m := &cobra.Command{
-		Use:   "mount [--foreground] [--mode blocking|non-blocking|write-back] [--passthrough auto|off] [--cache-size SIZE] [--allow-other] VOLUME MOUNTPOINT",
+		Use:   "mount [--foreground] [--mode blocking|non-blocking|write-back] [--passthrough auto|off] [--cache-size SIZE] [--allow-other] [--dev] VOLUME MOUNTPOINT",
 		Short: "Mount a volume as a directory (FUSE)",
 		Long: `Mount VOLUME (for example 'home') on the directory MOUNTPOINT, so unmodified
 programs read and write it. It runs in the background (log: $CAIRN_HOME/mount.log)
@@ -68,8 +68,9 @@ With --mode write-back (experimental), a file's commit is queued as in
 non-blocking mode, but only once the last descriptor open for writing on this
 device is closed (the kernel's release, just after close returns: close waits
 for nothing) and without fsync (fsync does that, as on a local disk), and
-creates, mkdirs, symlinks and attribute changes this mount can decide alone (a new
-name in a directory whose every entry it knows) return at once and are written to
+creates, mkdirs, symlinks, special files (mknod) and attribute changes this
+mount can decide alone (a new name in a directory whose every entry it knows)
+return at once and are written to
 the metadata in batches, many per transaction: tar x and git clone wait for no
 round trip per file. That work and the queued commits wait while programs keep
 the mount busy: they start once it has had no request for 20 ms, at the latest
@@ -110,7 +111,11 @@ checks for it and says so before mounting. Owners are numeric IDs, the same on
 every device.
 
 Extended attributes of the user.* namespace are kept (other namespaces:
-EOPNOTSUPP). Not supported: hard links, device nodes and FIFOs (EPERM),
+EOPNOTSUPP). FIFOs, unix sockets and device nodes are kept (type, mode, owner,
+device number) and seen by every device; the kernel serves a FIFO's data and a
+socket's connections on the machine that opens them. Device nodes open as
+devices only with --dev (root; otherwise the mount is nodev and an open of one
+fails with EACCES). Not supported: hard links (EPERM),
 RENAME_EXCHANGE (EINVAL); atime reads as mtime. Writes not yet closed when the
 mount is killed are not committed: the next mount keeps them in the cache's
 unsaved/ directory and logs where. A volume is mounted once per device.`,
@@ -127,7 +132,10 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 			if attrTimeout < 0 {
 				return withCode(ExitUsage, errors.New("mount: --attr-timeout must not be negative"))
 			}
-			o := mount.Options{AttrTimeout: attrTimeout, Debug: debug, CacheDir: filepath.Join(e.home, "mountcache"), AllowOther: allowOther}
+			o := mount.Options{AttrTimeout: attrTimeout, Debug: debug, CacheDir: filepath.Join(e.home, "mountcache"), AllowOther: allowOther, Devices: devices}
+			if devices && os.Geteuid() != 0 {
+				return withCode(ExitUsage, errors.New("mount: --dev needs root (fusermount3 mounts every other user's FUSE mount nodev)"))
+			}
 			if allowOther {
 				if err = mount.CheckAllowOther(mount.FuseConf); err != nil {
 					return err
@@ -166,6 +174,9 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 			if allowOther {
 				extra = append(extra, "--allow-other")
 			}
+			if devices {
+				extra = append(extra, "--dev")
+			}
 			return e.mountBackground(cmd.Context(), name, dir, attrTimeout, debug, extra)
 		},
 	}
@@ -175,6 +186,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them; write-back (experimental): as non-blocking, and creates, mkdirs and attribute changes are written in batches")
 	m.Flags().StringVar(&passthrough, "passthrough", "auto", "auto: the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking or write-back mode, file leases on the cache's disk; elsewise the log says why and the mount serves them); off: always through the mount")
 	m.Flags().BoolVar(&allowOther, "allow-other", false, "let other users use the mount, their access checked by the files' modes and owners (not root: needs user_allow_other in /etc/fuse.conf)")
+	m.Flags().BoolVar(&devices, "dev", false, "let device nodes on the mount be opened as devices (root only; default: nodev, an open of one fails with EACCES)")
 	m.Flags().StringVar(&cacheSize, "cache-size", "", "bound of the whole-file cache, such as 2GiB (default: a tenth of the free disk, at most 4GiB)")
 
 	var lazy bool

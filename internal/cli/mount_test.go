@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -567,6 +568,42 @@ func TestMountAllowOther(t *testing.T) {
 		r.ok("umount", mnt)
 		if got := strings.Contains(opts, "allow_other"); got != tc.want {
 			t.Fatalf("mount %q: kernel options %q: allow_other %v, want %v", tc.flags, opts, got, tc.want)
+		}
+	}
+}
+
+// TestMountDev: 'cairn mount --dev' mounts without nodev, so device nodes
+// on the mount open as devices; without it the mount is nodev.
+func TestMountDev(t *testing.T) {
+	skipWithoutFUSE(t)
+	r := newRealm(t)
+	mnt := mountPoint(t)
+	perMount := func() string {
+		t.Helper()
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) >= 6 && f[4] == mnt {
+				return f[5]
+			}
+		}
+		t.Fatalf("%s is not in /proc/self/mountinfo", mnt)
+		return ""
+	}
+	for _, tc := range []struct {
+		flags []string
+		nodev bool
+	}{{[]string{"--dev"}, false}, {nil, true}} {
+		res := r.run(append(append([]string{"mount"}, tc.flags...), "home", mnt)...)
+		if res.code != 0 {
+			t.Fatalf("mount %q: exit %d\n%s%s", tc.flags, res.code, res.stdout, res.stderr)
+		}
+		opts := perMount()
+		r.ok("umount", mnt)
+		if got := slices.Contains(strings.Split(opts, ","), "nodev"); got != tc.nodev {
+			t.Fatalf("mount %q: mount options %q: nodev %v, want %v", tc.flags, opts, got, tc.nodev)
 		}
 	}
 }

@@ -34,6 +34,7 @@ type PutSummary struct {
 	Skipped       int64    `json:"skipped"`       // unchanged files not read
 	Dirs          int64    `json:"dirs"`          // directories created
 	Symlinks      int64    `json:"symlinks"`      // symlinks created or updated
+	Specials      int64    `json:"specials"`      // FIFOs, sockets and device nodes created or updated
 	Failed        int64    `json:"failed"`        // items that could not be stored
 	Bytes         int64    `json:"bytes"`         // logical bytes of the files stored
 	NewBytes      int64    `json:"new_bytes"`     // bytes added to the store (chunks and manifests)
@@ -66,11 +67,13 @@ trusted (checking would mean downloading: see 'cairn fsck --repair').
 Each file is committed
 atomically: readers see its previous version until the new one is complete.
 Files that cannot be read are reported and skipped; the exit code is then 1.
+FIFOs, unix sockets and device nodes are stored as entries of their type (mode,
+owner, mtime, device number; no data), and 'cairn get' makes them again.
 
 With --background, put returns once the files are stored on this device: their
 upload to the stores the placement policy names, and their commit, are queued
 and happen in the background (see 'cairn queue'). Until its commit a file is
-not visible in cairn; directories and symlinks are created at once. A crash or
+not visible in cairn; directories, symlinks and special files are created at once. A crash or
 kill loses nothing queued: the next drainer finishes the work.`,
 		Example: `  cairn put ~/Documents home:/
   cairn put --json photo.jpg notes.txt home:/inbox
@@ -419,8 +422,8 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 		sum.Queued = sum.Files
 	}
 	if human && sp != nil {
-		fmt.Fprintf(e.stderr, "stored %d files (%s) on this device, skipped %d unchanged, %d dirs, %d symlinks in %.2fs\n",
-			sum.Files, human1024(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, sum.Seconds)
+		fmt.Fprintf(e.stderr, "stored %d files (%s) on this device, skipped %d unchanged, %d dirs, %d symlinks%s in %.2fs\n",
+			sum.Files, human1024(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, specialsNote(sum.Specials), sum.Seconds)
 		if sum.Files > 0 {
 			e.logQueued(int(sum.Files))
 		}
@@ -428,8 +431,8 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 		if errors.Is(err, context.Canceled) {
 			fmt.Fprint(e.stderr, "interrupted: ")
 		}
-		fmt.Fprintf(e.stderr, "stored %d files (%s), skipped %d unchanged, %d dirs, %d symlinks in %.2fs (%.1f MB/s, %.0f files/s)\n",
-			sum.Files, human1024(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, sum.Seconds, sum.MBPerSec, sum.FilesPerSec)
+		fmt.Fprintf(e.stderr, "stored %d files (%s), skipped %d unchanged, %d dirs, %d symlinks%s in %.2fs (%.1f MB/s, %.0f files/s)\n",
+			sum.Files, human1024(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, specialsNote(sum.Specials), sum.Seconds, sum.MBPerSec, sum.FilesPerSec)
 		fmt.Fprintf(e.stderr, "added %s to the store in %d new chunks; dedup saved %s\n", human1024(sum.NewBytes), sum.NewChunks, human1024(sum.DupBytes))
 		if sum.HealedChunks > 0 {
 			fmt.Fprintf(e.stderr, "healed %d stored chunk(s) that failed verification (written afresh)\n", sum.HealedChunks)
@@ -490,9 +493,86 @@ func (st *putState) walk(ctx context.Context, src string, into *meta.Entry, into
 			}
 		}
 	default:
-		st.prog.println(fmt.Sprintf("cairn: skipping %s: not a regular file, directory or symlink", src))
+		if typ, ok := specialType(info.Mode()); ok {
+			st.putSpecial(ctx, typ, into, name, info, dstPath)
+			return nil
+		}
+		st.prog.println(fmt.Sprintf("cairn: skipping %s: not a regular file, directory, symlink, FIFO, socket or device", src))
 	}
 	return nil
+}
+
+// specialType is the entry type of a FIFO, socket or device node.
+func specialType(m iofs.FileMode) (meta.Type, bool) {
+	switch {
+	case m&iofs.ModeNamedPipe != 0:
+		return meta.TypeFIFO, true
+	case m&iofs.ModeSocket != 0:
+		return meta.TypeSocket, true
+	case m&iofs.ModeCharDevice != 0:
+		return meta.TypeChar, true
+	case m&iofs.ModeDevice != 0:
+		return meta.TypeBlock, true
+	}
+	return "", false
+}
+
+func specialsNote(n int64) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d FIFOs, sockets and devices", n)
+}
+
+// putSpecial stores a FIFO, socket or device node as an entry of its type
+// with its mode, owner, mtime and (devices) device number: there is no
+// data to store. One already stored alike is left as it is.
+func (st *putState) putSpecial(ctx context.Context, typ meta.Type, dir *meta.Entry, name string, info iofs.FileInfo, dstPath string) {
+	kids, err := st.children(ctx, dir)
+	if err != nil {
+		st.fail(dstPath, err)
+		return
+	}
+	uid, gid := owner(info)
+	var rdev uint64
+	if sys, ok := info.Sys().(*syscall.Stat_t); ok && (typ == meta.TypeChar || typ == meta.TypeBlock) {
+		rdev = uint64(sys.Rdev)
+	}
+	want := meta.Entry{Name: name, Type: typ, Mode: uint32(info.Mode().Perm() | setIDBits(info.Mode())), UID: uid, GID: gid, Rdev: rdev, Mtime: info.ModTime().UnixNano()}
+	if old, ok := kids[name]; ok {
+		if old.Type != typ {
+			st.fail(dstPath, fmt.Errorf("a %s of that name is in the way", typeName(old.Type)))
+			return
+		}
+		if old.Mode == want.Mode && old.UID == uid && old.GID == gid && old.Rdev == rdev && old.Mtime == want.Mtime {
+			return
+		}
+		n := *old
+		n.Mode, n.UID, n.GID, n.Rdev, n.Mtime = want.Mode, uid, gid, rdev, want.Mtime
+		if _, err := st.v.Meta.Update(ctx, &n); err != nil {
+			st.fail(dstPath, err)
+			return
+		}
+	} else if _, err := st.v.Meta.Create(ctx, dir, want); err != nil {
+		st.fail(dstPath, err)
+		return
+	}
+	atomic.AddInt64(&st.sum.Specials, 1)
+}
+
+// setIDBits is m's set-user-ID, set-group-ID and sticky bits as mode bits.
+func setIDBits(m iofs.FileMode) iofs.FileMode {
+	var b iofs.FileMode
+	if m&iofs.ModeSetuid != 0 {
+		b |= 0o4000
+	}
+	if m&iofs.ModeSetgid != 0 {
+		b |= 0o2000
+	}
+	if m&iofs.ModeSticky != 0 {
+		b |= 0o1000
+	}
+	return b
 }
 
 func joinPath(dir, name string) string {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -110,6 +111,59 @@ func makeSymlink(parent int, name, target, path string, mtime time.Time) error {
 	ts := unix.NsecToTimespec(mtime.UnixNano())
 	_ = unix.UtimesNanoAt(parent, name, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW)
 	return nil
+}
+
+// makeSpecial makes the FIFO, socket or device node ent as name in
+// directory parent, with its mode and mtime (owners are not restored, as
+// for files): under a temporary name, then renamed into place, so that
+// what is in the way is replaced only once the node exists. made is false,
+// with nothing changed, when a device node may not be made here (EPERM:
+// no CAP_MKNOD).
+func makeSpecial(parent int, name, path string, ent *meta.Entry) (made bool, err error) {
+	var typ uint32
+	switch ent.Type {
+	case meta.TypeFIFO:
+		typ = unix.S_IFIFO
+	case meta.TypeSocket:
+		typ = unix.S_IFSOCK
+	case meta.TypeChar:
+		typ = unix.S_IFCHR
+	case meta.TypeBlock:
+		typ = unix.S_IFBLK
+	default:
+		return false, cairn.E("get", cairn.Invalid, path, fmt.Errorf("not a special file (type %q)", ent.Type))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(parent, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return false, cairn.E("get", cairn.IsDir, path, errors.New("a local directory is in the way"))
+	}
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	tmpName := ".cairn-get-" + hex.EncodeToString(rnd[:])
+	if err := unix.Mknodat(parent, tmpName, typ|0o600, int(ent.Rdev)); err != nil {
+		if errors.Is(err, unix.EPERM) && (ent.Type == meta.TypeChar || ent.Type == meta.TypeBlock) {
+			return false, nil
+		}
+		return false, cairn.E("get", cairn.IO, path, err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = unix.Unlinkat(parent, tmpName, 0)
+		}
+	}()
+	if err := unix.Fchmodat(parent, tmpName, ent.Mode&0o7777, 0); err != nil {
+		return false, cairn.E("get", cairn.IO, path, err)
+	}
+	ts := unix.NsecToTimespec(ent.Mtime)
+	if err := unix.UtimesNanoAt(parent, tmpName, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return false, cairn.E("get", cairn.IO, path, err)
+	}
+	if err := unix.Renameat(parent, tmpName, parent, name); err != nil {
+		return false, cairn.E("get", cairn.IO, path, err)
+	}
+	ok = true
+	return true, nil
 }
 
 // setDirAttrs sets the mode and mtime of d, opened without following.

@@ -522,6 +522,51 @@ func TestSymlinksHidden(t *testing.T) {
 	f.status(http.StatusNotFound, "PUT", "/link", "x")
 }
 
+// TestSpecialFilesHidden: FIFOs, sockets and device nodes made on a
+// mount are neither listed nor served (404), and an upload or MKCOL onto
+// one of their names does not replace it.
+func TestSpecialFilesHidden(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	root, err := f.vol.Meta.Root(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	specials := map[string]meta.Entry{
+		"fifo": {Type: meta.TypeFIFO, Mode: 0o644},
+		"sock": {Type: meta.TypeSocket, Mode: 0o755},
+		"null": {Type: meta.TypeChar, Mode: 0o666, Rdev: 1<<8 | 3},
+		"sda":  {Type: meta.TypeBlock, Mode: 0o660, Rdev: 8 << 8},
+	}
+	for name, e := range specials {
+		e.Name = name
+		if _, err := f.vol.Meta.Create(ctx, root, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.status(http.StatusCreated, "PUT", "/file", "x")
+	hrefs := f.propfind("/", "1", "").hrefs()
+	for name := range specials {
+		if strings.Contains(strings.Join(hrefs, " "), name) {
+			t.Errorf("listing shows %s: %v", name, hrefs)
+		}
+		f.status(http.StatusNotFound, "GET", "/"+name, "")
+		f.status(http.StatusNotFound, "PROPFIND", "/"+name, "", "Depth", "0")
+		if code := f.req("PUT", "/"+name, strings.NewReader("x")).StatusCode; code < 400 {
+			t.Errorf("PUT onto %s: status %d", name, code)
+		}
+		if code := f.req("MKCOL", "/"+name, nil).StatusCode; code < 400 {
+			t.Errorf("MKCOL onto %s: status %d", name, code)
+		}
+		if e, err := f.vol.Meta.Get(ctx, root.Ino, name); err != nil || e.Type != specials[name].Type || e.Rdev != specials[name].Rdev {
+			t.Errorf("%s after PUT and MKCOL: %+v, %v", name, e, err)
+		}
+	}
+	if !strings.Contains(strings.Join(hrefs, " "), "file") {
+		t.Errorf("listing misses the file: %v", hrefs)
+	}
+}
+
 // TestBadPaths: a path with ".." is refused, never resolved.
 func TestBadPaths(t *testing.T) {
 	f := newFixture(t)

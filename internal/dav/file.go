@@ -56,7 +56,7 @@ func (d *dirFile) Seek(int64, int) (int64, error) {
 
 func (d *dirFile) Stat() (os.FileInfo, error) { return entryInfo(d.e, d.base), nil }
 
-// Readdir lists the collection (symbolic links left out): count > 0 gives
+// Readdir lists the collection (symbolic links and special files left out): count > 0 gives
 // at most count entries per call and io.EOF at the end, as http.File does.
 func (d *dirFile) Readdir(count int) ([]os.FileInfo, error) {
 	if !d.listed {
@@ -66,7 +66,7 @@ func (d *dirFile) Readdir(count int) ([]os.FileInfo, error) {
 		}
 		cacheOf(d.ctx).put(d.parts, ents)
 		for i := range ents {
-			if ents[i].Type == meta.TypeSymlink {
+			if hidden(&ents[i]) {
 				continue
 			}
 			d.list = append(d.list, entryInfo(&ents[i], ents[i].Name))

@@ -26,8 +26,11 @@ import (
 // calls: every one looks its path up in the metadata, so a change made by
 // any device shows at once (close-to-open, like the mount).
 //
-// Symbolic links are not served: they are left out of listings and their
-// names read as absent (WebDAV has no notion of them).
+// Symbolic links and special files (FIFOs, sockets, device nodes) are
+// not served: they are left out of listings and their names read as
+// absent (WebDAV has no notion of them; nginx's dav answers 404 for what
+// is not a regular file, and rclone skips them), and a PUT or MKCOL onto
+// such a name is refused (EEXIST: 405) rather than replacing it.
 //
 // Errors: what x/net/webdav turns into a status is an *os.PathError
 // carrying a syscall.Errno (ENOENT: 404 or 409, EEXIST: 405 or 412, ...);
@@ -148,7 +151,7 @@ func (c *listCache) put(dir []string, ents []meta.Entry) {
 // request's listCache when the entry is there.
 func (f *FS) resolveRead(ctx context.Context, op, name string, parts []string) (*meta.Entry, *meta.Entry, error) {
 	if e := cacheOf(ctx).get(parts); e != nil && len(parts) > 0 {
-		if e.Type == meta.TypeSymlink {
+		if hidden(e) {
 			return nil, nil, &os.PathError{Op: op, Path: name, Err: syscall.ENOENT}
 		}
 		return nil, e, nil
@@ -157,7 +160,7 @@ func (f *FS) resolveRead(ctx context.Context, op, name string, parts []string) (
 }
 
 // resolve looks parts up: its parent directory (nil for the root) and its
-// entry. A symbolic link reads as absent.
+// entry. A symbolic link or special file reads as absent.
 func (f *FS) resolve(ctx context.Context, op, name string, parts []string) (parent, e *meta.Entry, err error) {
 	if len(parts) == 0 {
 		e, err = f.vol.Meta.Root(ctx)
@@ -171,11 +174,15 @@ func (f *FS) resolve(ctx context.Context, op, name string, parts []string) (pare
 	if err != nil {
 		return parent, nil, f.pathErr(op, name, err)
 	}
-	if e.Type == meta.TypeSymlink {
+	if hidden(e) {
 		return parent, nil, &os.PathError{Op: op, Path: name, Err: syscall.ENOENT}
 	}
 	return parent, e, nil
 }
+
+// hidden reports whether e is an entry the gateway does not serve: a
+// symbolic link or a special file.
+func hidden(e *meta.Entry) bool { return e.Type == meta.TypeSymlink || e.Type.Special() }
 
 // newMode is the mode of something the gateway creates: what the client
 // asked for (x/net/webdav asks 0777 for a collection, 0666 for a file, a
@@ -354,7 +361,7 @@ func (f *FS) OpenFile(ctx context.Context, name string, flag int, perm os.FileMo
 	parent, e, err := resolve(ctx, op, name, parts)
 	switch {
 	case errors.Is(err, syscall.ENOENT) && parent != nil && flag&os.O_CREATE != 0:
-		if e2, gerr := f.vol.Meta.Get(ctx, parent.Ino, parts[len(parts)-1]); gerr == nil && e2.Type == meta.TypeSymlink {
+		if e2, gerr := f.vol.Meta.Get(ctx, parent.Ino, parts[len(parts)-1]); gerr == nil && hidden(e2) {
 			return nil, &os.PathError{Op: op, Path: name, Err: syscall.EEXIST}
 		}
 		return &regFile{fsys: f, ctx: ctx, name: name, parent: parent, base: parts[len(parts)-1],

@@ -56,6 +56,10 @@ func newFixture(t *testing.T, keep int) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { svc.Close() })
+	// As realm.Init writes it: a special file raises its format.
+	if ierr := svc.InitRealm(ctx, meta.RealmInfo{ID: "r1", Format: 1}); ierr != nil {
+		t.Fatal(ierr)
+	}
 	master := keyring.NewMaster()
 	if cerr := svc.CreateVolume(ctx, meta.Volume{Name: "v", KeyCheck: fs.KeyCheck(master), ChunkMin: 4096, ChunkAvg: 16384, ChunkMax: 131072,
 		KeepVersions: keep, TrashTTL: time.Hour}, 0o755, 0, 0); cerr != nil {

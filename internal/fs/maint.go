@@ -608,6 +608,7 @@ type Stats struct {
 	Files          int     `json:"files"`
 	Dirs           int     `json:"dirs"`
 	Symlinks       int     `json:"symlinks"`
+	Specials       int     `json:"specials"`       // FIFOs, sockets and device nodes
 	LogicalBytes   int64   `json:"logical_bytes"`  // current versions of live files
 	Versions       int     `json:"versions"`       // kept versions, trash included
 	VersionBytes   int64   `json:"version_bytes"`  // plaintext of every kept version
@@ -636,6 +637,8 @@ func ComputeStats(ctx context.Context, vols []*Volume, st cairn.Store) (*Stats, 
 				s.Dirs++
 			case meta.TypeSymlink:
 				s.Symlinks++
+			case meta.TypeFIFO, meta.TypeSocket, meta.TypeChar, meta.TypeBlock:
+				s.Specials++
 			case meta.TypeFile:
 				s.Files++
 				s.LogicalBytes += e.Size

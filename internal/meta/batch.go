@@ -91,6 +91,9 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 			return res, cairn.E("put batch", cairn.Invalid, e.Name, errors.New("one name twice in a batch"))
 		}
 		seen[k] = true
+		if err := v.checkNew(ctx, "put batch", &e); err != nil {
+			return res, err
+		}
 		if e.Rev == 0 {
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k), "=", 0))
 			if dk := v.keyOf(&p.Dir); !made[p.Dir.Ino] && !dirs[dk] {

@@ -67,6 +67,33 @@ func TestDecodeChecksKey(t *testing.T) {
 	}
 }
 
+// TestDecodeChecksType: a record of a type this binary does not know, a
+// device number on a non-device, or data on a special file is Corrupt; the
+// seven known types decode.
+func TestDecodeChecksType(t *testing.T) {
+	v := decodeVol()
+	k := []byte(v.entryKey(0x1234, "a"))
+	for _, typ := range []Type{TypeDir, TypeFile, TypeSymlink, TypeFIFO, TypeSocket, TypeChar, TypeBlock} {
+		if _, err := v.decode("lookup", k, entryJSON(t, Entry{Name: "a", Parent: 0x1234, Type: typ}), 1); err != nil {
+			t.Errorf("type %q: %v", typ, err)
+		}
+	}
+	if e, err := v.decode("lookup", k, entryJSON(t, Entry{Name: "a", Parent: 0x1234, Type: TypeChar, Rdev: 0x103}), 1); err != nil || e.Rdev != 0x103 {
+		t.Errorf("char device: %+v, %v", e, err)
+	}
+	for _, bad := range []string{
+		`{"name":"a","parent":4660,"type":"x"}`,
+		`{"name":"a","parent":4660}`,
+		`{"name":"a","parent":4660,"type":"f","rdev":3}`,
+		`{"name":"a","parent":4660,"type":"p","size":3}`,
+		`{"name":"a","parent":4660,"type":"s","versions":[{"size":0}]}`,
+	} {
+		if _, err := v.decode("lookup", k, []byte(bad), 1); !errors.Is(err, cairn.ErrCorrupt) || !strings.Contains(err.Error(), "v/vol1/e/0000000000001234/a") {
+			t.Errorf("%s: %v, want Corrupt naming the key", bad, err)
+		}
+	}
+}
+
 // FuzzDecodeEntry: any key and value either decode to an entry that sits
 // where its key says, under a name that is one path element, or fail with
 // Corrupt; never a panic.
@@ -78,6 +105,7 @@ func FuzzDecodeEntry(f *testing.F) {
 	f.Add(v.entryKey(0x1234, ".."), `{"name":"..","parent":4660}`)
 	f.Add("/cairn/v1/v/vol1/e/zz/a", `{"name":"a"}`)
 	f.Add(v.entryKey(0x1, "a"), `{`)
+	f.Add(v.entryKey(0x1234, "a"), `{"name":"a","parent":4660,"type":"c","rdev":259}`)
 	f.Fuzz(func(t *testing.T, k, val string) {
 		e, err := v.decode("fuzz", []byte(k), []byte(val), 1)
 		if err != nil {
@@ -89,6 +117,9 @@ func FuzzDecodeEntry(f *testing.F) {
 		parent, name, ok := v.parseEntryKey(k)
 		if !ok || e.Parent != parent || e.Name != name {
 			t.Fatalf("key %q decoded to %q in %x", k, e.Name, e.Parent)
+		}
+		if !e.Type.Known() || (e.Rdev != 0 && e.Type != TypeChar && e.Type != TypeBlock) {
+			t.Fatalf("key %q: type %q with rdev %d accepted", k, e.Type, e.Rdev)
 		}
 		if parent != 0 && (name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00")) {
 			t.Fatalf("key %q: name %q accepted", k, name)

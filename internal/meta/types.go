@@ -8,6 +8,7 @@
 package meta
 
 import (
+	"fmt"
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -51,6 +52,32 @@ func (t Type) Special() bool {
 		return true
 	}
 	return false
+}
+
+// Known reports whether t is a type this binary reads (d, f, l, p, s, c, b).
+func (t Type) Known() bool {
+	switch t {
+	case TypeDir, TypeFile, TypeSymlink:
+		return true
+	}
+	return t.Special()
+}
+
+// checkType checks the fields that depend on e's type: a known type; a
+// device number only on a device; a special file with no size, versions,
+// target or links (it has no data: the kernel serves a FIFO's and a
+// socket's, a driver a device's).
+func (e *Entry) checkType() error {
+	if !e.Type.Known() {
+		return fmt.Errorf("unknown entry type %q", e.Type)
+	}
+	if e.Rdev != 0 && e.Type != TypeChar && e.Type != TypeBlock {
+		return fmt.Errorf("device number on an entry of type %q", e.Type)
+	}
+	if e.Type.Special() && (e.Size != 0 || len(e.Versions) > 0 || e.Target != "" || len(e.Links) > 0) {
+		return fmt.Errorf("special file (type %q) with data, versions, target or links", e.Type)
+	}
+	return nil
 }
 
 // Link is one name of an inode that has several (record format 2).

@@ -122,6 +122,11 @@ func (v *Vol) decode(op string, k, val []byte, rev int64) (*Entry, error) {
 	if err := v.checkKey(string(k), &e); err != nil {
 		return nil, cairn.E(op, cairn.Corrupt, strings.TrimPrefix(string(k), v.s.opts.Prefix), err)
 	}
+	if err := e.checkType(); err != nil {
+		// A type this binary does not know would be taken for a file
+		// (or worse) by everything downstream.
+		return nil, cairn.E(op, cairn.Corrupt, strings.TrimPrefix(string(k), v.s.opts.Prefix), err)
+	}
 	e.Rev = rev
 	return &e, nil
 }
@@ -166,6 +171,18 @@ func checkName(name string) error {
 		return fmt.Errorf("name %q", name)
 	case strings.ContainsAny(name, "/\x00"):
 		return fmt.Errorf("name %q contains '/' or NUL", name)
+	}
+	return nil
+}
+
+// checkNew checks an entry about to be written and, for a special file,
+// raises the realm's record format to 2 first.
+func (v *Vol) checkNew(ctx context.Context, op string, e *Entry) error {
+	if err := e.checkType(); err != nil {
+		return cairn.E(op, cairn.Invalid, e.Name, err)
+	}
+	if e.Type.Special() {
+		return v.s.UseFormat(ctx, 2)
 	}
 	return nil
 }
@@ -250,8 +267,9 @@ func (v *Vol) readDir(ctx context.Context, ino uint64, bad func(error)) ([]Entry
 	return out, at, err
 }
 
-// Create adds a new directory, symlink or (empty, versionless) file named
-// e.Name in directory parent. It assigns e.Ino and fails with Exist if the
+// Create adds a new directory, symlink, (empty, versionless) file or
+// special file (FIFO, socket, device: record format 2, raised first by
+// UseFormat) named e.Name in directory parent. It assigns e.Ino and fails with Exist if the
 // name is taken. The parent must still be where the caller found it.
 func (v *Vol) Create(ctx context.Context, parent *Entry, e Entry) (*Entry, error) {
 	ne, _, err := v.create(ctx, parent, e, false)
@@ -273,6 +291,9 @@ func (v *Vol) CreateLocked(ctx context.Context, parent *Entry, e Entry) (*Entry,
 func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (*Entry, *Lock, error) {
 	if !parent.IsDir() {
 		return nil, nil, cairn.E("create", cairn.NotDir, parent.Name, nil)
+	}
+	if err := v.checkNew(ctx, "create", &e); err != nil {
+		return nil, nil, err
 	}
 	now := time.Now().UnixNano()
 	e.Parent = parent.Ino
@@ -479,7 +500,7 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 		} else {
 			if cur.Type != TypeFile {
 				kind := cairn.IsDir
-				if cur.Type == TypeSymlink {
+				if cur.Type != TypeDir {
 					kind = cairn.Exist
 				}
 				return nil, nil, cairn.E("commit", kind, name, errors.New("not a regular file"))
@@ -573,6 +594,9 @@ func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
 	if e.Rev == 0 {
 		// ModRevision 0 would also match a name with no record at all.
 		return nil, cairn.E("update", cairn.Invalid, e.Name, errors.New("an entry not read from the metadata (no revision)"))
+	}
+	if err := v.checkNew(ctx, "update", e); err != nil {
+		return nil, err
 	}
 	n := *e
 	n.Ctime = time.Now().UnixNano()

@@ -105,6 +105,12 @@ type Options struct {
 	// them everything (EACCES). A mount by a user other than root needs
 	// user_allow_other in /etc/fuse.conf (CheckAllowOther).
 	AllowOther bool
+	// Devices lets device nodes on the mount be opened as devices (the
+	// mount option dev; root only). Without it the mount is nodev, as
+	// fusermount3 makes every FUSE mount by default: device nodes are
+	// kept and shown, and an open of one fails with EACCES, so that a
+	// node made on another device, or restored by get, opens no disk here.
+	Devices bool
 }
 
 // FuseConf is the configuration file fusermount3 reads.
@@ -369,6 +375,9 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 			// (default_permissions).
 			AllowOther: o.AllowOther,
 		},
+	}
+	if o.Devices {
+		opts.MountOptions.Options = append(opts.MountOptions.Options, "dev")
 	}
 	var b *backing
 	// Not in non-blocking mode: its close queues the commit while the

@@ -237,6 +237,10 @@ func newFixture(t *testing.T, o mount.Options) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { svc.Close() })
+	// As realm.Init writes it: a special file raises its format.
+	if ierr := svc.InitRealm(ctx, meta.RealmInfo{ID: "r1", Format: 1}); ierr != nil {
+		t.Fatal(ierr)
+	}
 	master := keyring.NewMaster()
 	if cerr := svc.CreateVolume(ctx, meta.Volume{Name: "v", KeyCheck: fs.KeyCheck(master), ChunkMin: 4096, ChunkAvg: 16384, ChunkMax: 131072,
 		KeepVersions: 10, TrashTTL: time.Hour}, 0o755, uint32(os.Getuid()), uint32(os.Getgid())); cerr != nil {
@@ -659,8 +663,15 @@ func TestNamespace(t *testing.T) {
 	if err := os.WriteFile(f.path("bad\xffname"), nil, 0o644); !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("a name that is not UTF-8: %v", err)
 	}
-	if err := syscall.Mkfifo(f.path("fifo"), 0o644); err != syscall.EPERM {
+	// Special files are kept (TestSpecialFiles); their names are taken.
+	if err := syscall.Mkfifo(f.path("fifo"), 0o644); err != nil {
 		t.Fatalf("mkfifo: %v", err)
+	}
+	if e := f.entry("fifo"); e.Type != meta.TypeFIFO {
+		t.Fatalf("fifo's record: %+v", e)
+	}
+	if err := syscall.Mkfifo(f.path("fifo"), 0o644); err != syscall.EEXIST {
+		t.Fatalf("mkfifo of an existing name: %v", err)
 	}
 }
 

@@ -182,8 +182,49 @@ func typeMode(t meta.Type) uint32 {
 		return syscall.S_IFDIR
 	case meta.TypeSymlink:
 		return syscall.S_IFLNK
+	case meta.TypeFIFO:
+		return syscall.S_IFIFO
+	case meta.TypeSocket:
+		return syscall.S_IFSOCK
+	case meta.TypeChar:
+		return syscall.S_IFCHR
+	case meta.TypeBlock:
+		return syscall.S_IFBLK
 	}
 	return syscall.S_IFREG
+}
+
+// specialType is the entry type of a special file's type bits.
+func specialType(mode uint32) (meta.Type, bool) {
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFIFO:
+		return meta.TypeFIFO, true
+	case syscall.S_IFSOCK:
+		return meta.TypeSocket, true
+	case syscall.S_IFCHR:
+		return meta.TypeChar, true
+	case syscall.S_IFBLK:
+		return meta.TypeBlock, true
+	}
+	return "", false
+}
+
+// devFromKernel turns a device number as the kernel passes it to FUSE, in
+// its 32-bit encoding (new_encode_dev: minor's low 8 bits, major's 12
+// bits, minor's next 12 bits), into stat's st_rdev (glibc's 64-bit
+// makedev), as an entry keeps it: the same number for every one the
+// 32-bit form can hold.
+func devFromKernel(dev uint32) uint64 {
+	major := (dev & 0xfff00) >> 8
+	minor := dev&0xff | (dev>>12)&0xfff00
+	return unix.Mkdev(major, minor)
+}
+
+// devToKernel is devFromKernel's inverse, for the attributes the mount
+// replies (a major from 4096 or a minor from 2^20 does not fit).
+func devToKernel(rdev uint64) uint32 {
+	major, minor := unix.Major(rdev), unix.Minor(rdev)
+	return minor&0xff | (major&0xfff)<<8 | (minor&^0xff)<<12
 }
 
 // caller returns the uid and gid of the process making the request.
@@ -382,6 +423,7 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 	if e.Type == meta.TypeSymlink {
 		a.Size = uint64(len(e.Target))
 	}
+	a.Rdev = devToKernel(e.Rdev)
 	// Directories: 1 ("subdirectories unknown" to find and fts) until
 	// the caller sets the count it knows (dirLinks).
 	a.Nlink = 1
@@ -770,19 +812,30 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	return n.child(ctx, e, out), 0
 }
 
-// Mknod makes regular files only: cairn keeps no device nodes, FIFOs or
-// sockets (EPERM, as file systems without them answer).
+// Mknod makes regular files and special files: FIFOs, sockets (bind(2)
+// of a unix socket on the mount asks for one), character and block
+// devices (the kernel has checked CAP_MKNOD), kept as entries with their
+// type, mode, owner and device number. The kernel serves their opens
+// itself (a FIFO's data, a socket's connections, a device's driver), on
+// the machine that opens them. The mode comes with the umask applied by
+// the kernel. In write-back mode a special file is made as a mkdir is:
+// answered at once, written in the next batch.
 func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx = bg(ctx)
-	if mode&syscall.S_IFMT != syscall.S_IFREG {
-		n.m.log.Debug("mknod refused: cairn keeps regular files, directories and symlinks only", "path", n.path(name), "mode", mode)
-		return nil, syscall.EPERM
+	e := meta.Entry{Name: name, Type: meta.TypeFile, Mode: mode & 07777}
+	if t, ok := specialType(mode); ok {
+		e.Type = t
+		if t == meta.TypeChar || t == meta.TypeBlock {
+			e.Rdev = devFromKernel(dev)
+		}
+	} else if mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil, syscall.EINVAL
 	}
-	e, errno := n.create(ctx, meta.Entry{Name: name, Type: meta.TypeFile, Mode: mode & 07777})
+	ne, errno := n.create(ctx, e)
 	if errno != 0 {
 		return nil, errno
 	}
-	return n.child(ctx, e, out), 0
+	return n.child(ctx, ne, out), 0
 }
 
 // Link fails with EPERM, what link(2) answers on a file system without

@@ -12,7 +12,7 @@ import (
 	"cairn.dev/cairn/internal/vpath"
 )
 
-// Write-back mode (doc/format.md, "Write-back mode"): a create, a mkdir, a symlink or an
+// Write-back mode (doc/format.md, "Write-back mode"): a create, a mkdir, a symlink, a mknod or an
 // attribute change the mount can decide on its own is answered at once and
 // written to the metadata later, many in one transaction
 // (meta.Vol.PutBatch), by one applier goroutine. A program that makes
