@@ -704,6 +704,15 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 		return nil, nil, false, errno
 	}
 	e.UID, e.GID = caller(ctx)
+	if de, err := n.entry(ctx); err == nil && de.Mode&syscall.S_ISGID != 0 {
+		// A set-group-ID directory gives what is made in it its group,
+		// and a new subdirectory its set-group-ID bit (BSD semantics,
+		// as on a local disk: inode_init_owner).
+		e.GID = de.GID
+		if e.Type == meta.TypeDir {
+			e.Mode |= syscall.S_ISGID
+		}
+	}
 	ne, ok, err := n.m.wb.create(n, dir, e, locked, false)
 	if !ok && n.m.wb != nil && locked && e.Type == meta.TypeFile {
 		// A new file made for writing in a directory whose every entry
