@@ -601,7 +601,12 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	uid, setUID := in.GetUID()
 	gid, setGID := in.GetGID()
 	mtime, setMtime := in.GetMTime()
-	if _, trunc := in.GetSize(); !setMode && (setUID || setGID || trunc && in.Caller.Uid != 0) {
+	// A SETATTR that sets nothing is a chown(-1, -1) (the kernel drops
+	// the kill-privilege flags it carries, FUSE_HANDLE_KILLPRIV, and
+	// sends the rest): it clears the set-ID bits as every chown does.
+	const sets = fuse.FATTR_MODE | fuse.FATTR_UID | fuse.FATTR_GID | fuse.FATTR_SIZE | fuse.FATTR_ATIME | fuse.FATTR_MTIME |
+		fuse.FATTR_ATIME_NOW | fuse.FATTR_MTIME_NOW | fuse.FATTR_CTIME
+	if _, trunc := in.GetSize(); !setMode && (setUID || setGID || trunc && in.Caller.Uid != 0 || in.Valid&sets == 0) {
 		if m, kill := n.killPriv(ctx); kill {
 			setMode, mode = true, m
 		}
