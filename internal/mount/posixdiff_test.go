@@ -58,8 +58,6 @@ var pxAllowed = []pxAllowance{
 	{feat: "trunc-empty", section: "Other known differences", row: "| `open(O_TRUNC)` of an empty file | leaves mtime and ctime as they were"},
 	{feat: "noop-attr", section: "Other known differences", row: "| a `chmod` or `chown` that changes nothing |"},
 	// Known defects.
-	{ops: []string{"setxattr", "removexattr"}, diff: " ctime: stayed on the mount, advanced on local disk",
-		section: "Known defects", row: "| extended attribute changes leave ctime |"},
 	{ops: pxAllOps, diff: "time: advanced on the mount, stayed on local disk", mode: "write-back",
 		section: "Known defects", row: "| write-back: times move when a queued commit lands |"},
 	{ops: []string{"chmod", "fchmod", "chown", "lchown", "fchown"}, diff: "time: went back on the mount, stayed on local disk", mode: "write-back",
