@@ -854,7 +854,7 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 		}
 	}
 	c.mu.Lock()
-	dirty, size, mtime, held := c.dirty, c.size, c.mtime, c.attrs
+	dirty, size, mtime, ctime, held := c.dirty, c.size, c.mtime, c.ctime, c.attrs
 	c.attrs = heldAttrs{}
 	c.mu.Unlock()
 	if held.any() {
@@ -895,6 +895,14 @@ func (n *node) commit(ctx context.Context, c *content) (err error) {
 	if err != nil {
 		return err
 	}
+	// The change time is the one stat showed since the writes (as the
+	// queue's commits record it), not the commit's: elsewise a stat
+	// after the close, from the kernel's cache, and one after it let
+	// the attributes go, disagree on it.
+	n.mu.Lock()
+	lastCtime := n.last.Ctime
+	n.mu.Unlock()
+	attrs.Ctime = later(ctime, time.Unix(0, lastCtime))
 	if held.setMode {
 		attrs.Mode = held.mode & 07777
 	}

@@ -643,7 +643,12 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 	uid, setUID := in.GetUID()
 	gid, setGID := in.GetGID()
 	mtime, setMtime := in.GetMTime()
-	if _, trunc := in.GetSize(); !setMode && (setUID || setGID || trunc && in.Caller.Uid != 0) {
+	// A SETATTR that sets nothing is a chown(-1, -1) (the kernel drops
+	// the kill-privilege flags it carries, FUSE_HANDLE_KILLPRIV, and
+	// sends the rest): it clears the set-ID bits as every chown does.
+	const sets = fuse.FATTR_MODE | fuse.FATTR_UID | fuse.FATTR_GID | fuse.FATTR_SIZE | fuse.FATTR_ATIME | fuse.FATTR_MTIME |
+		fuse.FATTR_ATIME_NOW | fuse.FATTR_MTIME_NOW | fuse.FATTR_CTIME
+	if _, trunc := in.GetSize(); !setMode && (setUID || setGID || trunc && in.Caller.Uid != 0 || in.Valid&sets == 0) {
 		if m, kill := n.killPriv(ctx); kill {
 			setMode, mode = true, m
 		}
@@ -746,6 +751,15 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 		return nil, nil, false, errno
 	}
 	e.UID, e.GID = caller(ctx)
+	if de, err := n.entry(ctx); err == nil && de.Mode&syscall.S_ISGID != 0 {
+		// A set-group-ID directory gives what is made in it its group,
+		// and a new subdirectory its set-group-ID bit (BSD semantics,
+		// as on a local disk: inode_init_owner).
+		e.GID = de.GID
+		if e.Type == meta.TypeDir {
+			e.Mode |= syscall.S_ISGID
+		}
+	}
 	ne, ok, err := n.m.wb.create(n, dir, e, locked, false)
 	if !ok && n.m.wb != nil && locked && e.Type == meta.TypeFile {
 		// A new file made for writing in a directory whose every entry

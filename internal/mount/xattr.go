@@ -101,8 +101,10 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if err := n.m.wb.flush(bg(ctx)); err != nil { // the entry first (write-back)
 		return n.m.errno("setxattr", n.path(""), err)
 	}
-	err := n.m.vol.Meta.SetXattr(bg(ctx), n.ino, attr, data, flag)
-	return n.xattrErrno("setxattr", attr, err)
+	if err := n.m.vol.Meta.SetXattr(bg(ctx), n.ino, attr, data, flag); err != nil {
+		return n.xattrErrno("setxattr", attr, err)
+	}
+	return n.m.errno("setxattr", n.path(""), n.touchCtime(bg(ctx)))
 }
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
@@ -113,7 +115,35 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if err := n.m.wb.flush(bg(ctx)); err != nil {
 		return n.m.errno("removexattr", n.path(""), err)
 	}
-	return n.xattrErrno("removexattr", attr, n.m.vol.Meta.RemoveXattr(bg(ctx), n.ino, attr))
+	if err := n.m.vol.Meta.RemoveXattr(bg(ctx), n.ino, attr); err != nil {
+		return n.xattrErrno("removexattr", attr, err)
+	}
+	return n.m.errno("removexattr", n.path(""), n.touchCtime(bg(ctx)))
+}
+
+// touchCtime advances n's ctime, as a change to its extended attributes
+// does on a local disk: they are keys of their own (meta.Vol.SetXattr),
+// and the entry's record, which holds the ctime, is written again
+// unchanged (meta.Vol.Update sets the ctime), read again and retried
+// while a concurrent change wins.
+func (n *node) touchCtime(ctx context.Context) error {
+	for attempt := 0; ; attempt++ {
+		e, err := n.readEntry(ctx, attempt > 0)
+		if err != nil {
+			return err
+		}
+		epoch := n.m.ents.writing()
+		ne, err := n.m.vol.Meta.Update(ctx, e)
+		n.m.ents.wrote(epoch, ne, false)
+		if errors.Is(err, cairn.ErrConflict) && attempt < 20 {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		n.remember(ne)
+		return nil
+	}
 }
 
 // Listxattr lists the user.* names, each followed by a NUL, sorted; the
