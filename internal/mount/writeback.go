@@ -97,6 +97,12 @@ type wbItem struct {
 	// attrs are what the changes since the last snapshot set (made again
 	// on a newer record, should the write meet one).
 	attrs heldAttrs
+	// set is what every change of it set, snapshots or not, and mtimeAt
+	// when its mtime was last set: made again on the record a commit of
+	// this mount writes meanwhile (rebase), whose answer would otherwise
+	// show the entry as it was before them.
+	set     heldAttrs
+	mtimeAt time.Time
 	first uint64 // the number of its oldest change not yet written: flush waits for it
 	seq   uint64 // the number of its newest change
 	// deferred: a new file made for writing, whose creation waits for its
@@ -241,6 +247,10 @@ func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
 		a.applyTo(&it.e)
 		it.e.Ctime = time.Now().UnixNano()
 		it.attrs = it.attrs.over(a)
+		it.set = it.set.over(a)
+		if a.setMtime {
+			it.mtimeAt = time.Now()
+		}
 		it.seq = w.seq
 		w.poke()
 		return copyEntry(&it.e), true
@@ -256,7 +266,11 @@ func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
 	}
 	e.Ctime = time.Now().UnixNano()
 	w.seq++
-	w.putItemLocked(k, &wbItem{e: *e, parent: p, dir: *dir, attrs: a, first: w.seq, seq: w.seq})
+	it := &wbItem{e: *e, parent: p, dir: *dir, attrs: a, set: a, first: w.seq, seq: w.seq}
+	if a.setMtime {
+		it.mtimeAt = time.Now()
+	}
+	w.putItemLocked(k, it)
 	w.pendingSinceLocked()
 	w.order = append(w.order, k)
 	w.poke()
@@ -752,8 +766,14 @@ func (w *writeBack) finish(k ekey, it *wbItem, seq uint64, rev int64) {
 			delete(w.fresh, it.e.Ino) // visible now, or never
 		}
 		if rev != 0 && it.seq > seq {
-			it.made, it.e.Rev, it.first, it.deferred = false, rev, seq+1, false
+			// A commit's record it was rebased on may be newer than the
+			// one this write made.
+			it.made, it.e.Rev, it.first, it.deferred = false, max(it.e.Rev, rev), seq+1, false
 			w.order = append(w.order, k)
+			// Pending now as any change (a deferred one was not: the
+			// applier, asleep, must hear of it).
+			w.pendingSinceLocked()
+			w.poke()
 		} else {
 			w.delItemLocked(k)
 		}
@@ -934,22 +954,61 @@ func (w *writeBack) deferredIn(dir uint64) []meta.Entry {
 }
 
 // finishClaim ends deferred item it (under k, claimed as snapshot seq)
-// once its commit made the file as e (nil: not made). Attribute changes
-// made since the snapshot stay pending, as changes of e.
-func (w *writeBack) finishClaim(k ekey, it *wbItem, seq uint64, e *meta.Entry) {
+// once its commit made the file as e (nil: not made), having read the
+// mtime it committed at since. Attribute changes made since the snapshot
+// stay pending, as changes of e (rebasedLocked). It is called before the
+// commit's record is shown for the file (node.wroteEntry).
+func (w *writeBack) finishClaim(k ekey, it *wbItem, seq uint64, e *meta.Entry, since time.Time) {
 	var rev int64
 	if e != nil {
 		rev = e.Rev
 		w.mu.Lock()
 		if w.items[k] == it && it.seq > seq {
-			n := *copyEntry(e)
-			it.attrs.applyTo(&n)
-			n.Ctime = max(n.Ctime, it.e.Ctime)
-			it.e = n
+			it.e = it.rebasedLocked(e, since)
 		}
 		w.mu.Unlock()
 	}
 	w.finish(k, it, seq, rev)
+}
+
+// rebase makes the pending attribute changes of the file e names, made
+// on a record older than e, changes of e: e was just written by a commit
+// of this mount (which keeps the record's mode and owner, and sets the
+// mtime of its close), having read the mtime it committed at since. The
+// entry the mount shows is then e with those changes, never e alone: a
+// chmod, chown or utimes acknowledged before the commit landed does not
+// read back undone (node.fresherLocked prefers the newer record). It is
+// called before the commit's record is shown for the file
+// (node.wroteEntry), after the entry cache has it (so that a change made
+// meanwhile is made on e).
+func (w *writeBack) rebase(e *meta.Entry, since time.Time) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	it := w.items[ekey{e.Parent, e.Name}]
+	if it == nil || it.made || it.e.Ino != e.Ino || it.e.Rev >= e.Rev {
+		return
+	}
+	// A batch writing it meanwhile meets e and makes its change again on
+	// it (applyOne), or wrote it before e (whose commit kept it).
+	it.e = it.rebasedLocked(e, since)
+}
+
+// rebasedLocked is it's entry made again on e (a commit's record, which
+// read its mtime at since): e with every attribute it set, its mtime only
+// if set after since (an mtime set before the writes the commit carries
+// is older than theirs), and the later ctime. w.mu is held.
+func (it *wbItem) rebasedLocked(e *meta.Entry, since time.Time) meta.Entry {
+	n := *copyEntry(e)
+	a := it.set
+	if a.setMtime && !it.mtimeAt.After(since) {
+		a.setMtime = false
+	}
+	a.applyTo(&n)
+	n.Ctime = max(n.Ctime, it.e.Ctime)
+	return n
 }
 
 // undeferIn undefers the deferred creations in directory dir (an fsync
