@@ -544,9 +544,13 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		if e.Ino == rec.Ino {
 			made = e // else the name was made on another device meanwhile: committed onto it
 		}
-		m.wb.finishClaim(ekey{dir.Ino, name}, claimed, snap.seq, made, since)
-	} else {
-		m.wb.rebase(e, since)
+		var mt *time.Time
+		if j.n != nil {
+			mt = tn.mtimeSince(since)
+		}
+		m.wb.finishClaim(ekey{dir.Ino, name}, claimed, snap.seq, made, mt)
+	} else if j.n != nil && e.Ino == tn.ino {
+		m.wb.rebase(tn, e, since)
 	}
 	if j.n != nil {
 		if e.Ino == j.n.ino {

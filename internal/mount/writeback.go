@@ -97,12 +97,10 @@ type wbItem struct {
 	// attrs are what the changes since the last snapshot set (made again
 	// on a newer record, should the write meet one).
 	attrs heldAttrs
-	// set is what every change of it set, snapshots or not, and mtimeAt
-	// when its mtime was last set: made again on the record a commit of
-	// this mount writes meanwhile (rebase), whose answer would otherwise
-	// show the entry as it was before them.
-	set     heldAttrs
-	mtimeAt time.Time
+	// set is what every change of it set, snapshots or not: made again on
+	// the record a commit of this mount writes meanwhile (rebase), which
+	// would otherwise show the entry as it was before them.
+	set   heldAttrs
 	first uint64 // the number of its oldest change not yet written: flush waits for it
 	seq   uint64 // the number of its newest change
 	// deferred: a new file made for writing, whose creation waits for its
@@ -248,9 +246,6 @@ func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
 		it.e.Ctime = time.Now().UnixNano()
 		it.attrs = it.attrs.over(a)
 		it.set = it.set.over(a)
-		if a.setMtime {
-			it.mtimeAt = time.Now()
-		}
 		it.seq = w.seq
 		w.poke()
 		return copyEntry(&it.e), true
@@ -266,11 +261,7 @@ func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
 	}
 	e.Ctime = time.Now().UnixNano()
 	w.seq++
-	it := &wbItem{e: *e, parent: p, dir: *dir, attrs: a, set: a, first: w.seq, seq: w.seq}
-	if a.setMtime {
-		it.mtimeAt = time.Now()
-	}
-	w.putItemLocked(k, it)
+	w.putItemLocked(k, &wbItem{e: *e, parent: p, dir: *dir, attrs: a, set: a, first: w.seq, seq: w.seq})
 	w.pendingSinceLocked()
 	w.order = append(w.order, k)
 	w.poke()
@@ -954,57 +945,83 @@ func (w *writeBack) deferredIn(dir uint64) []meta.Entry {
 }
 
 // finishClaim ends deferred item it (under k, claimed as snapshot seq)
-// once its commit made the file as e (nil: not made), having read the
-// mtime it committed at since. Attribute changes made since the snapshot
-// stay pending, as changes of e (rebasedLocked). It is called before the
-// commit's record is shown for the file (node.wroteEntry).
-func (w *writeBack) finishClaim(k ekey, it *wbItem, seq uint64, e *meta.Entry, since time.Time) {
+// once its commit made the file as e (nil: not made); mt is the mtime a
+// utimes set after the commit read the one it wrote (nil: none).
+// Attribute changes made since the snapshot stay pending, as changes of
+// e (rebasedLocked). It is called before the commit's record is shown
+// for the file (node.wroteEntry).
+func (w *writeBack) finishClaim(k ekey, it *wbItem, seq uint64, e *meta.Entry, mt *time.Time) {
 	var rev int64
 	if e != nil {
 		rev = e.Rev
 		w.mu.Lock()
 		if w.items[k] == it && it.seq > seq {
-			it.e = it.rebasedLocked(e, since)
+			it.e = it.rebasedLocked(e, mt)
 		}
 		w.mu.Unlock()
 	}
 	w.finish(k, it, seq, rev)
 }
 
-// rebase makes the pending attribute changes of the file e names, made
-// on a record older than e, changes of e: e was just written by a commit
-// of this mount (which keeps the record's mode and owner, and sets the
-// mtime of its close), having read the mtime it committed at since. The
-// entry the mount shows is then e with those changes, never e alone: a
-// chmod, chown or utimes acknowledged before the commit landed does not
-// read back undone (node.fresherLocked prefers the newer record). It is
-// called before the commit's record is shown for the file
-// (node.wroteEntry), after the entry cache has it (so that a change made
-// meanwhile is made on e).
-func (w *writeBack) rebase(e *meta.Entry, since time.Time) {
+// rebase makes the pending attribute changes of file n, made on a record
+// older than e, changes of e: e was just written by a commit of n on this
+// mount (which keeps the record's mode and owner, and sets the mtime of
+// its close), having read the mtime it wrote at since. The entry the
+// mount shows is then e with those changes, never e alone: a chmod,
+// chown or utimes acknowledged before the commit landed does not read
+// back undone (node.fresherLocked prefers the newer record). A utimes
+// made after since that is written already (before e, which undid it) is
+// made pending again. It is called after the entry cache has e (a change
+// made meanwhile is made on e) and before the node does
+// (node.wroteEntry).
+func (w *writeBack) rebase(n *node, e *meta.Entry, since time.Time) {
 	if w == nil {
 		return
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	it := w.items[ekey{e.Parent, e.Name}]
-	if it == nil || it.made || it.e.Ino != e.Ino || it.e.Rev >= e.Rev {
+	mt := n.mtimeSince(since)
+	name, p, ok := n.place()
+	if !ok || p == nil || name != e.Name || p.ino != e.Parent {
 		return
 	}
-	// A batch writing it meanwhile meets e and makes its change again on
-	// it (applyOne), or wrote it before e (whose commit kept it).
-	it.e = it.rebasedLocked(e, since)
+	dir, errno := p.dirEntry()
+	if errno != 0 {
+		return
+	}
+	k := ekey{e.Parent, e.Name}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if it := w.items[k]; it != nil {
+		if it.made || it.e.Ino != e.Ino || it.e.Rev >= e.Rev {
+			return
+		}
+		// A batch writing it meanwhile meets e and makes its change
+		// again on it (applyOne), or wrote it before e.
+		it.e = it.rebasedLocked(e, mt)
+		return
+	}
+	if mt == nil || e.Mtime == mt.UnixNano() || w.stopping {
+		return
+	}
+	a := heldAttrs{setMtime: true, mtime: *mt}
+	ne := *copyEntry(e)
+	a.applyTo(&ne)
+	w.seq++
+	w.putItemLocked(k, &wbItem{e: ne, parent: p, dir: *dir, attrs: a, set: a, first: w.seq, seq: w.seq})
+	w.pendingSinceLocked()
+	w.order = append(w.order, k)
+	w.poke()
 }
 
-// rebasedLocked is it's entry made again on e (a commit's record, which
-// read its mtime at since): e with every attribute it set, its mtime only
-// if set after since (an mtime set before the writes the commit carries
-// is older than theirs), and the later ctime. w.mu is held.
-func (it *wbItem) rebasedLocked(e *meta.Entry, since time.Time) meta.Entry {
+// rebasedLocked is it's entry made again on e (a commit's record): e
+// with the mode and owner it set, mt as its mtime (nil: e's; an mtime it
+// set before the commit read its own is in e, or older than the writes
+// e carries), and the later ctime. w.mu is held.
+func (it *wbItem) rebasedLocked(e *meta.Entry, mt *time.Time) meta.Entry {
 	n := *copyEntry(e)
 	a := it.set
-	if a.setMtime && !it.mtimeAt.After(since) {
-		a.setMtime = false
+	a.setMtime = mt != nil
+	if mt != nil {
+		a.mtime = *mt
 	}
 	a.applyTo(&n)
 	n.Ctime = max(n.Ctime, it.e.Ctime)
