@@ -39,7 +39,10 @@ import (
 // was already visible) is kept under both: this device's entry is renamed
 // NAME.conflict-XXXXXXXX (its inode number's last 8 hex digits), logged;
 // an attribute change that meets a newer record is made again on it (the
-// last change wins, as on one machine); an entry whose directory was
+// last change wins, as on one machine), and one of a file whose queued
+// commit here lands before the change is written is made again on the
+// commit's record at once (rebase), before this mount shows that record:
+// no change it acknowledged ever reads back undone; an entry whose directory was
 // removed elsewhere meanwhile is dropped, logged (files with data keep it:
 // their queued commit fails and keeps the copy in unsaved/).
 //
