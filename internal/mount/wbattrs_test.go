@@ -34,8 +34,8 @@ func asOther(op func() error) error {
 	return <-ch
 }
 
-// TestWriteBackAttrsStay: in write-back mode, a chmod, chown or utimes
-// made just after the last writer's close (while its queued commit is on
+// TestWriteBackAttrsStay: in write-back mode, a chmod, chown, utimes or
+// truncate made just after the last writer's close (while its queued commit is on
 // its way) never reads back as the old value, at any moment: not when
 // the commit lands, not when the change is written; an open for writing
 // by another user that the new mode or owner forbids fails throughout;
@@ -135,6 +135,18 @@ func TestWriteBackAttrsStay(t *testing.T) {
 			},
 			recorded: func(e *meta.Entry) bool { return e.Mtime == stamp.UnixNano() },
 		},
+		{
+			name:   "truncate",
+			before: func(w *os.File) error { return w.Chmod(0o644) },
+			change: func(p string) error { return os.Truncate(p, 3) },
+			shows: func(st *unix.Stat_t) string {
+				if st.Size == 3 {
+					return ""
+				}
+				return fmt.Sprintf("size %d", st.Size)
+			},
+			recorded: func(e *meta.Entry) bool { return e.Size == 3 },
+		},
 	}
 	rounds := 40
 	if testing.Short() {
@@ -212,7 +224,7 @@ func TestWriteBackAttrsStay(t *testing.T) {
 				}
 				check("once written")
 				if e := f.entry(name); !c.recorded(e) {
-					t.Fatalf("round %d: the metadata has mode %o owner %d:%d mtime %v: the change is lost", r, e.Mode, e.UID, e.GID, time.Unix(0, e.Mtime))
+					t.Fatalf("round %d: the metadata has mode %o owner %d:%d mtime %v size %d: the change is lost", r, e.Mode, e.UID, e.GID, time.Unix(0, e.Mtime), e.Size)
 				}
 			}
 		})
