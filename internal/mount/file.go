@@ -297,20 +297,27 @@ func (c *content) touch(t time.Time) {
 	c.mu.Unlock()
 }
 
-// touchContent sets c's mtime (utimes while open): after what the kernel
-// wrote to it directly so far, which is older.
+// touchContent sets c's mtime (utimes while open, or while a close's
+// commit is queued): after what the kernel wrote to it directly so far,
+// which is older. Commits of it queued already get the mtime too
+// (queue.touched): under wmu, so that a close queuing one meanwhile
+// (enqueue) reads the mtime set, or is done before. (Blocking mode
+// queues nothing, and its commits hold wmu throughout.)
 func (m *Mount) touchContent(c *content, t time.Time) syscall.Errno {
 	c.mu.Lock()
 	ptw := c.ptw
 	c.mu.Unlock()
-	if ptw {
+	if ptw || m.mode != Blocking {
 		c.wmu.Lock()
 		defer c.wmu.Unlock()
+	}
+	if ptw {
 		if err := m.harvest(c); err != nil {
 			return m.errno("setattr", "", err)
 		}
 	}
 	c.touch(t)
+	m.queue.touched(c.ino, t)
 	return 0
 }
 

@@ -110,6 +110,23 @@ type nodeState struct {
 	// queued commit (0: none yet): a commit of a file it replaced that
 	// was queued after it is not made (queue.commit).
 	firstQueued atomic.Uint64
+	// mtimeSet is the mtime a utimes last set on the file on this mount,
+	// and mtimeAt when (after its queued commits were given it:
+	// queue.touched). A queued commit that read its mtime before makes it
+	// again on the record it writes (writeBack.rebase). Guarded by mu.
+	mtimeSet time.Time
+	mtimeAt  time.Time
+}
+
+// mtimeSince returns the mtime a utimes set on n after since, if one did.
+func (n *node) mtimeSince(since time.Time) *time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.mtimeAt.After(since) {
+		return nil
+	}
+	t := n.mtimeSet
+	return &t
 }
 
 // stateFor returns the state of inode ino's nodes: the one a node of it
@@ -664,6 +681,11 @@ func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 			if errno := n.m.touchContent(c, mtime); errno != 0 { // the commit at close keeps it
 				return errno
 			}
+		}
+		if n.typ == meta.TypeFile {
+			n.mu.Lock()
+			n.mtimeSet, n.mtimeAt = mtime, time.Now()
+			n.mu.Unlock()
 		}
 	}
 	if setMode || setUID || setGID || setMtime {

@@ -372,7 +372,7 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	if err := m.wb.flush(ctx); err != nil {
 		return nil, err
 	}
-	mtime := time.Unix(0, rec.Mtime)
+	mtime := q.mtimeOf(j)
 	var dir *meta.Entry
 	var name string
 	var attrs fs.Attrs
@@ -487,6 +487,11 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	// A queued commit sets no attributes of its own (a chmod after the
 	// close went to the entry): it leaves the entry's as they are then.
 	attrs.KeepAttrs = true
+	// The mtime of a utimes made after the close (queue.touched), read
+	// after the claim: one made after this is made again on the record
+	// written (writeBack.rebase, finishClaim).
+	since := time.Now()
+	attrs.Mtime = q.mtimeOf(j)
 	if rec.Ctime != 0 {
 		attrs.Ctime = time.Unix(0, rec.Ctime)
 	}
@@ -529,6 +534,24 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		}
 		j.n.wl.mu.Unlock()
 	}
+	// The entry cache first, then the pending attribute changes made on
+	// the record before e (rebase, finishClaim), then the node's record
+	// (node.wrote, which stat prefers to an older record): a chmod
+	// acknowledged meanwhile never reads back undone.
+	m.ents.put(e)
+	if isNew {
+		var made *meta.Entry
+		if e.Ino == rec.Ino {
+			made = e // else the name was made on another device meanwhile: committed onto it
+		}
+		var mt *time.Time
+		if j.n != nil {
+			mt = tn.mtimeSince(since)
+		}
+		m.wb.finishClaim(ekey{dir.Ino, name}, claimed, snap.seq, made, mt)
+	} else if j.n != nil && e.Ino == tn.ino {
+		m.wb.rebase(tn, e, since)
+	}
 	if j.n != nil {
 		if e.Ino == j.n.ino {
 			// Before finish lets the copy go (node.wrote).
@@ -536,15 +559,34 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		}
 		tn.committed(ctx)
 	}
-	m.ents.put(e)
-	if isNew {
-		var made *meta.Entry
-		if e.Ino == rec.Ino {
-			made = e // else the name was made on another device meanwhile: committed onto it
-		}
-		m.wb.finishClaim(ekey{dir.Ino, name}, claimed, snap.seq, made)
-	}
 	return e, nil
+}
+
+// mtimeOf returns the mtime job j commits (unix ns, as its record says;
+// a utimes after its close changes it: touched).
+func (q *queue) mtimeOf(j *job) time.Time {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return time.Unix(0, j.rec.Mtime)
+}
+
+// touched gives the queued commits of inode ino queued by this mount the
+// mtime t, set by a utimes after their close: the version committed has
+// it, as the file here shows it (the copy's mtime). Their records are
+// written again (as at their close), so that the next mount commits it
+// so too should this one be killed.
+func (q *queue) touched(ino uint64, t time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, j := range q.jobs {
+		if j.n == nil || j.rec.Ino != ino {
+			continue
+		}
+		j.rec.Mtime = t.UnixNano()
+		if err := q.write(&j.rec); err != nil {
+			q.m.log.Warn("could not write a queued commit's record again with the mtime set after its close", "record", q.recordPath(j.rec.Seq), "err", err)
+		}
+	}
 }
 
 // finish ends a job: done (its copy becomes the clean copy of the new

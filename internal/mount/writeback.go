@@ -39,7 +39,10 @@ import (
 // was already visible) is kept under both: this device's entry is renamed
 // NAME.conflict-XXXXXXXX (its inode number's last 8 hex digits), logged;
 // an attribute change that meets a newer record is made again on it (the
-// last change wins, as on one machine); an entry whose directory was
+// last change wins, as on one machine), and one of a file whose queued
+// commit here lands before the change is written is made again on the
+// commit's record at once (rebase), before this mount shows that record:
+// no change it acknowledged ever reads back undone; an entry whose directory was
 // removed elsewhere meanwhile is dropped, logged (files with data keep it:
 // their queued commit fails and keeps the copy in unsaved/).
 //
@@ -97,6 +100,10 @@ type wbItem struct {
 	// attrs are what the changes since the last snapshot set (made again
 	// on a newer record, should the write meet one).
 	attrs heldAttrs
+	// set is what every change of it set, snapshots or not: made again on
+	// the record a commit of this mount writes meanwhile (rebase), which
+	// would otherwise show the entry as it was before them.
+	set   heldAttrs
 	first uint64 // the number of its oldest change not yet written: flush waits for it
 	seq   uint64 // the number of its newest change
 	// deferred: a new file made for writing, whose creation waits for its
@@ -241,6 +248,7 @@ func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
 		a.applyTo(&it.e)
 		it.e.Ctime = time.Now().UnixNano()
 		it.attrs = it.attrs.over(a)
+		it.set = it.set.over(a)
 		it.seq = w.seq
 		w.poke()
 		return copyEntry(&it.e), true
@@ -256,7 +264,7 @@ func (w *writeBack) setAttrs(n *node, a heldAttrs) (*meta.Entry, bool) {
 	}
 	e.Ctime = time.Now().UnixNano()
 	w.seq++
-	w.putItemLocked(k, &wbItem{e: *e, parent: p, dir: *dir, attrs: a, first: w.seq, seq: w.seq})
+	w.putItemLocked(k, &wbItem{e: *e, parent: p, dir: *dir, attrs: a, set: a, first: w.seq, seq: w.seq})
 	w.pendingSinceLocked()
 	w.order = append(w.order, k)
 	w.poke()
@@ -752,8 +760,14 @@ func (w *writeBack) finish(k ekey, it *wbItem, seq uint64, rev int64) {
 			delete(w.fresh, it.e.Ino) // visible now, or never
 		}
 		if rev != 0 && it.seq > seq {
-			it.made, it.e.Rev, it.first, it.deferred = false, rev, seq+1, false
+			// A commit's record it was rebased on may be newer than the
+			// one this write made.
+			it.made, it.e.Rev, it.first, it.deferred = false, max(it.e.Rev, rev), seq+1, false
 			w.order = append(w.order, k)
+			// Pending now as any change (a deferred one was not: the
+			// applier, asleep, must hear of it).
+			w.pendingSinceLocked()
+			w.poke()
 		} else {
 			w.delItemLocked(k)
 		}
@@ -934,22 +948,87 @@ func (w *writeBack) deferredIn(dir uint64) []meta.Entry {
 }
 
 // finishClaim ends deferred item it (under k, claimed as snapshot seq)
-// once its commit made the file as e (nil: not made). Attribute changes
-// made since the snapshot stay pending, as changes of e.
-func (w *writeBack) finishClaim(k ekey, it *wbItem, seq uint64, e *meta.Entry) {
+// once its commit made the file as e (nil: not made); mt is the mtime a
+// utimes set after the commit read the one it wrote (nil: none).
+// Attribute changes made since the snapshot stay pending, as changes of
+// e (rebasedLocked). It is called before the commit's record is shown
+// for the file (node.wroteEntry).
+func (w *writeBack) finishClaim(k ekey, it *wbItem, seq uint64, e *meta.Entry, mt *time.Time) {
 	var rev int64
 	if e != nil {
 		rev = e.Rev
 		w.mu.Lock()
 		if w.items[k] == it && it.seq > seq {
-			n := *copyEntry(e)
-			it.attrs.applyTo(&n)
-			n.Ctime = max(n.Ctime, it.e.Ctime)
-			it.e = n
+			it.e = it.rebasedLocked(e, mt)
 		}
 		w.mu.Unlock()
 	}
 	w.finish(k, it, seq, rev)
+}
+
+// rebase makes the pending attribute changes of file n, made on a record
+// older than e, changes of e: e was just written by a commit of n on this
+// mount (which keeps the record's mode and owner, and sets the mtime of
+// its close), having read the mtime it wrote at since. The entry the
+// mount shows is then e with those changes, never e alone: a chmod,
+// chown or utimes acknowledged before the commit landed does not read
+// back undone (node.fresherLocked prefers the newer record). A utimes
+// made after since that is written already (before e, which undid it) is
+// made pending again. It is called after the entry cache has e (a change
+// made meanwhile is made on e) and before the node does
+// (node.wroteEntry).
+func (w *writeBack) rebase(n *node, e *meta.Entry, since time.Time) {
+	if w == nil {
+		return
+	}
+	mt := n.mtimeSince(since)
+	name, p, ok := n.place()
+	if !ok || p == nil || name != e.Name || p.ino != e.Parent {
+		return
+	}
+	dir, errno := p.dirEntry()
+	if errno != 0 {
+		return
+	}
+	k := ekey{e.Parent, e.Name}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if it := w.items[k]; it != nil {
+		if it.made || it.e.Ino != e.Ino || it.e.Rev >= e.Rev {
+			return
+		}
+		// A batch writing it meanwhile meets e and makes its change
+		// again on it (applyOne), or wrote it before e.
+		it.e = it.rebasedLocked(e, mt)
+		return
+	}
+	if mt == nil || e.Mtime == mt.UnixNano() || w.stopping {
+		return
+	}
+	a := heldAttrs{setMtime: true, mtime: *mt}
+	ne := *copyEntry(e)
+	a.applyTo(&ne)
+	w.seq++
+	w.putItemLocked(k, &wbItem{e: ne, parent: p, dir: *dir, attrs: a, set: a, first: w.seq, seq: w.seq})
+	w.pendingSinceLocked()
+	w.order = append(w.order, k)
+	w.poke()
+}
+
+// rebasedLocked is it's entry made again on e (a commit's record): e
+// with the mode and owner it set, mt as its mtime (nil: e's; an mtime it
+// set before the commit read its own is in e, or older than the writes
+// e carries), and the later ctime. w.mu is held.
+func (it *wbItem) rebasedLocked(e *meta.Entry, mt *time.Time) meta.Entry {
+	n := *copyEntry(e)
+	a := it.set
+	a.setMtime = mt != nil
+	if mt != nil {
+		a.mtime = *mt
+	}
+	a.applyTo(&n)
+	n.Ctime = max(n.Ctime, it.e.Ctime)
+	return n
 }
 
 // undeferIn undefers the deferred creations in directory dir (an fsync
