@@ -64,7 +64,6 @@ var pxAllowed = []pxAllowance{
 	{ops: []string{"write", "pwrite", "ftruncate", "truncate"}, diff: "time: stayed on the mount, advanced on local disk", mode: "write-back",
 		section: "Known defects", row: "| write-back: times move when a queued commit lands |"},
 	{feat: "trunc-same", mode: "non-blocking", section: "Known defects", row: "| non-blocking: `truncate` to the size a file has |"},
-	{feat: "wb-undo", mode: "write-back", section: "Known defects", row: "| write-back: changes by path while a commit is queued undone |"},
 }
 
 // pxAllOps are the operations of pxDo.
@@ -1112,7 +1111,7 @@ func pxAllows(st pxStep, d string, mode mount.Mode) int {
 
 // pxLanded lists features whose allowance was deleted because the mount
 // now matches (their steps stay tagged).
-func pxLanded(f string) bool { return f == "special" }
+func pxLanded(f string) bool { return f == "special" || f == "wb-undo" }
 
 // pxDiff lists how got (the mount) differs from want (the local disk).
 func pxDiff(want, got pxResult) []string {
