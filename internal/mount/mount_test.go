@@ -237,6 +237,11 @@ func newFixture(t *testing.T, o mount.Options) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { svc.Close() })
+	// A realm's record, as every realm has (a hard link raises its
+	// record format: meta.Service.UseFormat).
+	if ierr := svc.InitRealm(ctx, meta.RealmInfo{ID: "test", Format: 1}); ierr != nil {
+		t.Fatal(ierr)
+	}
 	master := keyring.NewMaster()
 	if cerr := svc.CreateVolume(ctx, meta.Volume{Name: "v", KeyCheck: fs.KeyCheck(master), ChunkMin: 4096, ChunkAvg: 16384, ChunkMax: 131072,
 		KeepVersions: 10, TrashTTL: time.Hour}, 0o755, uint32(os.Getuid()), uint32(os.Getgid())); cerr != nil {
