@@ -77,6 +77,22 @@ func testHardLink(t *testing.T, mode mount.Mode) {
 		t.Fatalf("link onto a taken name: %v, want EEXIST", err)
 	}
 
+	// A chmod through one name is the other's at once.
+	for i, p := range []string{"a", "d/b", "a"} {
+		m := os.FileMode(0o600 + 0o10*i)
+		if err := os.Chmod(f.path(p), m); err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []string{"a", "d/b"} {
+			if fi, err := os.Stat(f.path(q)); err != nil || fi.Mode().Perm() != m {
+				t.Fatalf("%s after chmod %o of %s: %v, %v", q, m, p, fi.Mode(), err)
+			}
+		}
+	}
+	if err := os.Chmod(f.path("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
 	// Written through one name, read through the other at once.
 	if err := os.WriteFile(f.path("d/b"), []byte("two!"), 0o644); err != nil {
 		t.Fatal(err)
@@ -163,5 +179,35 @@ func testHardLink(t *testing.T, mode mount.Mode) {
 	e := f.entry("d/n2")
 	if e.Nlink() != 2 || len(e.Versions) != 1 || string(f.cat("n")) != "new" || string(f.cat("d/n2")) != "new" {
 		t.Fatalf("n linked after its close: %+v", e)
+	}
+
+	// Another file renamed over one name of a file being written through
+	// its other: that name is the other file's, and the writer's commit
+	// lands under the name left.
+	if err = os.WriteFile(f.path("x"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, err := os.OpenFile(f.path("n"), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err = w.Write([]byte("NEW")); err != nil {
+		t.Fatal(err)
+	}
+	if err = os.Rename(f.path("x"), f.path("d/n2")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err = w.Write([]byte("!")); err != nil {
+		t.Fatal(err)
+	}
+	if err = w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.settle()
+	if got, rerr := os.ReadFile(f.path("n")); string(got) != "NEW!" {
+		t.Fatalf("n on the mount after its other name was replaced: %q, %v", got, rerr)
+	}
+	if string(f.cat("n")) != "NEW!" || string(f.cat("d/n2")) != "x" || f.entry("n").Nlink() != 1 {
+		t.Fatalf("n %q (%+v), d/n2 %q", f.cat("n"), f.entry("n"), f.cat("d/n2"))
 	}
 }

@@ -1050,6 +1050,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	tsrc, tdst := n.m.touching(src), n.m.touching(dst)
 	tsrcRev, tdstRev := tsrc.Rev, tdst.Rev
 	var movedIno, replacedIno uint64
+	replacedLinked := false
 	var renameErr error
 	inMemory := false
 	if wb := n.m.wb; wb != nil {
@@ -1111,8 +1112,13 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			if err != nil && !errors.Is(err, cairn.ErrNotFound) {
 				return err
 			}
+			replacedLinked = false
 			if de != nil && de.Ino != se.Ino {
 				replacedIno = de.Ino
+				// A file with other names only loses this one: it
+				// and its queued commits live on (its writer lock,
+				// by name, goes as any replaced file's).
+				replacedLinked = de.Nlink() > 1
 			}
 			fresh = true
 			follows = de != nil && meta.FollowsPath(se, de, unsaved)
@@ -1123,6 +1129,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		})
 	}
 	err := renameErr
+	if replacedLinked {
+		replacedIno = 0
+		replaced = nil
+	}
 	if err == nil && movedIno != 0 && n.m.queue != nil {
 		n.m.queue.moved(movedIno, dst, newName, volPath(np, newName), replacedIno)
 	}
