@@ -603,7 +603,9 @@ func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
 // ---- remove, trash, restore ----
 
 // Remove moves the entry name of directory parent to the trash. A non-empty
-// directory needs recursive. path is recorded for people and restore.
+// directory needs recursive. path is recorded for people and restore. A
+// name of a file that has others is unlinked instead (see unlink): the
+// file lives on, nothing is trashed, and the TrashItem is nil.
 func (v *Vol) Remove(ctx context.Context, parent *Entry, name, path string, recursive bool) (*TrashItem, error) {
 	return v.RemoveKnown(ctx, parent, name, path, recursive, nil)
 }
