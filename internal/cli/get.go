@@ -142,7 +142,9 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 	var total int64
 	var failed atomic.Int64
 	var devSkipped int
-	seen := map[uint64]bool{} // directories entered: a looping record cannot recurse forever
+	seen := map[uint64]bool{}        // directories entered: a looping record cannot recurse forever
+	linkFirst := map[uint64]getJob{} // the first name met of each file with several
+	var links []getLink
 	// walk restores ent, whose parent directory d is open as fd (which walk
 	// does not close), under name (ignored for the top).
 	var walk func(ent *meta.Entry, path string, d *localDir, fd int) error
@@ -210,7 +212,17 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 				failed.Add(1)
 				return nil
 			}
-			files = append(files, getJob{ent: ent, path: path, dir: d.parent, name: d.name})
+			j := getJob{ent: ent, path: path, dir: d.parent, name: d.name}
+			if ent.Nlink() > 1 {
+				// A file with several names in the tree is written once
+				// and linked to its other names (as tar and rsync -H).
+				if first, ok := linkFirst[ent.Ino]; ok {
+					links = append(links, getLink{first: first, to: j})
+					return nil
+				}
+				linkFirst[ent.Ino] = j
+			}
+			files = append(files, j)
 			total += ent.Size
 		}
 		return nil
@@ -246,6 +258,12 @@ func (e *env) get(ctx context.Context, v *fs.Volume, root *meta.Entry, rootPath,
 	}
 	if err := g.Wait(); err != nil {
 		return err
+	}
+	for _, l := range links {
+		if err := l.make(top); err != nil {
+			prog.println(fmt.Sprintf("cairn: %s: %v", l.to.path, err))
+			failed.Add(1)
+		}
 	}
 	prog.finish()
 	// Directory modes and mtimes last, deepest first, once their contents are in.
@@ -284,4 +302,29 @@ func firstWritePending(ctx context.Context, mv *meta.Vol, ent *meta.Entry) (bool
 		return false, nil
 	}
 	return mv.LockHeld(ctx, ent.Parent, ent.Name)
+}
+
+// getLink is a further name (to) of a file that get writes under first.
+type getLink struct{ first, to getJob }
+
+// make links l.to to the file written as l.first, replacing what the
+// name held.
+func (l getLink) make(top int) error {
+	ffd, err := l.first.dir.open(top)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(ffd)
+	tfd, err := l.to.dir.open(top)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tfd)
+	if err = unix.Unlinkat(tfd, l.to.name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return cairn.E("get", cairn.IO, filepath.Join(l.to.dir.path, l.to.name), err)
+	}
+	if err = unix.Linkat(ffd, l.first.name, tfd, l.to.name, 0); err != nil {
+		return cairn.E("get", cairn.IO, filepath.Join(l.to.dir.path, l.to.name), err)
+	}
+	return nil
 }

@@ -35,6 +35,7 @@ type PutSummary struct {
 	Dirs          int64    `json:"dirs"`          // directories created
 	Symlinks      int64    `json:"symlinks"`      // symlinks created or updated
 	Specials      int64    `json:"specials"`      // FIFOs, sockets and device nodes created or updated
+	Links         int64    `json:"links"`         // hard links made: a further name of a file stored once
 	Failed        int64    `json:"failed"`        // items that could not be stored
 	Bytes         int64    `json:"bytes"`         // logical bytes of the files stored
 	NewBytes      int64    `json:"new_bytes"`     // bytes added to the store (chunks and manifests)
@@ -152,6 +153,22 @@ type putState struct {
 	// spool, with --background, is where files are staged and queued
 	// instead of written and committed (queue.go).
 	spool *spool
+	// Hard links (walk; one goroutine): the first name met of each local
+	// file with several names (by device and inode), and the further
+	// names, made links of it once every file is committed (makeLinks).
+	firstNames map[devIno]putJob
+	links      []hardLink
+}
+
+// devIno identifies a local file.
+type devIno struct{ dev, ino uint64 }
+
+// hardLink is a further name (dir, name, dst) of a local file stored
+// under first.
+type hardLink struct {
+	first          putJob
+	dir            *meta.Entry
+	name, dst, src string
 }
 
 // Files written to a store that buffers (a cloud store's packs) are
@@ -321,7 +338,7 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 		return nil, err
 	}
 	st := &putState{e: e, v: v, volFor: volFor, volPre: p.Volume + ":", force: force, start: start, existing: map[uint64]map[string]*meta.Entry{},
-		groups: map[*fs.Volume]*putGroup{}, spool: sp}
+		groups: map[*fs.Volume]*putGroup{}, spool: sp, firstNames: map[devIno]putJob{}}
 	st.sum.WorkersUsed = workers
 	// Count what there is, so the bar can show a total (only for a bar).
 	showBar := human && !e.quiet && isTerminal(e.stderr)
@@ -411,6 +428,9 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 	if cerr := st.commitOld(cctx, 0); err == nil {
 		err = cerr
 	}
+	if err == nil {
+		err = st.makeLinks(ctx)
+	}
 	st.prog.finish()
 	sum := &st.sum
 	sum.Seconds = time.Since(start).Seconds()
@@ -466,6 +486,16 @@ func (st *putState) walk(ctx context.Context, src string, into *meta.Entry, into
 	dstPath := joinPath(intoPath, name)
 	switch {
 	case info.Mode().IsRegular():
+		if sys, ok := info.Sys().(*syscall.Stat_t); ok && sys.Nlink > 1 && st.spool == nil {
+			// A hard link (as tar and rsync -H keep them): the first name
+			// met is stored, the others become its names.
+			k := devIno{uint64(sys.Dev), sys.Ino}
+			if first, ok := st.firstNames[k]; ok {
+				st.links = append(st.links, hardLink{first: first, dir: into, name: name, dst: dstPath, src: src})
+				return nil
+			}
+			st.firstNames[k] = putJob{src: src, dir: into, name: name, info: info, dst: dstPath}
+		}
 		select {
 		case jobs <- putJob{src: src, dir: into, name: name, info: info, dst: dstPath}:
 		case <-ctx.Done():
@@ -783,3 +813,52 @@ func (c *countingReader) Read(p []byte) (int, error) {
 }
 
 func (c *countingReader) Close() error { return c.f.Close() }
+
+// makeLinks gives each file stored under the first of its local names its
+// other names (meta.Vol.Link), once every file is committed. A name that
+// already is a name of that file is left alone (an incremental put of an
+// unchanged tree changes nothing); one that holds anything else is
+// replaced, the old entry going to the trash as a removal's does.
+func (st *putState) makeLinks(ctx context.Context) error {
+	for _, l := range st.links {
+		err := st.makeLink(ctx, l)
+		if err == nil {
+			continue
+		}
+		if k := cairn.KindOf(err); k == cairn.Unavailable || k == cairn.Canceled {
+			return err
+		}
+		st.fail(l.dst, err)
+	}
+	return nil
+}
+
+func (st *putState) makeLink(ctx context.Context, l hardLink) error {
+	for attempt := 0; ; attempt++ {
+		first, err := st.v.Meta.Get(ctx, l.first.dir.Ino, l.first.name)
+		if err != nil {
+			return err
+		}
+		old, err := st.v.Meta.Get(ctx, l.dir.Ino, l.name)
+		switch {
+		case err == nil && old.Ino == first.Ino:
+			return nil // already a name of it
+		case err == nil && old.IsDir():
+			return cairn.E("put", cairn.IsDir, l.dst, errors.New("a directory has the name of a hard link"))
+		case err == nil:
+			if _, err = st.v.Meta.RemoveKnown(ctx, l.dir, l.name, l.dst, false, old); err != nil {
+				return err
+			}
+		case !errors.Is(err, cairn.ErrNotFound):
+			return err
+		}
+		_, err = st.v.Meta.Link(ctx, first, l.dir, l.name)
+		if err == nil {
+			atomic.AddInt64(&st.sum.Links, 1)
+			return nil
+		}
+		if !errors.Is(err, cairn.ErrConflict) && !errors.Is(err, cairn.ErrExist) || attempt > 10 {
+			return err
+		}
+	}
+}

@@ -108,9 +108,16 @@ func versions(ctx context.Context, vols []*Volume, now time.Time, skipExpired bo
 				expired[it.Entry.Ino] = true
 			}
 		}
+		linked := map[uint64]bool{} // inodes with several names: one record counts
 		err = v.Walk(ctx, func(path string, e *meta.Entry, trashed bool) error {
 			if trashed && expired[e.Ino] {
 				return errSkipSubtree
+			}
+			if e.Nlink() > 1 {
+				if linked[e.Ino] {
+					return nil
+				}
+				linked[e.Ino] = true
 			}
 			for _, ver := range e.Versions {
 				out = append(out, versionRef{vol: v, path: path, ver: ver})
@@ -628,9 +635,16 @@ type Stats struct {
 func ComputeStats(ctx context.Context, vols []*Volume, st cairn.Store) (*Stats, error) {
 	s := &Stats{Volumes: len(vols)}
 	for _, v := range vols {
+		linked := map[uint64]bool{} // inodes with several names count once
 		err := v.Walk(ctx, func(path string, e *meta.Entry, trashed bool) error {
 			if trashed {
 				return nil
+			}
+			if e.Nlink() > 1 {
+				if linked[e.Ino] {
+					return nil
+				}
+				linked[e.Ino] = true
 			}
 			switch e.Type {
 			case meta.TypeDir:

@@ -19,6 +19,10 @@ import (
 // lock).
 const MaxBatch = 42
 
+// maxTxnOps is etcd's default limit on the operations (and on the
+// compares) of one transaction.
+const maxTxnOps = 128
+
 // NewIno returns a fresh inode number, as Create assigns: for a caller
 // that decides an entry's creation itself and writes it with PutBatch.
 func NewIno() uint64 { return randomIno() }
@@ -83,6 +87,7 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 	}()
 	var sess *concurrency.Session
 	var toTouch []touch
+	var linked []int // puts of files with several names
 	for i := range puts {
 		p := &puts[i]
 		e := p.Entry
@@ -130,9 +135,33 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 		if e.IsDir() {
 			made[e.Ino] = true
 		}
+		if len(e.Links) > 1 {
+			if e.Rev == 0 {
+				return res, cairn.E("put batch", cairn.Invalid, e.Name, errors.New("a new entry with links (use Link)"))
+			}
+			linked = append(linked, i)
+		}
 		e.Rev = 0
 		b, _ := json.Marshal(e)
 		ops = append(ops, clientv3.OpPut(k, string(b)))
+	}
+	// A change to a file with several names goes to every name's copy
+	// (unless the batch writes that name itself).
+	for _, i := range linked {
+		e := puts[i].Entry
+		others, err := v.copies(ctx, "put batch", &e)
+		if err != nil {
+			return res, err
+		}
+		var rest []*Entry
+		for _, o := range others {
+			if k := v.keyOf(o); !seen[k] {
+				seen[k] = true
+				rest = append(rest, o)
+			}
+		}
+		ccmps, cops := v.copyOps(&e, rest)
+		cmps, ops = append(cmps, ccmps...), append(ops, cops...)
 	}
 	var fresh []touch // directories the batch does not make
 	for _, x := range toTouch {
@@ -143,6 +172,9 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 	at := len(ops)
 	tops, touched := v.touchOpsAt(seen, fresh)
 	ops = append(ops, tops...)
+	if len(ops) > maxTxnOps || len(cmps) > maxTxnOps {
+		return res, cairn.E("put batch", cairn.Conflict, "", errors.New("too many operations for one transaction; write the entries one at a time"))
+	}
 	var els []clientv3.Op
 	if len(puts) == 1 {
 		els = []clientv3.Op{clientv3.OpGet(v.keyOf(&puts[0].Entry)), clientv3.OpGet(v.keyOf(&puts[0].Dir), clientv3.WithCountOnly())}

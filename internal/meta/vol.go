@@ -542,6 +542,18 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 		cmps = append(cmps, v.s.fenceCmps(c.Gen)...)
 		b, _ := json.Marshal(next)
 		ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
+		if cur != nil && len(cur.Links) > 1 {
+			// The version belongs to the inode: every name's copy gets it.
+			others, cerr := v.copies(ctx, "commit", cur)
+			if errors.Is(cerr, cairn.ErrConflict) && attempt <= 50 {
+				continue
+			}
+			if cerr != nil {
+				return nil, nil, cerr
+			}
+			ccmps, cops := v.copyOps(&next, others)
+			cmps, ops = append(cmps, ccmps...), append(ops, cops...)
+		}
 		if c.Lock != nil {
 			// The commit releases the lock in the same transaction.
 			cmps = append(cmps, c.Lock.owned())
@@ -602,10 +614,20 @@ func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
 	n.Ctime = time.Now().UnixNano()
 	b, _ := json.Marshal(n)
 	k := v.keyOf(e)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev)}
+	ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
+	if len(e.Links) > 1 {
+		// Attributes belong to the inode: every name's copy gets them.
+		others, err := v.copies(ctx, "update", e)
+		if err != nil {
+			return nil, err
+		}
+		ccmps, cops := v.copyOps(&n, others)
+		cmps, ops = append(cmps, ccmps...), append(ops, cops...)
+	}
 	ctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
-	resp, err := v.s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev)).
-		Then(clientv3.OpPut(k, string(b))).Commit()
+	resp, err := v.s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
 		return nil, etcdErr("update", e.Name, err)
 	}
@@ -619,7 +641,9 @@ func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
 // ---- remove, trash, restore ----
 
 // Remove moves the entry name of directory parent to the trash. A non-empty
-// directory needs recursive. path is recorded for people and restore.
+// directory needs recursive. path is recorded for people and restore. A
+// name of a file that has others is unlinked instead (see unlink): the
+// file lives on, nothing is trashed, and the TrashItem is nil.
 func (v *Vol) Remove(ctx context.Context, parent *Entry, name, path string, recursive bool) (*TrashItem, error) {
 	return v.RemoveKnown(ctx, parent, name, path, recursive, nil)
 }
@@ -635,6 +659,9 @@ func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string,
 		}
 	}
 	now := time.Now().UnixNano()
+	if e.Nlink() > 1 {
+		return nil, v.unlink(ctx, parent, e, path, now)
+	}
 	item := TrashItem{ID: fmt.Sprintf("%016x-%s", now, randomID()[:8]), Path: path, Deleted: now, Entry: *e}
 	b, _ := json.Marshal(item)
 	k := v.keyOf(e)
@@ -660,6 +687,37 @@ func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string,
 	}
 	touchedDirs(resp, 2, touched)
 	return &item, nil
+}
+
+// unlink removes name e of a file that has other names: e's record goes,
+// the others are rewritten without it (with ctime now), in one
+// transaction; nothing goes to the trash, since the inode lives on under
+// its other names (the last name's removal trashes it as any file's).
+func (v *Vol) unlink(ctx context.Context, parent, e *Entry, path string, now int64) error {
+	others, err := v.copies(ctx, "remove", e)
+	if err != nil {
+		return relabel(err, path)
+	}
+	cmps, ops := v.unlinkOps(e, others, now)
+	k := v.keyOf(e)
+	at := len(ops)
+	skip := map[string]bool{k: true}
+	for _, o := range others {
+		skip[v.keyOf(o)] = true
+	}
+	tops, touched := v.touchOps(now, skip, parent)
+	ops = append(ops, tops...)
+	cctx, cancel := v.s.opCtx(ctx)
+	defer cancel()
+	resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return etcdErr("remove", path, err)
+	}
+	if !resp.Succeeded {
+		return cairn.E("remove", cairn.Conflict, path, errors.New("changed concurrently; try again"))
+	}
+	touchedDirs(resp, at, touched)
+	return nil
 }
 
 // Trash lists the removed entries, oldest first.
@@ -754,6 +812,16 @@ func (v *Vol) deleteSubtree(ctx context.Context, ino uint64) error {
 				return err
 			}
 		}
+		if k.Nlink() > 1 {
+			// A file with names outside the subtree lives on there.
+			kept, derr := v.dropName(ctx, ino, k.Name)
+			if derr != nil {
+				return derr
+			}
+			if kept {
+				continue
+			}
+		}
 		if err = v.deleteXattrs(ctx, k.Ino); err != nil {
 			return err
 		}
@@ -782,6 +850,14 @@ func (v *Vol) deleteSubtree(ctx context.Context, ino uint64) error {
 // inode's extended attributes go. A source with no version (an empty file
 // nobody is about to commit: see RenamePending) replaces the destination,
 // which goes to the trash, as does a file replaced by a symlink.
+//
+// Hard links: a name of a file with several names moves in every copy's
+// Links. Renamed onto another name of its own inode, nothing happens (as
+// POSIX says). A file with several names, or a destination with several,
+// never follows the path: a destination with other names is unlinked
+// (its inode and versions live on under them) and the source moves in
+// with its own history; a source with other names replacing a file of
+// one name sends that file to the trash.
 func (v *Vol) Rename(ctx context.Context, srcParent *Entry, srcName string, dstParent *Entry, dstName, dstPath string) error {
 	return v.RenameKnown(ctx, srcParent, srcName, nil, dstParent, dstName, dstPath, nil)
 }
@@ -822,7 +898,7 @@ type renameOpts struct{ noReplace, pending bool }
 // version(s) (Rename; pending: RenamePending) rather than sending dst to
 // the trash.
 func FollowsPath(src, dst *Entry, pending bool) bool {
-	return src.Type == TypeFile && dst.Type == TypeFile &&
+	return src.Type == TypeFile && dst.Type == TypeFile && src.Nlink() < 2 && dst.Nlink() < 2 &&
 		(len(src.Versions) > 0 || len(dst.Versions) == 0 || pending)
 }
 
@@ -865,10 +941,10 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	var dst *Entry
 	if known != nil {
 		dst = known.entry
-		if dst != nil && dst.Ino == src.Ino {
+		if dst != nil && dst.Ino == src.Ino && src.Nlink() < 2 {
 			// A rename onto itself is a no-op, but a cached destination
-			// naming the source's inode is stale (the file cannot be at
-			// both names): read it.
+			// naming the source's inode is stale (a file of one name
+			// cannot be at both): read it.
 			known = nil
 		}
 	}
@@ -878,11 +954,33 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 		}
 	}
 	if dst != nil && dst.Ino == src.Ino {
+		// Onto itself, or onto another name of its inode: POSIX says
+		// rename then does nothing.
 		return nil
 	}
 	now := time.Now().UnixNano()
 	n := *src
 	n.Parent, n.Name, n.Ctime = dstParent.Ino, dstName, now
+	var srcOthers, dstOthers []*Entry
+	if src.Nlink() > 1 {
+		// The moved name changes in every copy's Links.
+		if srcOthers, err = v.copies(ctx, "rename", src); err != nil {
+			return relabel(err, dstPath)
+		}
+		n.Links = make([]Link, 0, len(src.Links))
+		for _, l := range src.Links {
+			if l == linkOf(src) {
+				l = Link{Parent: dstParent.Ino, Name: dstName}
+			}
+			n.Links = append(n.Links, l)
+		}
+		sortLinks(n.Links)
+	}
+	if dst != nil && dst.Nlink() > 1 {
+		if dstOthers, err = v.copies(ctx, "rename", dst); err != nil {
+			return relabel(err, dstPath)
+		}
+	}
 	follow := dst != nil && FollowsPath(src, dst, o.pending)
 	if follow {
 		n.Versions = appendHistory(dst.Versions, src.Versions, v.V.KeepVersions)
@@ -909,7 +1007,15 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(v.dirPrefix(dst.Ino)), "=", 0).WithPrefix())
 		}
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(dk), "=", dst.Rev))
-		if follow {
+		if dst.Nlink() > 1 {
+			// The destination name is unlinked from its inode, which lives
+			// on under its other names (histories are not merged).
+			d := *dst
+			d.Links = withoutLink(dst.Links, linkOf(dst))
+			d.Ctime = max(now, dst.Ctime)
+			ccmps, cops := v.copyOps(&d, dstOthers)
+			cmps, ops = append(cmps, ccmps...), append(ops, cops...)
+		} else if follow {
 			// The replaced inode is gone; its history lives on in n.
 			ops = append(ops, clientv3.OpDelete(v.xattrPrefix(dst.Ino), clientv3.WithPrefix()))
 		} else {
@@ -917,6 +1023,10 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 			tb, _ := json.Marshal(item)
 			ops = append(ops, clientv3.OpPut(v.base+"trash/"+item.ID, string(tb)))
 		}
+	}
+	if len(srcOthers) > 0 {
+		ccmps, cops := v.copyOps(&n, srcOthers)
+		cmps, ops = append(cmps, ccmps...), append(ops, cops...)
 	}
 	at := len(ops)
 	tops, touched := v.touchOps(now, map[string]bool{sk: true, dk: true}, srcParent, dstParent)

@@ -22,10 +22,13 @@ import (
 	"cairn.dev/cairn/internal/vpath"
 )
 
-// node is one cairn entry the kernel knows. cairn has no hard links, so
-// an entry is its inode: the node's number is the entry's Ino, and where
-// its record lives (parent and name) is the node's place in go-fuse's
-// tree, which follows this mount's renames and removals.
+// node is one cairn inode the kernel knows: the node's number is the
+// entry's Ino, and where its record lives (parent and name) is the node's
+// place in go-fuse's tree, which follows this mount's renames and
+// removals. A file with several names (hard links) is one node with a
+// place for each (go-fuse keeps one node per inode number); place answers
+// one of them, and any will do: every name's record is a copy of the
+// inode, and a change through one rewrites them all (meta.Vol.Link).
 //
 // Contexts: go-fuse cancels a request's context when the calling process
 // gets any signal, and the Go runtime signals its threads (SIGURG) all the
@@ -442,8 +445,8 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 	}
 	a.Rdev = devToKernel(e.Rdev)
 	// Directories: 1 ("subdirectories unknown" to find and fts) until
-	// the caller sets the count it knows (dirLinks).
-	a.Nlink = 1
+	// the caller sets the count it knows (dirLinks). Files: their names.
+	a.Nlink = uint32(e.Nlink())
 	a.Uid, a.Gid = e.UID, e.GID
 	mtime, ctime := time.Unix(0, e.Mtime), time.Unix(0, e.Ctime)
 	if e.Type == meta.TypeDir {
@@ -874,11 +877,85 @@ func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fu
 	return n.child(ctx, ne, out), 0
 }
 
-// Link fails with EPERM, what link(2) answers on a file system without
-// hard links: a cairn entry is its inode.
+// Link gives a regular file another name (link(2)): meta.Vol.Link, one
+// transaction that writes the new name's copy of the inode and rewrites
+// the others. Both names are one kernel inode here (go-fuse keeps one
+// node per inode number), so writes through either are seen through the
+// other at once; another device sees them with the commit, which goes to
+// every name. The file's pending work on this mount is written first
+// (write-back: its deferred creation and pending changes; a queued
+// commit needs no wait, since it lands on the inode whichever name it
+// goes through). Directories are EPERM, as are symlinks and special
+// files (cairn keeps hard links of regular files only); an inode with
+// meta.MaxLinks names is EMLINK.
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	n.m.log.Debug("hard link refused: cairn has no hard links", "path", n.path(name))
-	return nil, syscall.EPERM
+	ctx = bg(ctx)
+	if errno := checkName(name); errno != 0 {
+		return nil, errno
+	}
+	tn, ok := target.(*node)
+	if !ok {
+		return nil, syscall.EXDEV
+	}
+	if tn.typ != meta.TypeFile {
+		return nil, syscall.EPERM
+	}
+	dir, errno := n.dirEntry()
+	if errno != 0 {
+		return nil, errno
+	}
+	if wb := n.m.wb; wb != nil {
+		wb.undeferNode(tn)
+		if wb.isDeferred(n.ino, name) {
+			return nil, syscall.EEXIST
+		}
+	}
+	if errno := n.flushFor("link", name); errno != 0 {
+		return nil, errno
+	}
+	// A commit of the file in flight finishes first, and none starts
+	// under a name the link is about to rewrite until it is recorded.
+	unlockPlaces := lockPlaces(tn)
+	defer unlockPlaces()
+	fresh := false
+	var ne *meta.Entry
+	td := n.m.touching(dir)
+	tdRev := td.Rev
+	err := retryConflict(func() error {
+		src, err := tn.readEntry(ctx, fresh)
+		fresh = true
+		if err != nil {
+			return err
+		}
+		epoch := n.m.ents.writing()
+		ne, err = n.m.vol.Meta.Link(ctx, src, td, name)
+		n.m.ents.wrote(epoch, ne, false)
+		return err
+	})
+	switch {
+	case errors.Is(err, meta.ErrTooManyLinks):
+		return nil, syscall.EMLINK
+	case errors.Is(err, meta.ErrLinkDir), cairn.KindOf(err) == cairn.Permission:
+		return nil, syscall.EPERM
+	case err != nil:
+		return nil, n.m.errno("link", n.path(name), err)
+	}
+	n.m.keepTouched(td, tdRev)
+	n.m.dirTimes.touch(n.ino)
+	n.m.refreshNames(ctx, ne)
+	return n.child(ctx, ne, out), 0
+}
+
+// refreshNames reads again, into the entry cache, the records of e's
+// other names, which the change that wrote e rewrote (a link, an unlink
+// of one name): a stat through one of them then says the new link count
+// at once, rather than once the watch brings it.
+func (m *Mount) refreshNames(ctx context.Context, e *meta.Entry) {
+	for _, l := range e.Links {
+		if l.Parent != e.Parent || l.Name != e.Name {
+			_, _ = m.ents.get(ctx, l.Parent, l.Name, true)
+		}
+	}
 }
 
 // retryConflict runs a namespace change again while it fails because an
@@ -952,6 +1029,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	// the cache may not have heard yet that the name was made again, as a
 	// directory or as a file, on another device.
 	fresh, tried := false, false
+	var others *meta.Entry // the removed name's file has other names
 	tp := n.m.touching(parent)
 	tpRev := tp.Rev
 	err := retryConflict(func() error {
@@ -970,6 +1048,9 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 		}
 		tried = true
 		_, err = n.m.vol.Meta.RemoveKnown(ctx, tp, name, n.path(name), false, e)
+		if err == nil && e.Nlink() > 1 {
+			others = e
+		}
 		return err
 	})
 	if !tried { // refused before any removal was tried
@@ -981,6 +1062,12 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	}
 	n.m.keepTouched(tp, tpRev)
 	n.m.dirTimes.touch(n.ino)
+	if others != nil {
+		// The inode lives on under its other names, where go-fuse's
+		// tree still has it: not removed, and its writer lock stays.
+		n.m.refreshNames(ctx, others)
+		return 0
+	}
 	n.removedHere(ctx, name)
 	return 0
 }
@@ -1052,6 +1139,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	tsrc, tdst := n.m.touching(src), n.m.touching(dst)
 	tsrcRev, tdstRev := tsrc.Rev, tdst.Rev
 	var movedIno, replacedIno uint64
+	replacedLinked := false
 	var renameErr error
 	inMemory := false
 	if wb := n.m.wb; wb != nil {
@@ -1113,8 +1201,13 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			if err != nil && !errors.Is(err, cairn.ErrNotFound) {
 				return err
 			}
+			replacedLinked = false
 			if de != nil && de.Ino != se.Ino {
 				replacedIno = de.Ino
+				// A file with other names only loses this one: it
+				// and its queued commits live on (its writer lock,
+				// by name, goes as any replaced file's).
+				replacedLinked = de.Nlink() > 1
 			}
 			fresh = true
 			follows = de != nil && meta.FollowsPath(se, de, unsaved)
@@ -1125,6 +1218,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		})
 	}
 	err := renameErr
+	if replacedLinked {
+		replacedIno = 0
+		replaced = nil
+	}
 	if err == nil && movedIno != 0 && n.m.queue != nil {
 		n.m.queue.moved(movedIno, dst, newName, volPath(np, newName), replacedIno)
 	}

@@ -689,7 +689,14 @@ func (r *Realm) RemoveStore(ctx context.Context, name, dest string, progress fun
 func (r *Realm) drainPass(ctx context.Context, vols []*fs.Volume, name, destName string, src, dst cairn.Store, rep *RemoveReport, progress func(RemoveReport)) (live, trashed int, err error) {
 	for _, v := range vols {
 		var todo []*meta.Entry
+		linked := map[uint64]bool{} // inodes with several names: drained once
 		err := v.Meta.Walk(ctx, func(e *meta.Entry, inTrash bool) error {
+			if e.Nlink() > 1 {
+				if linked[e.Ino] {
+					return nil
+				}
+				linked[e.Ino] = true
+			}
 			for _, ver := range e.Versions {
 				if !slices.Contains(ver.Stores, name) {
 					continue
