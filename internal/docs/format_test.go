@@ -10,6 +10,7 @@ import (
 	"cairn.dev/cairn/internal/cli"
 	"cairn.dev/cairn/internal/dav"
 	"cairn.dev/cairn/internal/etcdsvc"
+	"cairn.dev/cairn/internal/journal"
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/manifest"
 	"cairn.dev/cairn/internal/meta"
@@ -51,6 +52,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"embedded etcd's files (endpoint, locks, socket)": fmt.Sprint(etcdsvc.HomeFormat),
 		"mount cache and commit queue":                    fmt.Sprintf("%d (queue records: %d)", mount.CacheVersion, mount.QueueVersion),
 		"upload queue (`put --background`)":               fmt.Sprint(cli.QueueFormat),
+		"journal (work accepted locally, finished later)": fmt.Sprint(journal.Version),
 		"keyring":                                         fmt.Sprint(keyring.FormatVersion),
 		"realm config":                                    one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
 		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),

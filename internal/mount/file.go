@@ -1029,6 +1029,13 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno {
 // mount to keep in unsaved/.
 func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	c, m := h.c, h.n.m
+	if m.mode != Blocking {
+		// What the file's closes queued reaches the disk: their data
+		// (not fsynced at a write-back close) and the queue's journal.
+		if err := m.queue.sync(ctx, h.n.ino); err != nil {
+			return m.errno("fsync", h.n.path(""), err)
+		}
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if err := c.file().Sync(); err != nil {
