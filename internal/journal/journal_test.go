@@ -269,8 +269,8 @@ func FuzzJournalDecode(f *testing.F) {
 			t.Fatalf("open: %v", err)
 		}
 		first := j.Pending()
-		if _, err := j.Append(ctx, []byte("x")); err != nil {
-			t.Fatalf("append: %v", err)
+		if _, aerr := j.Append(ctx, []byte("x")); aerr != nil {
+			t.Fatalf("append: %v", aerr)
 		}
 		j.Close()
 		j, err = Open(ctx, dir, Options{})

@@ -134,8 +134,8 @@ func dataCRC(f *os.File, size int64) (uint32, error) {
 type job struct {
 	rec  queueRecord
 	jseq uint64   // the record's sequence number in the journal (0: none yet)
-	n   *node    // nil for a commit queued before a restart
-	c   *content // the copy whose file is the data (nil likewise)
+	n    *node    // nil for a commit queued before a restart
+	c    *content // the copy whose file is the data (nil likewise)
 }
 
 // queue runs the queued commits of one mount, one at a time, in order.
