@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -106,6 +107,13 @@ type queueRecord struct {
 	// the ctime does not move when the commit lands. Version 4; without
 	// it the commit records its own time.
 	Ctime int64 `json:"ctime,omitempty"`
+	// Fsync marks the record an fsync of a write-back file still open
+	// appended (handle.Fsync): the mount that wrote it never commits it
+	// and acks it once the file's close queued its commit; a next mount
+	// (the writer was killed before that) commits the work copy as it
+	// finds it (its whole size: the fsynced writes and any made after),
+	// and only onto the same file at the recorded place. Version 5.
+	Fsync bool `json:"fsync,omitempty"`
 }
 
 // queueVersion is the version of the queue records this mount writes
@@ -147,7 +155,8 @@ type queue struct {
 
 	mu       sync.Mutex
 	jobs     []*job
-	old      map[uint64]int // inodes with commits queued before the restart
+	prov     map[uint64]*job // by inode: the fsync records of files still open (queueRecord.Fsync)
+	old      map[uint64]int  // inodes with commits queued before the restart
 	seq      uint64
 	stopping bool
 	kick     chan struct{}
@@ -165,7 +174,7 @@ const queueAge = 5 * time.Second
 // commits not done. It returns the data files they name (work copies
 // that are not leftovers).
 func loadQueue(ctx context.Context, m *Mount, dir string, delay time.Duration) (*queue, map[string]bool, error) {
-	q := &queue{m: m, dir: dir, delay: delay, old: map[uint64]int{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	q := &queue{m: m, dir: dir, delay: delay, old: map[uint64]int{}, prov: map[uint64]*job{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
 	jn, err := journal.Open(ctx, dir, journal.Options{})
 	if err != nil {
 		return nil, nil, err
@@ -201,8 +210,12 @@ func loadQueue(ctx context.Context, m *Mount, dir string, delay time.Duration) (
 		latest[rec.Seq] = &job{rec: rec, jseq: r.Seq}
 	}
 	jobs := make([]*job, 0, len(latest))
+	closed := map[uint64]uint64{} // inode -> the seq of its last commit queued at a close
 	for _, j := range latest {
 		jobs = append(jobs, j)
+		if !j.rec.Fsync {
+			closed[j.rec.Ino] = max(closed[j.rec.Ino], j.rec.Seq)
+		}
 	}
 	sort.Slice(jobs, func(a, b int) bool { return jobs[a].rec.Seq < jobs[b].rec.Seq })
 	data := map[string]bool{}
@@ -210,7 +223,17 @@ func loadQueue(ctx context.Context, m *Mount, dir string, delay time.Duration) (
 		rec := &j.rec
 		q.seq = max(q.seq, rec.Seq)
 		p := q.dataPath(rec)
-		if _, err := os.Stat(p); err != nil {
+		if rec.Fsync && closed[rec.Ino] > rec.Seq {
+			// The file's close queued its commit after the fsync: the
+			// fsync's record was waiting for its ack.
+			stale = append(stale, j.jseq)
+			continue
+		}
+		fi, err := os.Stat(p)
+		if err == nil && rec.Fsync {
+			rec.Size = fi.Size() // the copy as the writer left it
+		}
+		if err != nil {
 			// The commit was done and its copy kept in the cache, but
 			// the record's ack did not reach the disk. A record written
 			// without fsync (write-back) may instead have lost its data
@@ -556,7 +579,7 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		if err == nil {
 			attrs.Mode, attrs.UID, attrs.GID = cur.Mode, cur.UID, cur.GID
 		}
-		if j.n != nil && (err != nil || cur.Ino != rec.Ino) {
+		if (j.n != nil || rec.Fsync) && (err != nil || cur.Ino != rec.Ino) {
 			return nil, cairn.E("commit", cairn.NotFound, q.pathOf(j), errors.New("the file is no longer where it was closed, and this mount no longer knows where it went"))
 		}
 		attrs.Path = rec.Path
@@ -762,7 +785,7 @@ func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
 func (q *queue) renamed(ino, dir uint64, name string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, j := range q.jobs {
+	for _, j := range q.withProv() {
 		if j.rec.Ino != ino || j.rec.Dir != dir {
 			continue
 		}
@@ -787,7 +810,7 @@ func (q *queue) renamed(ino, dir uint64, name string) {
 func (q *queue) moved(ino uint64, dir *meta.Entry, name, path string, replacedIno uint64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, j := range q.jobs {
+	for _, j := range q.withProv() {
 		switch {
 		case j.rec.Ino == ino:
 			j.rec.Name, j.rec.Path = name, path
@@ -800,6 +823,50 @@ func (q *queue) moved(ino uint64, dir *meta.Entry, name, path string, replacedIn
 				q.m.log.Warn("could not mark the queued commit's record of a file replaced by a rename done", "seq", j.jseq, "err", err)
 			}
 		}
+	}
+}
+
+// withProv returns the jobs and the fsync records (q.mu held).
+func (q *queue) withProv() []*job {
+	js := slices.Clone(q.jobs)
+	for _, j := range q.prov {
+		js = append(js, j)
+	}
+	return js
+}
+
+// fsynced appends, and fsyncs, an fsync record (queueRecord.Fsync) of a
+// file still open in write-back mode, in place of the one it had.
+func (q *queue) fsynced(ctx context.Context, j *job) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.seq++
+	j.rec.Seq, j.rec.V, j.rec.Queued, j.rec.Fsync = q.seq, queueVersion, time.Now().UnixNano(), true
+	if old := q.prov[j.rec.Ino]; old != nil {
+		j.jseq = old.jseq // acked by write once the new one is in
+	}
+	if err := q.write(ctx, j); err != nil {
+		return err
+	}
+	q.prov[j.rec.Ino] = j
+	if err := q.j.Sync(ctx); err != nil {
+		return cairn.E("fsync", cairn.IO, q.dir, err)
+	}
+	return nil
+}
+
+// dropFsynced acks the fsync record of inode ino, if any: its close
+// queued a commit, or the file is gone.
+func (q *queue) dropFsynced(ctx context.Context, ino uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.prov[ino]
+	if j == nil {
+		return
+	}
+	delete(q.prov, ino)
+	if err := q.j.Ack(ctx, j.jseq); err != nil {
+		q.m.log.Warn("could not mark an fsync record done", "seq", j.jseq, "err", err)
 	}
 }
 
@@ -853,6 +920,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 		c.mu.Lock()
 		c.dirty, c.gone = false, true // descriptors still open keep reading it
 		c.mu.Unlock()
+		m.queue.dropFsynced(ctx, n.ino)
 		return nil
 	}
 	dir, errno := parent.dirEntry()
@@ -930,7 +998,46 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 		}
 		return err
 	}
+	m.queue.dropFsynced(ctx, n.ino)
 	return nil
+}
+
+// fsyncRecord, in write-back mode, gives the writes of file n made since
+// its last queued close, fsynced in c's copy, a record in the queue's
+// journal (queueRecord.Fsync), fsynced: a kill of the mount before the
+// file's close queues its commit leaves the next mount that record to
+// commit, instead of an entry the fsync made empty and the writes in
+// unsaved/. c.wmu is held.
+func (n *node) fsyncRecord(ctx context.Context, c *content) error {
+	m := n.m
+	c.mu.Lock()
+	dirty, mtime, ctime := c.dirty, c.mtime, c.ctime
+	c.mu.Unlock()
+	if !dirty {
+		return nil
+	}
+	n.placeMu.Lock()
+	defer n.placeMu.Unlock()
+	name, parent, ok := n.place()
+	if !ok {
+		return nil
+	}
+	dir, errno := parent.dirEntry()
+	if errno != 0 {
+		return nil // the file's directory is not in the metadata: nothing to commit onto
+	}
+	m.cache.mu.Lock()
+	data := c.path
+	m.cache.mu.Unlock()
+	if !strings.HasPrefix(data, filepath.Join(m.cache.dir, "work")+"/") {
+		return nil
+	}
+	n.mu.Lock()
+	last := n.last
+	n.mu.Unlock()
+	return m.queue.fsynced(ctx, &job{rec: queueRecord{Ino: n.ino, Name: name, Dir: dir.Ino, DirParent: dir.Parent, DirName: dir.Name,
+		Path: volPath(parent, name), Data: filepath.Base(data), Mtime: mtime.UnixNano(), Mode: last.Mode, UID: last.UID, GID: last.GID,
+		Ctime: later(ctime, time.Unix(0, last.Ctime)).UnixNano()}})
 }
 
 // copyOut, with c.wmu held, gives the queued commits whose data is c's
