@@ -1011,6 +1011,15 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 func (n *node) fsyncRecord(ctx context.Context, c *content) error {
 	m := n.m
 	c.mu.Lock()
+	ptw := c.ptw
+	c.mu.Unlock()
+	if ptw {
+		// What the kernel wrote to the copy itself (passthrough) counts.
+		if err := m.harvest(c); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
 	dirty, mtime, ctime := c.dirty, c.mtime, c.ctime
 	c.mu.Unlock()
 	if !dirty {
