@@ -148,6 +148,8 @@ func tarGitRound(t *testing.T, r *realmT, mnt string, k int, state map[string][]
 			mu.Unlock()
 		}
 	}()
+	// The goroutines draw from the global source (rng is not safe for
+	// concurrent use).
 	go func() { // git commit, again and again
 		defer wg.Done()
 		git := func(args ...string) error {
@@ -160,7 +162,7 @@ func tarGitRound(t *testing.T, r *realmT, mnt string, k int, state map[string][]
 		}
 		for c := 0; c < 20 && !stopped(); c++ {
 			for i := 0; i < 10; i++ {
-				if os.WriteFile(filepath.Join(gdir, fmt.Sprintf("s%d.txt", i)), randBytes(1+rng.IntN(8<<10)), 0o644) != nil {
+				if os.WriteFile(filepath.Join(gdir, fmt.Sprintf("s%d.txt", i)), randBytes(1+rand.IntN(8<<10)), 0o644) != nil {
 					return
 				}
 			}
@@ -176,7 +178,7 @@ func tarGitRound(t *testing.T, r *realmT, mnt string, k int, state map[string][]
 		}
 		for i := 0; !stopped(); i++ {
 			name := fmt.Sprintf("x%04d", i)
-			b := randBytes(1 + rng.IntN(64<<10))
+			b := randBytes(1 + rand.IntN(64<<10))
 			p := filepath.Join(fdir, name)
 			f, err := os.Create(p)
 			if err != nil {
