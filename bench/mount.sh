@@ -123,13 +123,13 @@ unmount_all() {
 	done
 }
 trap 'unmount_all; cleanup' EXIT
-# drained: waits until the mount's queue holds no record (every commit queued by a close is
+# drained: waits until the mount's queue (its journal, read by fsops queued) holds no record (every commit queued by a close is
 # done, and with it every namespace change made before that close); prints the seconds waited.
 drained() {
 	local t0 i
 	t0=$(now)
 	for i in $(seq 6000); do
-		compgen -G "$REALM/mountcache/*/queue/*.json" >/dev/null || break
+		[[ $("$FSOPS" queued "$REALM/mountcache") == 0 ]] && break
 		sleep 0.05
 	done
 	awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'

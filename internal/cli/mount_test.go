@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"cairn.dev/cairn/internal/journal"
 	"cairn.dev/cairn/internal/mount"
 )
 
@@ -241,9 +242,19 @@ func TestMount(t *testing.T) {
 // queueRecords lists the queued commits of the realm's mounts.
 func queueRecords(t *testing.T, home string) []string {
 	t.Helper()
-	recs, err := filepath.Glob(filepath.Join(home, "mountcache", "*", "queue", "*.json"))
+	dirs, err := filepath.Glob(filepath.Join(home, "mountcache", "*", "queue"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	var recs []string
+	for _, d := range dirs {
+		rs, err := journal.Read(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rs {
+			recs = append(recs, string(r.Payload))
+		}
 	}
 	return recs
 }

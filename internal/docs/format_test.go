@@ -10,6 +10,7 @@ import (
 	"cairn.dev/cairn/internal/cli"
 	"cairn.dev/cairn/internal/dav"
 	"cairn.dev/cairn/internal/etcdsvc"
+	"cairn.dev/cairn/internal/journal"
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/manifest"
 	"cairn.dev/cairn/internal/meta"
@@ -51,9 +52,10 @@ func TestFormatVersionTable(t *testing.T) {
 		"embedded etcd's files (endpoint, locks, socket)": fmt.Sprint(etcdsvc.HomeFormat),
 		"mount cache and commit queue":                    fmt.Sprintf("%d (queue records: %d)", mount.CacheVersion, mount.QueueVersion),
 		"upload queue (`put --background`)":               fmt.Sprint(cli.QueueFormat),
-		"keyring":                                         fmt.Sprint(keyring.FormatVersion),
-		"realm config":                                    one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
-		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),
+		"journal (work accepted locally, finished later)": fmt.Sprint(journal.Version),
+		"keyring":              fmt.Sprint(keyring.FormatVersion),
+		"realm config":         one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
+		"WebDAV app passwords": fmt.Sprint(dav.UsersFormat),
 		"node wire protocol, join token, revocation and token lists, registrar state": one(t, "node wire protocol",
 			wire.Version, pki.JoinFormat, pki.TokenListFormat, pki.RevocationFormat, realm.RegistrarFormat),
 		"erasure-coded shards and shard maps, repair queue, shard-map cache": fmt.Sprint(ecstore.Version),

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"cairn.dev/cairn/internal/fs"
-	"cairn.dev/cairn/internal/meta"
 )
 
 // TestLinkedFileCountedOnce: a file with two names is one file to stats
@@ -15,9 +14,6 @@ import (
 func TestLinkedFileCountedOnce(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t, 3)
-	if err := f.svc.InitRealm(ctx, meta.RealmInfo{ID: "r", Format: 1}); err != nil {
-		t.Fatal(err)
-	}
 	data := random(100 << 10)
 	a := f.write(t, "a", data)
 	if _, err := f.vol.Meta.Link(ctx, a, f.root, "b"); err != nil {

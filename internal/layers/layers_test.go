@@ -19,6 +19,7 @@ var layer = map[string]int{
 	"internal/durable":             1, // fsynced writes of small files and directory entries
 	"internal/durable/durabletest": 2, // test helper: a small tmpfs to fill
 	"internal/vpath":               1,
+	"internal/journal":             2, // the journal of work finished later (DESIGN decision 12): below fs, mount and cli
 
 	"internal/chunker":  2,
 	"internal/store":    2, // optional store abilities and helpers

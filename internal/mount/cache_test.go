@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/journal"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
 	"cairn.dev/cairn/internal/store/memstore"
@@ -527,7 +528,7 @@ func TestNonBlocking(t *testing.T) {
 	if got := f.readMount("a"); string(got) != "v2, queued" {
 		t.Fatalf("this mount reads %q before the commit", got)
 	}
-	records, _ := filepath.Glob(filepath.Join(mount.CacheDir(f.m), "queue", "*.json"))
+	records, _ := queueRecords(t, filepath.Join(mount.CacheDir(f.m), "queue"))
 	if len(records) != 1 {
 		t.Fatalf("queue records on disk: %v", records)
 	}
@@ -584,7 +585,7 @@ func TestNonBlocking(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.m.Wait()
-	records, _ = filepath.Glob(filepath.Join(f.cache, "*", "queue", "*.json"))
+	records, _ = queueRecords(t, filepath.Join(f.cache, "*", "queue"))
 	if len(records) != 1 {
 		t.Fatalf("queue records after the unmount: %v", records)
 	}
@@ -617,7 +618,7 @@ func TestNonBlocking(t *testing.T) {
 	if e := f.entry("b"); e.Mode != 0o600 {
 		t.Fatalf("b's mode %o", e.Mode)
 	}
-	if records, _ = filepath.Glob(filepath.Join(f.cache, "*", "queue", "*.json")); len(records) != 0 {
+	if records, _ = queueRecords(t, filepath.Join(f.cache, "*", "queue")); len(records) != 0 {
 		t.Fatalf("queue records left: %v", records)
 	}
 }
@@ -778,34 +779,19 @@ func TestQueuedAcrossRemountFollowsPlacement(t *testing.T) {
 	}
 	f.m.Wait()
 	f.st.fail.Store(false)
-	records, _ := filepath.Glob(filepath.Join(f.cache, "*", "queue", "*.json"))
+	records, qdir := queueRecords(t, filepath.Join(f.cache, "*", "queue"))
 	if len(records) != 2 {
-		t.Fatalf("queue records after the unmount: %v", records)
+		t.Fatalf("queue records after the unmount: %q", records)
 	}
-	// placed/old's record as a mount before version 2 wrote it.
-	for _, p := range records {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
+	// The records as files of an older cairn (queue version 4), moved into
+	// the journal by the next mount; placed/old's as a mount before
+	// version 2 wrote it.
+	toRecordFiles(t, qdir, func(rec map[string]any) {
+		if rec["name"] == "old" {
+			rec["v"] = 1
+			delete(rec, "path")
 		}
-		var rec map[string]any
-		d := json.NewDecoder(bytes.NewReader(b))
-		d.UseNumber() // inode numbers do not fit a float64
-		if derr := d.Decode(&rec); derr != nil {
-			t.Fatal(derr)
-		}
-		if rec["name"] != "old" {
-			continue
-		}
-		rec["v"] = 1
-		delete(rec, "path")
-		if b, err = json.Marshal(rec); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	// The policy of /placed: a store of its own.
 	svc, mv, _ := f.openMeta(meta.Options{})
 	placedStore := memstore.New()
@@ -824,7 +810,14 @@ func TestQueuedAcrossRemountFollowsPlacement(t *testing.T) {
 	})
 	defer f.vol.SetPlacement(nil)
 	f.start(mount.Options{Mode: mount.NonBlocking})
+	// Moved into the journal at the mount: no record file is left.
+	if old, _ := filepath.Glob(filepath.Join(qdir, "*.json")); len(old) != 0 {
+		t.Fatalf("record files of the older format left after the mount: %v", old)
+	}
 	f.waitPending(20 * time.Second)
+	if recs, _ := queueRecords(t, qdir); len(recs) != 0 {
+		t.Fatalf("queue records left after the queue ran: %q", recs)
+	}
 	for _, name := range []string{"placed/new", "placed/old"} {
 		if got := string(f.readMount(name)); got != "queued: "+name {
 			t.Fatalf("%s after the next mount: %q", name, got)
@@ -846,4 +839,57 @@ func keys(m *sync.Map) []any {
 	var ks []any
 	m.Range(func(k, _ any) bool { ks = append(ks, k); return true })
 	return ks
+}
+
+// queueRecords returns the queued commits' records (JSON) in the queue
+// journals of the directories glob matches, and the last such directory.
+func queueRecords(t *testing.T, glob string) ([][]byte, string) {
+	t.Helper()
+	dirs, _ := filepath.Glob(glob)
+	var recs [][]byte
+	var last string
+	for _, d := range dirs {
+		rs, err := journal.Read(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rs {
+			recs = append(recs, r.Payload)
+		}
+		last = d
+	}
+	return recs, last
+}
+
+// toRecordFiles turns the queue journal in dir into the record files of
+// queue version 4 and before (queue/<seq>.json), as an older cairn left
+// them, each first passed through edit.
+func toRecordFiles(t *testing.T, dir string, edit func(rec map[string]any)) {
+	t.Helper()
+	recs, err := journal.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		var rec map[string]any
+		d := json.NewDecoder(bytes.NewReader(r.Payload))
+		d.UseNumber() // inode numbers do not fit a float64
+		if derr := d.Decode(&rec); derr != nil {
+			t.Fatal(derr)
+		}
+		rec["v"] = 4
+		edit(rec)
+		b, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq, _ := rec["seq"].(json.Number).Int64()
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%016x.json", seq)), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.jnl"))
+	for _, s := range segs {
+		os.Remove(s)
+	}
 }

@@ -1044,6 +1044,16 @@ func (h *handle) Flush(ctx context.Context) syscall.Errno {
 // mount to keep in unsaved/.
 func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	c, m := h.c, h.n.m
+	if m.mode == WriteBack {
+		h.waitReleases()
+	}
+	if m.mode != Blocking {
+		// What the file's closes queued reaches the disk: their data
+		// (not fsynced at a write-back close) and the queue's journal.
+		if err := m.queue.sync(ctx, h.n.ino); err != nil {
+			return m.errno("fsync", h.n.path(""), err)
+		}
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if err := c.file().Sync(); err != nil {
@@ -1052,18 +1062,53 @@ func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	m.cache.mu.Lock()
 	p, named := c.path, c.named
 	m.cache.mu.Unlock()
-	if named || p == "" {
-		return h.fsyncEntry(ctx)
+	if !named && p != "" {
+		if err := durable.SyncDir(filepath.Dir(p)); err != nil {
+			return m.errno("fsync", h.n.path(""), cairn.E("fsync", cairn.IO, p, err))
+		}
+		m.cache.mu.Lock()
+		if c.path == p {
+			c.named = true
+		}
+		m.cache.mu.Unlock()
 	}
-	if err := durable.SyncDir(filepath.Dir(p)); err != nil {
-		return m.errno("fsync", h.n.path(""), cairn.E("fsync", cairn.IO, p, err))
+	if errno := h.fsyncEntry(ctx); errno != 0 {
+		return errno
 	}
-	m.cache.mu.Lock()
-	if c.path == p {
-		c.named = true
+	if m.mode == WriteBack {
+		if err := h.n.fsyncRecord(ctx, c); err != nil {
+			return m.errno("fsync", h.n.path(""), err)
+		}
 	}
-	m.cache.mu.Unlock()
-	return h.fsyncEntry(ctx)
+	return 0
+}
+
+// releaseWait bounds how long an fsync in write-back mode waits for the
+// releases of the file's other writers (waitReleases).
+const releaseWait = time.Second
+
+// waitReleases waits, up to releaseWait, until no writer of the file but
+// h is open or being released. Write-back mode queues a file's commit at
+// its last writer's release, which the kernel sends after close returned
+// (the request may reach the mount after a later fsync's): a close
+// followed by an fsync of the file (on another descriptor) is durable
+// once the fsync returns only if the fsync waits for it. A writer that
+// is really still open elsewhere makes the fsync wait the whole bound.
+func (h *handle) waitReleases() {
+	own := 0
+	if h.write {
+		own = 1
+	}
+	deadline := time.Now().Add(releaseWait)
+	for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
+		h.c.mu.Lock()
+		busy := h.c.writers > own || h.c.releasing > 0
+		h.c.mu.Unlock()
+		if !busy || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(delay)
+	}
 }
 
 // fsyncEntry writes the file's entry, and those before it, if pending

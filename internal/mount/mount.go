@@ -309,7 +309,7 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 	// The lock file names the mount point too: 'cairn umount' finds the
 	// mount's queue by it (Serving).
 	fmt.Fprintf(cache.lockf, "mountpoint %s\n", dir)
-	q, queued, err := loadQueue(m, filepath.Join(cache.dir, "queue"), o.QueueDelay)
+	q, queued, err := loadQueue(ctx, m, filepath.Join(cache.dir, "queue"), o.QueueDelay)
 	if err != nil {
 		cache.close()
 		return nil, cairn.E(op, cairn.IO, cache.dir, err)
@@ -821,15 +821,15 @@ func Serving(cacheRoot, dir string) string {
 // dir (it lets it go last, once its queue has committed what it could),
 // and how many commits are queued in it.
 func CacheState(dir string) (busy bool, queued int) {
-	recs, _ := filepath.Glob(filepath.Join(dir, "queue", "*.json"))
+	queued = queuedIn(filepath.Join(dir, "queue"))
 	f, err := os.Open(filepath.Join(dir, "lock"))
 	if err != nil {
-		return false, len(recs)
+		return false, queued
 	}
 	defer f.Close()
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
-		return errors.Is(err, unix.EWOULDBLOCK), len(recs)
+		return errors.Is(err, unix.EWOULDBLOCK), queued
 	}
 	unix.Flock(int(f.Fd()), unix.LOCK_UN)
-	return false, len(recs)
+	return false, queued
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/journal"
 	"cairn.dev/cairn/internal/meta"
 )
 
@@ -67,10 +69,11 @@ func (m Mode) String() string {
 	return "blocking"
 }
 
-// queueRecord is one queued commit, a JSON file queue/<seq>.json in the
-// volume's cache directory (doc/format.md, "Mount cache, version 1"). The
-// data it commits is the work copy named by Data, made durable before the
-// record is.
+// queueRecord is one queued commit: a JSON record in the queue's journal
+// (internal/journal) in the volume's cache directory (doc/format.md,
+// "Mount cache"); before queue version 5, a JSON file queue/<seq>.json,
+// moved into the journal at the next mount. The data it commits is the
+// work copy named by Data.
 type queueRecord struct {
 	V   int    `json:"v"` // format version: queueVersion (1 is read too)
 	Seq uint64 `json:"seq"`
@@ -104,17 +107,25 @@ type queueRecord struct {
 	// the ctime does not move when the commit lands. Version 4; without
 	// it the commit records its own time.
 	Ctime int64 `json:"ctime,omitempty"`
+	// Fsync marks the record an fsync of a write-back file still open
+	// appended (handle.Fsync): the mount that wrote it never commits it
+	// and acks it once the file's close queued its commit; a next mount
+	// (the writer was killed before that) commits the work copy as it
+	// finds it (its whole size: the fsynced writes and any made after),
+	// and only onto the same file at the recorded place. Version 5.
+	Fsync bool `json:"fsync,omitempty"`
 }
 
-// queueVersion is the version of the queue records this mount writes;
-// versions 1 to 3 are read too.
-const queueVersion = 4
+// queueVersion is the version of the queue records this mount writes
+// (5: in the journal); versions 1 to 4 (files queue/<seq>.json) are read
+// too, and moved into the journal.
+const queueVersion = 5
 
 // QueueVersion is queueVersion, and CacheVersion the version of the mount
 // cache's layout (doc/format.md, "Mount cache").
 const (
 	QueueVersion = queueVersion
-	CacheVersion = 1
+	CacheVersion = 2
 )
 
 // dataCRC returns the CRC-32C of the first size bytes of f (the sum
@@ -129,20 +140,23 @@ func dataCRC(f *os.File, size int64) (uint32, error) {
 }
 
 type job struct {
-	rec queueRecord
-	n   *node    // nil for a commit queued before a restart
-	c   *content // the copy whose file is the data (nil likewise)
+	rec  queueRecord
+	jseq uint64   // the record's sequence number in the journal (0: none yet)
+	n    *node    // nil for a commit queued before a restart
+	c    *content // the copy whose file is the data (nil likewise)
 }
 
 // queue runs the queued commits of one mount, one at a time, in order.
 type queue struct {
 	m     *Mount
 	dir   string
+	j     *journal.Journal
 	delay time.Duration
 
 	mu       sync.Mutex
 	jobs     []*job
-	old      map[uint64]int // inodes with commits queued before the restart
+	prov     map[uint64]*job // by inode: the fsync records of files still open (queueRecord.Fsync)
+	old      map[uint64]int  // inodes with commits queued before the restart
 	seq      uint64
 	stopping bool
 	kick     chan struct{}
@@ -155,46 +169,87 @@ const maxQueueBackoff = 30 * time.Second
 // the mount to be quiet (quiet.go) before it is made anyway.
 const queueAge = 5 * time.Second
 
-// loadQueue reads the records a previous mount left. It returns the data
-// files they name (work copies that are not leftovers).
-func loadQueue(m *Mount, dir string, delay time.Duration) (*queue, map[string]bool, error) {
-	q := &queue{m: m, dir: dir, delay: delay, old: map[uint64]int{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
-	names, err := filepath.Glob(filepath.Join(dir, "*.json"))
+// loadQueue opens the queue's journal in dir, moves into it the record
+// files of queue versions 1 to 4 a previous mount left, and reads the
+// commits not done. It returns the data files they name (work copies
+// that are not leftovers).
+func loadQueue(ctx context.Context, m *Mount, dir string, delay time.Duration) (*queue, map[string]bool, error) {
+	q := &queue{m: m, dir: dir, delay: delay, old: map[uint64]int{}, prov: map[uint64]*job{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	jn, err := journal.Open(ctx, dir, journal.Options{})
 	if err != nil {
 		return nil, nil, err
 	}
-	sort.Strings(names)
-	data := map[string]bool{}
-	for _, name := range names {
+	q.j = jn
+	for _, d := range jn.Damage() {
+		m.log.Error("the commit queue's journal is damaged: queued commits may be lost (their data, if any, is kept in unsaved/)", "err", d)
+	}
+	if err := q.migrate(ctx); err != nil {
+		jn.Close()
+		return nil, nil, err
+	}
+	// A record written again (a rename: queue.moved) whose old copy's
+	// ack a crash lost is there twice: the later one counts.
+	latest := map[uint64]*job{}
+	var stale []uint64
+	for _, r := range jn.Pending() {
 		var rec queueRecord
-		b, err := os.ReadFile(name)
-		if err == nil {
-			err = json.Unmarshal(b, &rec)
-		}
+		err := json.Unmarshal(r.Payload, &rec)
 		if err == nil && (rec.V < 1 || rec.V > queueVersion) {
 			err = fmt.Errorf("format version %d", rec.V)
 		}
 		if err != nil {
-			m.log.Error("a queued commit cannot be read; it is left where it is", "record", name, "err", err)
+			// Left in the journal (never acked) for a newer cairn or a
+			// person; its data, named by no readable record, goes to
+			// unsaved/.
+			m.log.Error("a queued commit cannot be read; its record is left in the journal", "journal", dir, "seq", r.Seq, "err", err)
 			continue
 		}
+		if o := latest[rec.Seq]; o != nil {
+			stale = append(stale, o.jseq)
+		}
+		latest[rec.Seq] = &job{rec: rec, jseq: r.Seq}
+	}
+	jobs := make([]*job, 0, len(latest))
+	closed := map[uint64]uint64{} // inode -> the seq of its last commit queued at a close
+	for _, j := range latest {
+		jobs = append(jobs, j)
+		if !j.rec.Fsync {
+			closed[j.rec.Ino] = max(closed[j.rec.Ino], j.rec.Seq)
+		}
+	}
+	sort.Slice(jobs, func(a, b int) bool { return jobs[a].rec.Seq < jobs[b].rec.Seq })
+	data := map[string]bool{}
+	for _, j := range jobs {
+		rec := &j.rec
 		q.seq = max(q.seq, rec.Seq)
-		p := q.dataPath(&rec)
-		if _, err := os.Stat(p); err != nil {
+		p := q.dataPath(rec)
+		if rec.Fsync && closed[rec.Ino] > rec.Seq {
+			// The file's close queued its commit after the fsync: the
+			// fsync's record was waiting for its ack.
+			stale = append(stale, j.jseq)
+			continue
+		}
+		fi, err := os.Stat(p)
+		if err == nil && rec.Fsync {
+			rec.Size = fi.Size() // the copy as the writer left it
+		}
+		if err != nil {
 			// The commit was done and its copy kept in the cache, but
-			// the record's removal did not reach the disk. A record
-			// written without fsync (write-back) may instead have lost
-			// its data with the machine's power: said, as it cannot be
-			// told apart.
+			// the record's ack did not reach the disk. A record written
+			// without fsync (write-back) may instead have lost its data
+			// with the machine's power: said, as it cannot be told apart.
 			if rec.CRC32C != nil {
-				m.log.Warn("a queued commit's data is gone: committed before a crash, or lost with the machine's power; its record is dropped", "record", name, "ino", fmt.Sprintf("%016x", rec.Ino), "path", rec.Path)
+				m.log.Warn("a queued commit's data is gone: committed before a crash, or lost with the machine's power; its record is dropped", "seq", j.jseq, "ino", fmt.Sprintf("%016x", rec.Ino), "path", rec.Path)
 			}
-			os.Remove(name)
+			stale = append(stale, j.jseq)
 			continue
 		}
 		data[p] = true
-		q.jobs = append(q.jobs, &job{rec: rec})
+		q.jobs = append(q.jobs, j)
 		q.old[rec.Ino]++
+	}
+	if err := jn.Ack(ctx, stale...); err != nil {
+		m.log.Warn("could not mark stale queue records done", "err", err)
 	}
 	if len(q.jobs) > 0 {
 		m.log.Info("finishing commits queued before the last unmount", "count", len(q.jobs))
@@ -202,45 +257,127 @@ func loadQueue(m *Mount, dir string, delay time.Duration) (*queue, map[string]bo
 	return q, data, nil
 }
 
+// migrate moves the record files of queue versions 1 to 4
+// (queue/<seq>.json) into the journal, each as it was, fsyncs the journal,
+// then removes them. A file that cannot be read stays where it is.
+func (q *queue) migrate(ctx context.Context) error {
+	names, err := filepath.Glob(filepath.Join(q.dir, "*.json"))
+	if err != nil || len(names) == 0 {
+		return err
+	}
+	sort.Strings(names)
+	var moved []string
+	for _, name := range names {
+		var rec queueRecord
+		b, err := os.ReadFile(name)
+		if err == nil {
+			err = json.Unmarshal(b, &rec)
+		}
+		if err == nil && (rec.V < 1 || rec.V > 4) {
+			err = fmt.Errorf("format version %d", rec.V)
+		}
+		if err != nil {
+			q.m.log.Error("a queued commit of an older cairn cannot be read; it is left where it is", "record", name, "err", err)
+			continue
+		}
+		if _, err := q.j.Append(ctx, b); err != nil {
+			return err
+		}
+		moved = append(moved, name)
+	}
+	if err := q.j.Sync(ctx); err != nil {
+		return err
+	}
+	for _, name := range moved {
+		if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return cairn.E("queue migrate", cairn.IO, name, err)
+		}
+	}
+	for _, tmp := range must(filepath.Glob(filepath.Join(q.dir, "*.json.tmp"))) {
+		os.Remove(tmp) // a record a crash left half-written: never queued
+	}
+	if err := durable.SyncDir(q.dir); err != nil {
+		return cairn.E("queue migrate", cairn.IO, q.dir, err)
+	}
+	q.m.log.Info("moved the queued commits of an older cairn into the queue's journal", "count", len(moved))
+	return nil
+}
+
+func must[T any](v T, _ error) T { return v }
+
+// queuedIn returns how many commits the queue in dir holds, without
+// opening it (the mount using it may be running).
+func queuedIn(dir string) int {
+	recs, _ := journal.Read(dir)
+	old, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+	return len(recs) + len(old)
+}
+
 func (q *queue) dataPath(rec *queueRecord) string {
 	return filepath.Join(q.m.cache.dir, "work", filepath.Base(rec.Data))
 }
 
-func (q *queue) recordPath(seq uint64) string {
-	return filepath.Join(q.dir, fmt.Sprintf("%016x.json", seq))
-}
-
-// write writes rec to its file: durably (a new file, fsynced, renamed
-// into place, the directory fsynced), or, for a record with a CRC32C
-// (write-back mode), the same without the fsyncs.
-func (q *queue) write(rec *queueRecord) error {
-	b, _ := json.Marshal(rec)
-	p := q.recordPath(rec.Seq)
-	tmp := p + ".tmp"
-	sync := rec.CRC32C == nil
-	var err error
-	if sync {
-		err = durable.WriteFile(tmp, b, 0o600)
-	} else {
-		err = os.WriteFile(tmp, b, 0o600)
-	}
-	if err == nil {
-		err = os.Rename(tmp, p)
-	}
-	if err == nil && sync {
-		err = durable.SyncDir(q.dir)
+// write appends rec to the journal (one write) and, unless it has a
+// CRC32C (write-back mode, where a close fsyncs nothing), fsyncs the
+// journal; a record j had before (a rename writes it again) is acked
+// after. It returns the record's new journal sequence number.
+func (q *queue) write(ctx context.Context, j *job) error {
+	b, _ := json.Marshal(&j.rec)
+	seq, err := q.j.Append(ctx, b)
+	if err == nil && j.rec.CRC32C == nil {
+		err = q.j.Sync(ctx)
 	}
 	if err != nil {
-		os.Remove(tmp)
-		return cairn.E("queue commit", cairn.IO, p, err)
+		return cairn.E("queue commit", cairn.IO, q.dir, err)
+	}
+	if old := j.jseq; old != 0 {
+		if err := q.j.Ack(ctx, old); err != nil {
+			q.m.log.Warn("could not mark a queue record written again done", "seq", old, "err", err)
+		}
+	}
+	j.jseq = seq
+	return nil
+}
+
+// sync makes the queue's records durable (an fsync in write-back mode):
+// the journal, and the data of the queued commits of inode ino (the
+// copies a write-back close did not fsync).
+func (q *queue) sync(ctx context.Context, ino uint64) error {
+	q.mu.Lock()
+	var paths []string
+	for _, j := range q.jobs {
+		if j.rec.Ino == ino && j.rec.CRC32C != nil {
+			paths = append(paths, q.dataPath(&j.rec))
+		}
+	}
+	q.mu.Unlock()
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // committed meanwhile
+		}
+		if err == nil {
+			err = f.Sync()
+			f.Close()
+		}
+		if err != nil {
+			return cairn.E("fsync", cairn.IO, p, err)
+		}
+	}
+	if len(paths) > 0 {
+		if err := durable.SyncDir(filepath.Join(q.m.cache.dir, "work")); err != nil {
+			return cairn.E("fsync", cairn.IO, q.m.cache.dir, err)
+		}
+	}
+	if err := q.j.Sync(ctx); err != nil {
+		return cairn.E("fsync", cairn.IO, q.dir, err)
 	}
 	return nil
 }
 
-// add writes rec durably (a new file, fsynced, renamed into place, the
-// directory fsynced), or, for a record with a CRC32C (write-back mode),
-// without the fsyncs, and queues it.
-func (q *queue) add(j *job) error {
+// add appends j's record to the journal, fsynced unless it has a CRC32C
+// (write-back mode), and queues it.
+func (q *queue) add(ctx context.Context, j *job) error {
 	q.mu.Lock()
 	q.seq++
 	j.rec.Seq = q.seq
@@ -249,7 +386,9 @@ func (q *queue) add(j *job) error {
 	}
 	q.mu.Unlock()
 	j.rec.V, j.rec.Queued = queueVersion, time.Now().UnixNano()
-	if err := q.write(&j.rec); err != nil {
+	// No rename of the file runs meanwhile (enqueue holds its placeMu):
+	// the record has the file's place when it is listed for moved.
+	if err := q.write(ctx, j); err != nil {
 		return err
 	}
 	q.mu.Lock()
@@ -281,6 +420,12 @@ func (q *queue) stop() {
 	q.mu.Unlock()
 	q.poke()
 	<-q.done
+	// The acks of the commits done reach the disk; the records left are
+	// the next mount's.
+	if err := q.j.Sync(context.Background()); err != nil {
+		q.m.log.Warn("could not fsync the commit queue's journal", "err", err)
+	}
+	q.j.Close()
 }
 
 // run commits the queued jobs in order until stop.
@@ -434,7 +579,7 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		if err == nil {
 			attrs.Mode, attrs.UID, attrs.GID = cur.Mode, cur.UID, cur.GID
 		}
-		if j.n != nil && (err != nil || cur.Ino != rec.Ino) {
+		if (j.n != nil || rec.Fsync) && (err != nil || cur.Ino != rec.Ino) {
 			return nil, cairn.E("commit", cairn.NotFound, q.pathOf(j), errors.New("the file is no longer where it was closed, and this mount no longer knows where it went"))
 		}
 		attrs.Path = rec.Path
@@ -573,18 +718,18 @@ func (q *queue) mtimeOf(j *job) time.Time {
 // touched gives the queued commits of inode ino queued by this mount the
 // mtime t, set by a utimes after their close: the version committed has
 // it, as the file here shows it (the copy's mtime). Their records are
-// written again (as at their close), so that the next mount commits it
-// so too should this one be killed.
+// appended to the journal again (the old ones acked, as for a rename), so
+// that the next mount commits it so too should this one be killed.
 func (q *queue) touched(ino uint64, t time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, j := range q.jobs {
+	for _, j := range q.withProv() {
 		if j.n == nil || j.rec.Ino != ino {
 			continue
 		}
 		j.rec.Mtime = t.UnixNano()
-		if err := q.write(&j.rec); err != nil {
-			q.m.log.Warn("could not write a queued commit's record again with the mtime set after its close", "record", q.recordPath(j.rec.Seq), "err", err)
+		if err := q.write(context.Background(), j); err != nil {
+			q.m.log.Warn("could not write a queued commit's record again with the mtime set after its close", "seq", j.jseq, "err", err)
 		}
 	}
 }
@@ -657,10 +802,10 @@ func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
 			os.Remove(data)
 		}
 	}
-	if rerr := os.Remove(q.recordPath(rec.Seq)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-		m.log.Warn("could not remove a done commit's record", "record", q.recordPath(rec.Seq), "err", rerr)
-	}
 	q.mu.Lock()
+	if aerr := q.j.Ack(ctx, j.jseq); aerr != nil {
+		m.log.Warn("could not mark a done commit's record done (the next mount finds its data gone, or commits it again)", "seq", j.jseq, "err", aerr)
+	}
 	if len(q.jobs) > 0 && q.jobs[0] == j {
 		q.jobs = q.jobs[1:]
 	}
@@ -682,14 +827,14 @@ func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
 func (q *queue) renamed(ino, dir uint64, name string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, j := range q.jobs {
+	for _, j := range q.withProv() {
 		if j.rec.Ino != ino || j.rec.Dir != dir {
 			continue
 		}
 		j.rec.Name = name
 		j.rec.Path = j.rec.Path[:strings.LastIndexByte(j.rec.Path, '/')+1] + name
-		if err := q.write(&j.rec); err != nil {
-			q.m.log.Warn("could not write a queued commit's record again with the file's new name", "record", q.recordPath(j.rec.Seq), "err", err)
+		if err := q.write(context.Background(), j); err != nil {
+			q.m.log.Warn("could not write a queued commit's record again with the file's new name", "seq", j.jseq, "err", err)
 		}
 	}
 }
@@ -707,19 +852,63 @@ func (q *queue) renamed(ino, dir uint64, name string) {
 func (q *queue) moved(ino uint64, dir *meta.Entry, name, path string, replacedIno uint64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, j := range q.jobs {
+	for _, j := range q.withProv() {
 		switch {
 		case j.rec.Ino == ino:
 			j.rec.Name, j.rec.Path = name, path
 			j.rec.Dir, j.rec.DirParent, j.rec.DirName = dir.Ino, dir.Parent, dir.Name
-			if err := q.write(&j.rec); err != nil {
-				q.m.log.Warn("could not write a queued commit's record again with the file's new name", "record", q.recordPath(j.rec.Seq), "path", path, "err", err)
+			if err := q.write(context.Background(), j); err != nil {
+				q.m.log.Warn("could not write a queued commit's record again with the file's new name", "seq", j.jseq, "path", path, "err", err)
 			}
 		case replacedIno != 0 && j.rec.Ino == replacedIno && j.n != nil:
-			if err := os.Remove(q.recordPath(j.rec.Seq)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				q.m.log.Warn("could not remove the queued commit's record of a file replaced by a rename", "record", q.recordPath(j.rec.Seq), "err", err)
+			if err := q.j.Ack(context.Background(), j.jseq); err != nil {
+				q.m.log.Warn("could not mark the queued commit's record of a file replaced by a rename done", "seq", j.jseq, "err", err)
 			}
 		}
+	}
+}
+
+// withProv returns the jobs and the fsync records (q.mu held).
+func (q *queue) withProv() []*job {
+	js := slices.Clone(q.jobs)
+	for _, j := range q.prov {
+		js = append(js, j)
+	}
+	return js
+}
+
+// fsynced appends, and fsyncs, an fsync record (queueRecord.Fsync) of a
+// file still open in write-back mode, in place of the one it had.
+func (q *queue) fsynced(ctx context.Context, j *job) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.seq++
+	j.rec.Seq, j.rec.V, j.rec.Queued, j.rec.Fsync = q.seq, queueVersion, time.Now().UnixNano(), true
+	if old := q.prov[j.rec.Ino]; old != nil {
+		j.jseq = old.jseq // acked by write once the new one is in
+	}
+	if err := q.write(ctx, j); err != nil {
+		return err
+	}
+	q.prov[j.rec.Ino] = j
+	if err := q.j.Sync(ctx); err != nil {
+		return cairn.E("fsync", cairn.IO, q.dir, err)
+	}
+	return nil
+}
+
+// dropFsynced acks the fsync record of inode ino, if any: its close
+// queued a commit, or the file is gone.
+func (q *queue) dropFsynced(ctx context.Context, ino uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	j := q.prov[ino]
+	if j == nil {
+		return
+	}
+	delete(q.prov, ino)
+	if err := q.j.Ack(ctx, j.jseq); err != nil {
+		q.m.log.Warn("could not mark an fsync record done", "seq", j.jseq, "err", err)
 	}
 }
 
@@ -773,6 +962,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 		c.mu.Lock()
 		c.dirty, c.gone = false, true // descriptors still open keep reading it
 		c.mu.Unlock()
+		m.queue.dropFsynced(ctx, n.ino)
 		return nil
 	}
 	dir, errno := parent.dirEntry()
@@ -838,7 +1028,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 		c.sum, c.sumOK = sum, true
 	}
 	c.mu.Unlock()
-	if err := m.queue.add(j); err != nil {
+	if err := m.queue.add(ctx, j); err != nil {
 		c.mu.Lock()
 		c.frozen, c.dirty = false, true
 		c.pending--
@@ -850,7 +1040,55 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 		}
 		return err
 	}
+	m.queue.dropFsynced(ctx, n.ino)
 	return nil
+}
+
+// fsyncRecord, in write-back mode, gives the writes of file n made since
+// its last queued close, fsynced in c's copy, a record in the queue's
+// journal (queueRecord.Fsync), fsynced: a kill of the mount before the
+// file's close queues its commit leaves the next mount that record to
+// commit, instead of an entry the fsync made empty and the writes in
+// unsaved/. c.wmu is held.
+func (n *node) fsyncRecord(ctx context.Context, c *content) error {
+	m := n.m
+	c.mu.Lock()
+	ptw := c.ptw
+	c.mu.Unlock()
+	if ptw {
+		// What the kernel wrote to the copy itself (passthrough) counts.
+		if err := m.harvest(c); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	dirty, mtime, ctime := c.dirty, c.mtime, c.ctime
+	c.mu.Unlock()
+	if !dirty {
+		return nil
+	}
+	n.placeMu.Lock()
+	defer n.placeMu.Unlock()
+	name, parent, ok := n.place()
+	if !ok {
+		return nil
+	}
+	dir, errno := parent.dirEntry()
+	if errno != 0 {
+		return nil // the file's directory is not in the metadata: nothing to commit onto
+	}
+	m.cache.mu.Lock()
+	data := c.path
+	m.cache.mu.Unlock()
+	if !strings.HasPrefix(data, filepath.Join(m.cache.dir, "work")+"/") {
+		return nil
+	}
+	n.mu.Lock()
+	last := n.last
+	n.mu.Unlock()
+	return m.queue.fsynced(ctx, &job{rec: queueRecord{Ino: n.ino, Name: name, Dir: dir.Ino, DirParent: dir.Parent, DirName: dir.Name,
+		Path: volPath(parent, name), Data: filepath.Base(data), Mtime: mtime.UnixNano(), Mode: last.Mode, UID: last.UID, GID: last.GID,
+		Ctime: later(ctime, time.Unix(0, last.Ctime)).UnixNano()}})
 }
 
 // copyOut, with c.wmu held, gives the queued commits whose data is c's

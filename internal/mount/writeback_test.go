@@ -247,17 +247,13 @@ func TestWriteBackQueueChecksum(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.m.Wait()
-	records, _ := filepath.Glob(filepath.Join(f.cache, "*", "queue", "*.json"))
+	records, qdir := queueRecords(t, filepath.Join(f.cache, "*", "queue"))
 	if len(records) != 2 {
-		t.Fatalf("queue records: %v", records)
+		t.Fatalf("queue records: %q", records)
 	}
-	for _, r := range records {
-		b, err := os.ReadFile(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(string(b), `"crc32c":`) || !strings.Contains(string(b), `"v":4`) {
-			t.Fatalf("record %s: %s", r, b)
+	for _, b := range records {
+		if !strings.Contains(string(b), `"crc32c":`) || !strings.Contains(string(b), fmt.Sprintf(`"v":%d`, mount.QueueVersion)) {
+			t.Fatalf("record: %s", b)
 		}
 		if !strings.Contains(string(b), `"name":"bad"`) {
 			continue
@@ -268,7 +264,7 @@ func TestWriteBackQueueChecksum(t *testing.T) {
 				data = strings.Trim(strings.TrimPrefix(field, `"data":`), `"`)
 			}
 		}
-		p := filepath.Join(filepath.Dir(filepath.Dir(r)), "work", data)
+		p := filepath.Join(filepath.Dir(qdir), "work", data)
 		torn, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)

@@ -5,6 +5,8 @@
 //
 //	fsops create DIR N   creates DIR/f00000 .. (O_CREAT|O_EXCL, then close)
 //	fsops stat DIR N     lstat of each of them, in the same order
+//	fsops queued CACHE   prints how many commits the mount caches under
+//	                     CACHE ($CAIRN_HOME/mountcache) hold queued
 package main
 
 import (
@@ -13,9 +15,26 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"cairn.dev/cairn/internal/journal"
 )
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "queued" {
+		dirs, _ := filepath.Glob(filepath.Join(os.Args[2], "*", "queue"))
+		n := 0
+		for _, d := range dirs {
+			recs, err := journal.Read(d)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "fsops:", err)
+				os.Exit(1)
+			}
+			old, _ := filepath.Glob(filepath.Join(d, "*.json")) // an older cairn's
+			n += len(recs) + len(old)
+		}
+		fmt.Println(n)
+		return
+	}
 	if len(os.Args) != 4 {
 		fmt.Fprintln(os.Stderr, "usage: fsops create|stat DIR N")
 		os.Exit(2)
