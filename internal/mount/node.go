@@ -71,6 +71,9 @@ type nodeState struct {
 	// with a copy that no longer vouches it would give the size and data
 	// of the version before the commit: fresherLocked replaces it.
 	wrote *meta.Entry
+	// links are the names link(2) gave the file on this mount: its
+	// queued commits' records carry them (queueRecord.Alt).
+	links []queuePlace
 	// served is the copy the kernel was last given an open of: a new
 	// open of the same copy keeps the kernel's page cache (the memory
 	// buffer of an open file), unless handles on another copy were open
@@ -943,7 +946,21 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	n.m.keepTouched(td, tdRev)
 	n.m.dirTimes.touch(n.ino)
 	n.m.refreshNames(ctx, ne)
+	p := queuePlace{Dir: dir.Ino, DirParent: dir.Parent, DirName: dir.Name, Name: name, Path: volPath(n, name)}
+	tn.mu.Lock()
+	tn.links = append(tn.links, p)
+	tn.mu.Unlock()
+	if q := n.m.queue; q != nil {
+		q.linked(tn.ino, p)
+	}
 	return n.child(ctx, ne, out), 0
+}
+
+// linkPlaces returns the names link(2) gave n on this mount.
+func (n *node) linkPlaces() []queuePlace {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.links)
 }
 
 // refreshNames reads again, into the entry cache, the records of e's

@@ -114,6 +114,22 @@ type queueRecord struct {
 	// finds it (its whole size: the fsynced writes and any made after),
 	// and only onto the same file at the recorded place. Version 5.
 	Fsync bool `json:"fsync,omitempty"`
+	// Alt lists the file's other names, made by link(2) on this mount
+	// (node.Link) before or after the close: a commit finished by the
+	// next mount lands at the first of Name in Dir and these places that
+	// still holds the file (git writes an object to a temporary name,
+	// links it to its final name and unlinks the temporary one). Version 5.
+	Alt []queuePlace `json:"alt,omitempty"`
+}
+
+// queuePlace is one name of a file: name Name in directory Dir, whose
+// own record is DirName in DirParent; Path as queueRecord's.
+type queuePlace struct {
+	Dir       uint64 `json:"dir"`
+	DirParent uint64 `json:"dir_parent"`
+	DirName   string `json:"dir_name"`
+	Name      string `json:"name"`
+	Path      string `json:"path,omitempty"`
 }
 
 // queueVersion is the version of the queue records this mount writes
@@ -575,14 +591,28 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 		dir = &meta.Entry{Ino: rec.Dir, Parent: rec.DirParent, Name: rec.DirName, Type: meta.TypeDir}
 		name = rec.Name
 		attrs = fs.Attrs{Mode: rec.Mode, UID: rec.UID, GID: rec.GID, Mtime: mtime}
+		attrs.Path = rec.Path
 		cur, err := m.ents.get(ctx, rec.Dir, rec.Name, true)
+		if (err != nil || cur.Ino != rec.Ino) && len(rec.Alt) > 0 {
+			// The file has other names (link(2)): the first that still
+			// holds it, or none of them.
+			for _, p := range rec.Alt {
+				if c, aerr := m.ents.get(ctx, p.Dir, p.Name, true); aerr == nil && c.Ino == rec.Ino {
+					dir = &meta.Entry{Ino: p.Dir, Parent: p.DirParent, Name: p.DirName, Type: meta.TypeDir}
+					name, attrs.Path, cur, err = p.Name, p.Path, c, nil
+					break
+				}
+			}
+			if err != nil || cur.Ino != rec.Ino {
+				return nil, cairn.E("commit", cairn.NotFound, q.pathOf(j), errors.New("the file is at none of the names it had at its close"))
+			}
+		}
 		if err == nil {
 			attrs.Mode, attrs.UID, attrs.GID = cur.Mode, cur.UID, cur.GID
 		}
 		if (j.n != nil || rec.Fsync) && (err != nil || cur.Ino != rec.Ino) {
 			return nil, cairn.E("commit", cairn.NotFound, q.pathOf(j), errors.New("the file is no longer where it was closed, and this mount no longer knows where it went"))
 		}
-		attrs.Path = rec.Path
 		var l *meta.Lock
 		if j.n != nil {
 			j.n.wl.mu.Lock()
@@ -593,7 +623,7 @@ func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 			// The lock the queue held died with the process (or was
 			// used up); wait for it longer than an open would.
 			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			l, err = m.vol.Meta.Lock(lctx, rec.Dir, rec.Name)
+			l, err = m.vol.Meta.Lock(lctx, dir.Ino, name)
 			cancel()
 			if err != nil {
 				return nil, err
@@ -1017,7 +1047,7 @@ func (n *node) enqueue(ctx context.Context, c *content) error {
 	n.mu.Unlock()
 	j := &job{n: n, c: c, rec: queueRecord{Ino: n.ino, Name: name, Dir: dir.Ino, DirParent: dir.Parent, DirName: dir.Name,
 		Path: volPath(parent, name), Data: filepath.Base(data), Size: size, Mtime: mtime.UnixNano(), Mode: last.Mode, UID: last.UID, GID: last.GID,
-		CRC32C: crc, Ctime: later(ctime, time.Unix(0, last.Ctime)).UnixNano()}}
+		CRC32C: crc, Ctime: later(ctime, time.Unix(0, last.Ctime)).UnixNano(), Alt: n.linkPlaces()}}
 	n.holdLock()
 	c.mu.Lock()
 	c.frozen = c.frozen || !unseen
@@ -1088,7 +1118,23 @@ func (n *node) fsyncRecord(ctx context.Context, c *content) error {
 	n.mu.Unlock()
 	return m.queue.fsynced(ctx, &job{rec: queueRecord{Ino: n.ino, Name: name, Dir: dir.Ino, DirParent: dir.Parent, DirName: dir.Name,
 		Path: volPath(parent, name), Data: filepath.Base(data), Mtime: mtime.UnixNano(), Mode: last.Mode, UID: last.UID, GID: last.GID,
-		Ctime: later(ctime, time.Unix(0, last.Ctime)).UnixNano()}})
+		Ctime: later(ctime, time.Unix(0, last.Ctime)).UnixNano(), Alt: n.linkPlaces()}})
+}
+
+// linked adds place p, a new name of inode ino made by link(2), to the
+// records of its queued commits and fsync records (written again).
+func (q *queue) linked(ino uint64, p queuePlace) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, j := range q.withProv() {
+		if j.rec.Ino != ino {
+			continue
+		}
+		j.rec.Alt = append(j.rec.Alt, p)
+		if err := q.write(context.Background(), j); err != nil {
+			q.m.log.Warn("could not write a queued commit's record again with the file's new name", "seq", j.jseq, "path", p.Path, "err", err)
+		}
+	}
 }
 
 // copyOut, with c.wmu held, gives the queued commits whose data is c's
