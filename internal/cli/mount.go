@@ -274,6 +274,10 @@ func (e *env) mountHere(ctx context.Context, name, dir string, o mount.Options) 
 	if err != nil {
 		return report(err)
 	}
+	// 'cairn status' asks it what it has pending (status.go).
+	if err := m.ServeStatus(mount.StatusSocket(runDir(e.home), name, os.Getpid())); err != nil {
+		e.log.Warn("no status socket: 'cairn status' will not list this mount", "err", err)
+	}
 	fmt.Fprintf(e.stdout, "mounted %s at %s (pid %d)\n", name, dir, os.Getpid())
 	report(nil)
 	done := make(chan struct{})
