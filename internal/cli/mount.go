@@ -67,7 +67,7 @@ mode is experimental (earlier versions stay in 'cairn versions').
 With --mode write-back (experimental), a file's commit is queued as in
 non-blocking mode, but only once the last descriptor open for writing on this
 device is closed (the kernel's release, just after close returns: close waits
-for nothing) and without fsync (fsync does that, as on a local disk), and
+only for the mount to count the file as pending, for 'cairn status') and without fsync (fsync does that, as on a local disk), and
 creates, mkdirs, symlinks and attribute changes this mount can decide alone (a new
 name in a directory whose every entry it knows) return at once and are written to
 the metadata in batches, many per transaction: tar x and git clone wait for no

@@ -51,6 +51,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"embedded etcd's files (endpoint, locks, socket)": fmt.Sprint(etcdsvc.HomeFormat),
 		"mount cache and commit queue":                    fmt.Sprintf("%d (queue records: %d)", mount.CacheVersion, mount.QueueVersion),
 		"upload queue (`put --background`)":               fmt.Sprint(cli.QueueFormat),
+		"mount status socket":                             fmt.Sprint(mount.StatusVersion),
 		"keyring":                                         fmt.Sprint(keyring.FormatVersion),
 		"realm config":                                    one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
 		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),
