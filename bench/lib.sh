@@ -153,6 +153,7 @@ timed() {
 		exit 2
 	fi
 	T_WALL=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+	T_END=$t1 # when the command had exited (unix s)
 	T_RSS_MB=$(awk -F': ' '/Maximum resident set size/ { printf "%.1f", $2 / 1024 }' "$prefix.time")
 	T_USER=$(awk -F': ' '/User time \(seconds\)/ { print $2 }' "$prefix.time")
 	T_SYS=$(awk -F': ' '/System time \(seconds\)/ { print $2 }' "$prefix.time")

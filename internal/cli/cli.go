@@ -208,6 +208,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 		e.mvCmd(), e.versionsCmd(), e.restoreCmd(), e.trashCmd(), e.gcCmd(), e.fsckCmd(), e.statsCmd(), e.volumeCmd(),
 		e.devicesCmd(), e.nodeCmd(), e.inviteCmd(), e.joinCmd())
 	root.AddCommand(e.mountCmds()...)
+	root.AddCommand(e.statusCmd())
 	root.AddCommand(e.davCmd())
 	root.AddCommand(e.storeCmd())
 	root.AddCommand(e.policyCmd(), e.repairCmd())

@@ -67,10 +67,10 @@ mode is experimental (earlier versions stay in 'cairn versions').
 With --mode write-back (experimental), a file's commit is queued as in
 non-blocking mode, but only once the last descriptor open for writing on this
 device is closed (the kernel's release, just after close returns: close waits
-for nothing) and without fsync (fsync does that, as on a local disk), and
-creates, mkdirs, symlinks, special files (mknod) and attribute changes this
-mount can decide alone (a new name in a directory whose every entry it knows)
-return at once and are written to
+only for the mount to count the file as pending, for 'cairn status') and without
+fsync (fsync does that, as on a local disk), and creates, mkdirs, symlinks,
+special files (mknod) and attribute changes this mount can decide alone (a new
+name in a directory whose every entry it knows) return at once and are written to
 the metadata in batches, many per transaction: tar x and git clone wait for no
 round trip per file. That work and the queued commits wait while programs keep
 the mount busy: they start once it has had no request for 20 ms, at the latest
@@ -285,6 +285,10 @@ func (e *env) mountHere(ctx context.Context, name, dir string, o mount.Options) 
 	m, err := mount.Start(ctx, v, dir, o)
 	if err != nil {
 		return report(err)
+	}
+	// 'cairn status' asks it what it has pending (status.go).
+	if err := m.ServeStatus(mount.StatusSocket(runDir(e.home), name, os.Getpid())); err != nil {
+		e.log.Warn("no status socket: 'cairn status' will not list this mount", "err", err)
 	}
 	fmt.Fprintf(e.stdout, "mounted %s at %s (pid %d)\n", name, dir, os.Getpid())
 	report(nil)

@@ -136,3 +136,36 @@ func ForgetRoot(m *Mount, name string, wait time.Duration) bool {
 
 // CheckAllowOtherUser is CheckAllowOther for a user other than root.
 var CheckAllowOtherUser = checkAllowOther
+
+// HoldQueue keeps a mount's queued commits from being made until release
+// is called.
+func HoldQueue(m *Mount) (release func()) {
+	hold := make(chan struct{})
+	m.queue.mu.Lock()
+	m.queue.hold = hold
+	m.queue.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.queue.mu.Lock()
+			m.queue.hold = nil
+			m.queue.mu.Unlock()
+			close(hold)
+			m.queue.poke()
+		})
+	}
+}
+
+// HoldRelease holds the mount's RELEASE requests until release is called,
+// as a kernel that sends the release late after the close.
+func HoldRelease(m *Mount) (release func()) {
+	hold := make(chan struct{})
+	m.releaseHold.Store(&hold)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.releaseHold.Store(nil)
+			close(hold)
+		})
+	}
+}

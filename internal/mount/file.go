@@ -91,6 +91,12 @@ type content struct {
 	// kernel's writes to a passthrough copy are in its file, not yet in
 	// dirty, until the release has taken them in (harvest).
 	releasing int
+	// closed: a close(2) of a writer, in write-back mode, left writes
+	// that no commit has queued yet: counted in Mount.closed until the
+	// last writer's release has queued them (or found nothing to save),
+	// so that the status (status.go) counts a file as pending from its
+	// close, not from the release that comes later.
+	closed bool
 	// Passthrough (passthrough.go): ptw is set once a handle that may
 	// write was opened on it: its file, not size/dirty/mtime, says what
 	// the kernel wrote (harvest). sum is the checksum of what the last
@@ -680,7 +686,7 @@ func (n *node) opened(h *handle) uint32 {
 	// open that drops it while no other copy is open makes it clean.
 	n.mixed = others
 	var flags uint32
-	if !h.saveAtClose() {
+	if !h.flushes() {
 		flags |= fuse.FOPEN_NOFLUSH
 	}
 	if keep {
@@ -688,6 +694,13 @@ func (n *node) opened(h *handle) uint32 {
 	}
 	return flags
 }
+
+// flushes reports whether the kernel sends a FLUSH at each close(2) of
+// h: for a handle that may write. Blocking and non-blocking modes save
+// there (saveAtClose); write-back mode counts the file as pending there
+// (Flush), so that the status (status.go) has it from the moment the
+// close returns, before the release.
+func (h *handle) flushes() bool { return h.write }
 
 // saveAtClose reports whether a close(2) of h saves the file (Flush): one
 // that may write, in blocking and non-blocking modes. In write-back mode
@@ -815,7 +828,11 @@ func (n *node) save(ctx context.Context, c *content) error {
 	}
 	n.m.begin()
 	defer n.m.end()
-	return n.commit(ctx, c)
+	n.m.saving.Add(1)
+	defer n.m.saving.Add(-1)
+	err := n.commit(ctx, c)
+	n.m.countCommit(err)
+	return err
 }
 
 // commitAttrs are the attributes a new version of n gets: the entry's
@@ -1024,9 +1041,14 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 // copy if it holds unsaved writes (save: committed, or queued in
 // non-blocking mode), and the close returns the error. A failed commit is
 // logged; the writes stay in the copy. In write-back mode the last
-// writer's release saves (saveAtClose).
+// writer's release saves (saveAtClose); the close counts the copy as
+// pending if it may hold writes (markClosed).
 func (h *handle) Flush(ctx context.Context) syscall.Errno {
 	h.n.m.flushCalls.Add(1)
+	if h.write && h.n.m.mode == WriteBack {
+		h.n.m.markClosed(h.c)
+		return 0
+	}
 	if !h.saveAtClose() || h.c.deferTrunc() {
 		return 0
 	}
@@ -1129,6 +1151,9 @@ func (h *handle) fsyncEntry(ctx context.Context) syscall.Errno {
 func (h *handle) Release(ctx context.Context) syscall.Errno {
 	ctx = bg(ctx)
 	c, n := h.c, h.n
+	if hold := n.m.releaseHold.Load(); hold != nil {
+		<-*hold
+	}
 	n.m.begin()
 	defer n.m.end()
 	c.mu.Lock()
@@ -1184,6 +1209,10 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 			c.keep = true
 			c.mu.Unlock()
 		}
+	}
+	if last {
+		// Queued now (or nothing to save): the queue counts it from here.
+		n.m.unmarkClosed(c)
 	}
 	if last && n.m.wb != nil && !n.m.queue.has(n.ino) {
 		// A new file whose creation waited for a commit that does not

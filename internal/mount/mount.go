@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -170,6 +171,17 @@ type Mount struct {
 	// not released; releasing, the last writers' releases still saving.
 	writeHandles atomic.Int64
 	releasing    atomic.Int64
+	// closed counts copies a writer's close left with writes not queued
+	// yet (write-back mode: markClosed); saving, the commits blocking
+	// mode makes at a close; commitsDone and commitsFailed, the commits
+	// finished (Status).
+	closed        atomic.Int64
+	saving        atomic.Int64
+	commitsDone   atomic.Int64
+	commitsFailed atomic.Int64
+	// statusLn are the status sockets served (status.go).
+	statusMu sync.Mutex
+	statusLn []net.Listener
 	// activity is when the kernel last made a request (unix ns; write-back
 	// mode only: quiet.go).
 	activity atomic.Int64
@@ -211,6 +223,9 @@ type Mount struct {
 	watchMu   sync.Mutex
 	curWatch  *meta.EntryWatch
 	watchHold chan struct{} // tests: hold a new watch until closed
+	// releaseHold, for tests, holds each RELEASE request until closed
+	// (HoldRelease): the kernel's release late after the close.
+	releaseHold atomic.Pointer[chan struct{}]
 
 	// dirTimes are when this mount last changed each directory's
 	// entries (dirtimes.go).
@@ -582,16 +597,20 @@ func (m *Mount) Wait() {
 		}
 		m.endHeld()
 		m.shutdown()
+		m.stopStatus()
 		m.log.Info("unmounted")
 	})
 }
 
 // Pending returns how many commits the queue of non-blocking and
-// write-back modes has still to do, counting the last writers' releases
-// that are queueing one (write-back mode queues at the release, which
-// the kernel sends after the close returns: WriteHandles tells whether
-// it has).
-func (m *Mount) Pending() int { return m.queue.len() + int(m.releasing.Load()) }
+// write-back modes has still to do, counting the files closed in
+// write-back mode whose commit is not queued yet (it is queued at the
+// kernel's release, after the close returns) and the last writers'
+// releases queueing one. Status also counts write-back's pending
+// namespace changes.
+func (m *Mount) Pending() int {
+	return int(m.closed.Load()) + m.queue.len() + int(m.releasing.Load())
+}
 
 // WriteHandles returns how many handles open for writing the kernel has
 // not released yet.

@@ -177,6 +177,9 @@ type queue struct {
 	stopping bool
 	kick     chan struct{}
 	done     chan struct{}
+	// hold, for tests, keeps the commits queued while it is set
+	// (HoldQueue).
+	hold chan struct{}
 }
 
 const maxQueueBackoff = 30 * time.Second
@@ -480,6 +483,16 @@ func (q *queue) run(ctx context.Context) {
 				continue
 			}
 		}
+		q.mu.Lock()
+		hold := q.hold
+		q.mu.Unlock()
+		if hold != nil && !stopping {
+			select {
+			case <-hold:
+			case <-q.kick:
+			}
+			continue
+		}
 		e, err := q.commit(ctx, j)
 		if err == nil || permanent(err) {
 			q.finish(ctx, j, e, err)
@@ -770,6 +783,9 @@ func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
 	m, rec := q.m, &j.rec
 	data := q.dataPath(rec)
 	failed := err != nil && !errors.Is(err, errDropped)
+	if err == nil || failed {
+		m.countCommit(err)
+	}
 	switch {
 	case err == nil:
 		m.log.Debug("queued commit done", "path", q.pathOf(j), "queued_for", time.Since(time.Unix(0, rec.Queued)))

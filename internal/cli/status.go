@@ -1,0 +1,110 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/mount"
+)
+
+// runDir holds the sockets of the realm's running processes
+// ($CAIRN_HOME/run): the mounts' status sockets.
+func runDir(home string) string { return filepath.Join(home, "run") }
+
+// statusPoll is how often --wait-idle asks the mounts again.
+const statusPoll = 50 * time.Millisecond
+
+func (e *env) statusCmd() *cobra.Command {
+	var asJSON, waitIdle bool
+	var timeout time.Duration
+	c := &cobra.Command{
+		Use:   "status [--json] [--wait-idle [--timeout D]]",
+		Short: "List this device's running mounts of the realm and the work they have pending",
+		Long: `List the mounts of this realm running on this device ('cairn mount'), each
+with what it has accepted and not finished:
+
+  closed     files written and closed whose commit is not queued yet (write-back
+             mode queues a file's commit when the kernel releases it, after the
+             close has returned: counted from the close)
+  queued     commits queued or running (a file's new version not yet in the
+             metadata service)
+  namespace  creations, renames, removals and attribute changes not yet written
+             to the metadata service (write-back mode's batches)
+  done/failed  commits finished since the mount started
+
+Each mount answers on a unix socket, $CAIRN_HOME/run/mount-VOLUME-PID.sock
+(mode 0600, removed at unmount; a socket left by a killed mount is removed here).
+--wait-idle waits until no mount has anything pending (every file closed on them
+is committed, every namespace change written), then prints the status; it fails
+(exit 1) after --timeout with what is still pending.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if waitIdle && timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+				defer cancel()
+			}
+			all, err := e.mountStatus(ctx, waitIdle)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if all == nil {
+					all = []mount.Status{}
+				}
+				return e.printJSON(all)
+			}
+			if len(all) == 0 {
+				fmt.Fprintln(e.stdout, "no mounts of this realm are running on this device")
+				return nil
+			}
+			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "MOUNTPOINT\tVOLUME\tMODE\tPID\tPENDING\tCLOSED\tQUEUED\tNAMESPACE\tDONE\tFAILED")
+			for _, s := range all {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", s.Mountpoint, s.Volume, s.Mode, s.PID,
+					s.Pending, s.Closed, s.Queued, s.Namespace, s.CommitsDone, s.CommitsFailed)
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array, one object per mount (doc/format.md, \"Mount status socket\")")
+	c.Flags().BoolVar(&waitIdle, "wait-idle", false, "wait until every mount has nothing pending")
+	c.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "with --wait-idle: give up after this long (0: wait for ever)")
+	return c
+}
+
+// mountStatus returns the running mounts' status; with idle, once none
+// has anything pending (or ctx ends: an error naming what is pending).
+func (e *env) mountStatus(ctx context.Context, idle bool) ([]mount.Status, error) {
+	for {
+		all, err := mount.Running(ctx, runDir(e.home))
+		if err != nil && ctx.Err() == nil {
+			return nil, err
+		}
+		busy := ""
+		for _, s := range all {
+			if s.Pending > 0 {
+				busy += fmt.Sprintf("; %s: %d pending (%d closed, %d queued, %d namespace)", s.Mountpoint, s.Pending, s.Closed, s.Queued, s.Namespace)
+			}
+		}
+		if !idle || (err == nil && busy == "") {
+			return all, nil
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, cairn.E("status --wait-idle", cairn.Unavailable, "", fmt.Errorf("timed out with work still pending%s", busy))
+			}
+			return nil, ctx.Err()
+		case <-time.After(statusPoll):
+		}
+	}
+}
