@@ -88,6 +88,10 @@ func WriteCalls(m *Mount) int64 { return m.writeCalls.Load() }
 // FlushCalls returns how many FLUSH requests the kernel made.
 func FlushCalls(m *Mount) int64 { return m.flushCalls.Load() }
 
+// ReleaseWaitsOut counts the fsyncs that waited their whole bound for
+// other writers' releases.
+func ReleaseWaitsOut(m *Mount) int64 { return m.releaseWaitsOut.Load() }
+
 // GetattrCalls returns how many GETATTR requests the kernel made.
 func GetattrCalls(m *Mount) int64 { return m.getattrCalls.Load() }
 

@@ -91,6 +91,10 @@ type content struct {
 	// kernel's writes to a passthrough copy are in its file, not yet in
 	// dirty, until the release has taken them in (harvest).
 	releasing int
+	// flushedWriters counts the writers of write-back mode closed at
+	// least once (a flush) and not released yet: most are closed for
+	// good, their release on its way (waitReleases).
+	flushedWriters int
 	// closed: a close(2) of a writer, in write-back mode, left writes
 	// that no commit has queued yet: counted in Mount.closed until the
 	// last writer's release has queued them (or found nothing to save),
@@ -166,6 +170,10 @@ type handle struct {
 	append  bool
 	counted bool // in n.handles (an open the kernel made)
 	pt      bool // the kernel reads and writes its copy directly (passthrough.go)
+	// flushed: a writer of write-back mode the kernel sent a flush for
+	// (a close(2)), counted in content.flushedWriters until its release
+	// (c.mu).
+	flushed bool
 }
 
 var (
@@ -1046,6 +1054,12 @@ func (h *handle) Write(ctx context.Context, data []byte, off int64) (uint32, sys
 func (h *handle) Flush(ctx context.Context) syscall.Errno {
 	h.n.m.flushCalls.Add(1)
 	if h.write && h.n.m.mode == WriteBack {
+		h.c.mu.Lock()
+		if !h.flushed {
+			h.flushed = true
+			h.c.flushedWriters++
+		}
+		h.c.mu.Unlock()
 		h.n.m.markClosed(h.c)
 		return 0
 	}
@@ -1110,23 +1124,31 @@ func (h *handle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 const releaseWait = time.Second
 
 // waitReleases waits, up to releaseWait, until no writer of the file but
-// h is open or being released. Write-back mode queues a file's commit at
-// its last writer's release, which the kernel sends after close returned
-// (the request may reach the mount after a later fsync's): a close
-// followed by an fsync of the file (on another descriptor) is durable
-// once the fsync returns only if the fsync waits for it. A writer that
-// is really still open elsewhere makes the fsync wait the whole bound.
+// h that was closed is still to be released, and no release is saving.
+// Write-back mode queues a file's commit at its last writer's release,
+// which the kernel sends after close returned (the request may reach the
+// mount after a later fsync's): a close followed by an fsync of the file
+// (on another descriptor) is durable once the fsync returns only if the
+// fsync waits for it. Writers never closed are not waited for (an fsync
+// while another process keeps the file open for writing costs nothing
+// more); one closed but still open through another descriptor (dup,
+// fork) makes the fsync wait the whole bound.
 func (h *handle) waitReleases() {
-	own := 0
-	if h.write {
-		own = 1
-	}
 	deadline := time.Now().Add(releaseWait)
 	for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
 		h.c.mu.Lock()
-		busy := h.c.writers > own || h.c.releasing > 0
+		own := 0
+		if h.flushed {
+			own = 1
+		}
+		busy := h.c.flushedWriters > own || h.c.releasing > 0
 		h.c.mu.Unlock()
-		if !busy || time.Now().After(deadline) {
+		if !busy {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.n.m.releaseWaitsOut.Add(1)
+			h.n.m.log.Debug("fsync waited the whole bound for a release: a writer closed once is still open", "path", h.n.path(""))
 			return
 		}
 		time.Sleep(delay)
@@ -1159,6 +1181,10 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	c.mu.Lock()
 	if h.write {
 		c.writers--
+	}
+	if h.flushed {
+		h.flushed = false
+		c.flushedWriters--
 	}
 	last := h.write && c.writers == 0
 	ptw, gen := c.ptw, c.holdGen

@@ -165,8 +165,11 @@ type Mount struct {
 	// flushCalls and getattrCalls count the FLUSH and GETATTR requests
 	// the kernel made (tests: what the open flags and attribute
 	// timeouts spare).
-	flushCalls   atomic.Int64
-	getattrCalls atomic.Int64
+	flushCalls atomic.Int64
+	// releaseWaitsOut counts fsyncs that waited releaseWait in full for
+	// other writers' releases (waitReleases).
+	releaseWaitsOut atomic.Int64
+	getattrCalls    atomic.Int64
 	// writeHandles counts the handles open for writing the kernel has
 	// not released; releasing, the last writers' releases still saving.
 	writeHandles atomic.Int64
