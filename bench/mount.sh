@@ -93,7 +93,7 @@ new_realm "$REALM"
 # shellcheck disable=SC2086
 CAIRN_HOME=$REALM "$CAIRN" mount $MOUNT_OPTS home "$MNT" >"$WORK/mount.out" 2>&1 </dev/null ||
 	{ cat "$WORK/mount.out" >&2; die "cairn mount failed"; }
-MOUNT_PID=$(sed -n 's/.*(pid \([0-9]*\),.*/\1/p' "$WORK/mount.out")
+MOUNT_PID=$(sed -n 's/.*; pid \([0-9]*\),.*/\1/p' "$WORK/mount.out")
 LB_PID=
 LBMNT=$WORK/lbmnt
 if want loopback; then
