@@ -39,7 +39,7 @@
 #
 # Environment (besides lib.sh's RUNS, CAIRN, BENCH_WORKTREE, BENCH_CACHE, BENCH_TMP,
 # BENCH_RESULTS, KEEP, SETTLE): MOUNT_OPTS (extra 'cairn mount' flags, e.g.
-# "--mode non-blocking"), SIZE_MIB (the large file, default 1024), NFILES (default 10000).
+# "--mode blocking"; the default is write-back), SIZE_MIB (the large file, default 1024), NFILES (default 10000).
 TOOLS=${TOOLS:-cairn local}
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -107,7 +107,7 @@ new_realm "$REALM"
 # shellcheck disable=SC2086
 CAIRN_HOME=$REALM "$CAIRN" mount $MOUNT_OPTS home "$MNT" >"$WORK/mount.out" 2>&1 </dev/null ||
 	{ cat "$WORK/mount.out" >&2; die "cairn mount failed"; }
-MOUNT_PID=$(sed -n 's/.*(pid \([0-9]*\),.*/\1/p' "$WORK/mount.out")
+MOUNT_PID=$(sed -n 's/.*; pid \([0-9]*\),.*/\1/p' "$WORK/mount.out")
 LB_PID=
 LBMNT=$WORK/lbmnt
 if want loopback; then
@@ -416,7 +416,7 @@ rclone_part() {
 
 record "issue 4: the mount beside local disk${MOUNT_OPTS:+ (MOUNT_OPTS=\"$MOUNT_OPTS\")}" <<EOF
 cairn runs as users run it: \`cairn init --no-passphrase\` in a fresh CAIRN_HOME, \`cairn mount${MOUNT_OPTS:+ $MOUNT_OPTS} home MNT\`
-(its own process, blocking mode unless MOUNT_OPTS says otherwise; the realm's local store and
+(its own process, write-back mode, the default, unless MOUNT_OPTS says otherwise; the realm's local store and
 the whole-file cache on the same disk as the local-disk side, $(df --output=source "$WORK" | tail -1)).
 Per run, on the mount and in a local directory beside it: \`dd if=BIG of=DIR/big bs=1M\` of a
 $SIZE_MIB MiB incompressible page-cached file (in blocking mode the mount's time includes the close,

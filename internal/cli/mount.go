@@ -46,41 +46,44 @@ programs read and write it. It runs in the background (log: $CAIRN_HOME/mount.lo
 until 'cairn umount MOUNTPOINT'; --foreground stays attached and unmounts on
 Ctrl-C or SIGTERM. A mount point left broken by a killed mount is repaired first.
 
-Consistency is close-to-open: an open serves the file's current version from a
-copy on local disk, and every close of a descriptor that wrote commits the copy
-as a new version (close returns the commit's error), which any later open on any
-device sees. Copies are kept in a cache per volume ($CAIRN_HOME/mountcache/VOLUME-ID)
-across mounts, least recently used evicted past --cache-size (default: a tenth of
-the free disk, at most 4GiB); a watch on the metadata keeps this mount's view
-current, so opening an unchanged cached file asks no server anything (a change
-made on another device is seen once the watch reports it: normally milliseconds,
-at most 6 s if the watch stalls). Attributes are cached by the kernel for
---attr-timeout (0 disables).
+Three modes say what a close waits for (doc/durability.md has the whole table).
 
-Durability: fsync makes writes durable on local disk; close makes them durable in
-the store. With --mode non-blocking, close returns once the writes are durable on
-local disk and a queue on disk commits them in the background (in order; a mount
-killed or unmounted with commits queued leaves them for the next mount of the
-volume); other devices see the new version once it is committed. Non-blocking
-mode is experimental (earlier versions stay in 'cairn versions').
-
-With --mode write-back (experimental), a file's commit is queued as in
-non-blocking mode, but only once the last descriptor open for writing on this
-device is closed (the kernel's release, just after close returns: close waits
-only for the mount to count the file as pending, for 'cairn status') and without
-fsync (fsync does that, as on a local disk), and creates, mkdirs, symlinks,
-special files (mknod) and attribute changes this mount can decide alone (a new
-name in a directory whose every entry it knows) return at once and are written to
-the metadata in batches, many per transaction: tar x and git clone wait for no
-round trip per file. That work and the queued commits wait while programs keep
-the mount busy: they start once it has had no request for 20 ms, at the latest
-2 s (changes) and 5 s (commits) after they were made; other devices see them
-then, and a new file only with its first content (its create and first version
-are one transaction). fsync of a file or directory writes them at once. A name made here and
-on another device at once is kept under both (this device's as
-NAME.conflict-XXXXXXXX, logged). A mount killed before a batch is written loses
-those changes (its queued file contents are kept: the next mount commits them
+--mode write-back (the default): close waits for nothing the network does. A
+file's new version is committed once the last descriptor open for writing on
+this device is closed (the kernel's release, just after close returns; the close
+only has the mount count the file as pending, one round trip), and
+creates, mkdirs, symlinks, special files (mknod) and attribute changes this
+mount can decide alone (a new name in a directory whose every entry it knows) return at once and are
+written to the metadata in batches, many per transaction: tar x and git clone
+wait for no round trip per file. That work starts once the mount has had no
+request for 20 ms, at the latest 2 s (changes) and 5 s (commits) after it was
+made; other devices see it then, and a new file only with its first content
+(its create and first version are one transaction). fsync of a file or
+directory writes it at once, as on a local disk; 'cairn status' shows what is
+still pending and 'cairn umount' waits for it. A name made here and on another
+device at once is kept under both (this device's as NAME.conflict-XXXXXXXX,
+logged). A mount killed before a batch is written loses the changes fsync did
+not cover (its closed files' contents are kept: the next mount commits them
 under the file's last name, or keeps them in unsaved/ and logs why).
+
+--mode blocking: close-to-open consistency: every close of a descriptor that
+wrote commits the copy as a new version (close returns the commit's error),
+which any later open on any device sees.
+
+--mode non-blocking (experimental): close returns once the writes are durable
+on local disk and a queue on disk commits them in the background (in order; a
+mount killed or unmounted with commits queued leaves them for the next mount
+of the volume); other devices see the new version once it is committed.
+
+In every mode an open serves the file's current version from a copy on local
+disk. Copies are kept in a cache per volume ($CAIRN_HOME/mountcache/VOLUME-ID)
+across mounts, least recently used evicted past --cache-size (default: a tenth
+of the free disk, at most 4GiB); a watch on the metadata keeps this mount's
+view current, so opening an unchanged cached file asks no server anything (a
+change made on another device is seen once the watch reports it: normally
+milliseconds, at most 6 s if the watch stalls). Attributes are cached by the
+kernel for --attr-timeout (0 disables). Earlier versions stay in 'cairn
+versions'.
 
 Passthrough (--passthrough auto, the default): the kernel reads and writes open
 files' local copies itself, at local-disk speed (FUSE passthrough: Linux 6.9 or
@@ -167,9 +170,7 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 			if cacheSize != "" {
 				extra = append(extra, "--cache-size", cacheSize)
 			}
-			if o.Mode != mount.Blocking {
-				extra = append(extra, "--mode", o.Mode.String())
-			}
+			extra = append(extra, "--mode", o.Mode.String())
 			extra = append(extra, "--passthrough", o.Passthrough.String())
 			if allowOther {
 				extra = append(extra, "--allow-other")
@@ -177,13 +178,13 @@ unsaved/ directory and logs where. A volume is mounted once per device.`,
 			if devices {
 				extra = append(extra, "--dev")
 			}
-			return e.mountBackground(cmd.Context(), name, dir, attrTimeout, debug, extra)
+			return e.mountBackground(cmd.Context(), name, dir, o.Mode, attrTimeout, debug, extra)
 		},
 	}
 	m.Flags().BoolVar(&foreground, "foreground", false, "stay in the foreground; Ctrl-C or SIGTERM unmounts")
 	m.Flags().DurationVar(&attrTimeout, "attr-timeout", mount.DefaultAttrTimeout, "how long the kernel caches attributes and names (0: not at all)")
 	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")
-	m.Flags().StringVar(&mode, "mode", "blocking", "blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them; write-back (experimental): as non-blocking, and creates, mkdirs and attribute changes are written in batches")
+	m.Flags().StringVar(&mode, "mode", "write-back", "write-back: close returns at once, the last writer's close queues the commit, and creates, mkdirs and attribute changes are written in batches (fsync writes at once); blocking: close commits; non-blocking (experimental): close returns once the writes are durable locally, a queue commits them")
 	m.Flags().StringVar(&passthrough, "passthrough", "auto", "auto: the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking or write-back mode, file leases on the cache's disk; elsewise the log says why and the mount serves them); off: always through the mount")
 	m.Flags().BoolVar(&allowOther, "allow-other", false, "let other users use the mount, their access checked by the files' modes and owners (not root: needs user_allow_other in /etc/fuse.conf)")
 	m.Flags().BoolVar(&devices, "dev", false, "let device nodes on the mount be opened as devices (root only; default: nodev, an open of one fails with EACCES)")
@@ -290,7 +291,7 @@ func (e *env) mountHere(ctx context.Context, name, dir string, o mount.Options) 
 	if err := m.ServeStatus(mount.StatusSocket(runDir(e.home), name, os.Getpid())); err != nil {
 		e.log.Warn("no status socket: 'cairn status' will not list this mount", "err", err)
 	}
-	fmt.Fprintf(e.stdout, "mounted %s at %s (pid %d)\n", name, dir, os.Getpid())
+	fmt.Fprintf(e.stdout, "mounted %s at %s (%s; pid %d)\n", name, dir, o.Mode, os.Getpid())
 	report(nil)
 	done := make(chan struct{})
 	go func() { m.Wait(); close(done) }()
@@ -315,7 +316,7 @@ func (e *env) mountHere(ctx context.Context, name, dir string, o mount.Options) 
 // mountBackground checks what can be checked here (realm, volume, key,
 // mount point), then starts this program again, detached, to serve the
 // mount, and returns once it reports the mount ready.
-func (e *env) mountBackground(ctx context.Context, name, dir string, attrTimeout time.Duration, debug bool, extra []string) error {
+func (e *env) mountBackground(ctx context.Context, name, dir string, mode mount.Mode, attrTimeout time.Duration, debug bool, extra []string) error {
 	var pass []byte
 	ask := e.passphrase(false)
 	r, err := e.mountOpen(ctx, func() ([]byte, error) {
@@ -413,7 +414,7 @@ func (e *env) mountBackground(ctx context.Context, name, dir string, attrTimeout
 		return cairn.E("mount", cairn.Unavailable, dir, fmt.Errorf("the mount did not come up within %v (log: %s)", mountReadyTimeout, logPath))
 	}
 	if msg == "ready" {
-		fmt.Fprintf(e.stdout, "mounted %s at %s (pid %d, log %s); 'cairn umount %s' unmounts it\n", name, dir, cmd.Process.Pid, logPath, dir)
+		fmt.Fprintf(e.stdout, "mounted %s at %s (%s; pid %d, log %s); 'cairn umount %s' unmounts it\n", name, dir, mode, cmd.Process.Pid, logPath, dir)
 		cmd.Process.Release()
 		return nil
 	}

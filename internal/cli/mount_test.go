@@ -61,10 +61,13 @@ func isMounted(dir string) bool {
 	return m
 }
 
-// foreground starts 'cairn mount --foreground' and waits until it serves.
+// foreground starts 'cairn mount --foreground --mode blocking' and waits
+// until it serves: most tests here check what a close commits at once,
+// which is blocking mode's promise (the default, write-back, is
+// TestMountDefaultWriteBack's).
 func (r *realmT) foreground(dir string) (*exec.Cmd, *proc, *outBuf) {
 	r.t.Helper()
-	return r.foregroundWith(dir, nil)
+	return r.foregroundWith(dir, nil, "--mode", "blocking")
 }
 
 // foregroundWith is foreground with more environment and flags.
@@ -190,11 +193,11 @@ func TestMount(t *testing.T) {
 	}
 
 	// Background mount (the default), killed: the next mount repairs.
-	res := r.run("mount", "home", mnt)
+	res := r.run("mount", "--mode", "blocking", "home", mnt)
 	if res.code != 0 {
 		t.Fatalf("background mount: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	m := regexp.MustCompile(`\(pid (\d+),`).FindStringSubmatch(res.stdout)
+	m := regexp.MustCompile(`; pid (\d+),`).FindStringSubmatch(res.stdout)
 	if m == nil || !isMounted(mnt) {
 		t.Fatalf("background mount printed %q; mounted %v", res.stdout, isMounted(mnt))
 	}
@@ -210,11 +213,11 @@ func TestMount(t *testing.T) {
 		_, err := os.Stat(mnt)
 		return errors.Is(err, syscall.ENOTCONN)
 	})
-	res = r.run("mount", "home", mnt)
+	res = r.run("mount", "--mode", "blocking", "home", mnt)
 	if res.code != 0 || !strings.Contains(res.stderr, "repaired "+mnt) {
 		t.Fatalf("mount after a kill: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	m = regexp.MustCompile(`\(pid (\d+),`).FindStringSubmatch(res.stdout)
+	m = regexp.MustCompile(`; pid (\d+),`).FindStringSubmatch(res.stdout)
 	fmt.Sscan(m[1], &pid)
 	if err := os.WriteFile(filepath.Join(mnt, "after-repair"), []byte("ok"), 0o644); err != nil {
 		t.Fatal(err)
@@ -304,7 +307,7 @@ func TestMountNonBlockingKilled(t *testing.T) {
 
 	// The next mount (blocking, in the background) repairs the mount
 	// point and finishes the queue.
-	res := r.run("mount", "home", mnt)
+	res := r.run("mount", "--mode", "blocking", "home", mnt)
 	if res.code != 0 {
 		t.Fatalf("mount after the kill: exit %d\n%s%s\n%s", res.code, res.stdout, res.stderr, out.String())
 	}
@@ -516,7 +519,7 @@ func TestMountPassthroughDefault(t *testing.T) {
 		{[]string{"--passthrough", "off"}, false},
 		{[]string{"--passthrough", "auto"}, true},
 	} {
-		_, exited, out := r.foregroundWith(mnt, nil, append([]string{"--verbose"}, tc.flags...)...)
+		_, exited, out := r.foregroundWith(mnt, nil, append([]string{"--verbose", "--mode", "blocking"}, tc.flags...)...)
 		want := fmt.Sprintf("through a mount with %q\n", tc.flags)
 		if err := os.WriteFile(filepath.Join(mnt, "f"), []byte(want), 0o644); err != nil {
 			t.Fatal(err)
@@ -616,5 +619,45 @@ func TestMountDev(t *testing.T) {
 		if got := slices.Contains(strings.Split(opts, ","), "nodev"); got != tc.nodev {
 			t.Fatalf("mount %q: mount options %q: nodev %v, want %v", tc.flags, opts, got, tc.nodev)
 		}
+	}
+}
+
+// TestMountDefaultWriteBack (issue 15, item 10): 'cairn mount' without
+// --mode mounts in write-back mode and says so; a file written there is
+// committed in the background (another reader sees it without any further
+// step on the mount), and 'cairn umount' returns only once what was
+// written before it is committed.
+func TestMountDefaultWriteBack(t *testing.T) {
+	skipWithoutFUSE(t)
+	r := newRealm(t)
+	mnt := mountPoint(t)
+	res := r.run("mount", "home", mnt)
+	if res.code != 0 || !strings.Contains(res.stdout, "mounted home at "+mnt+" (write-back; pid ") {
+		t.Fatalf("mount without --mode: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "bg"), []byte("committed in the background\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the write-back mount commits the closed file", 30*time.Second, func() bool {
+		return r.run("cat", "home:/bg").stdout == "committed in the background\n"
+	})
+	if err := os.MkdirAll(filepath.Join(mnt, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if err := os.WriteFile(filepath.Join(mnt, "d", fmt.Sprintf("f%02d", i)), []byte{byte(i)}, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.ok("umount", mnt)
+	if isMounted(mnt) {
+		t.Fatal("still mounted after umount")
+	}
+	got := r.ok("ls", "home:/d")
+	if n := strings.Count(got, "\n"); n != 20 {
+		t.Fatalf("after umount, home:/d lists %d names, want the 20 written before it:\n%s", n, got)
+	}
+	if got := r.ok("cat", "home:/d/f07"); got != "\x07" {
+		t.Fatalf("home:/d/f07 after umount: %q", got)
 	}
 }
