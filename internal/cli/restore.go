@@ -120,19 +120,10 @@ func makeSymlink(parent int, name, target, path string, mtime time.Time) error {
 // with nothing changed, when a device node may not be made here (EPERM:
 // no CAP_MKNOD).
 func makeSpecial(parent int, name, path string, ent *meta.Entry) (made bool, err error) {
-	var typ uint32
-	switch ent.Type {
-	case meta.TypeFIFO:
-		typ = unix.S_IFIFO
-	case meta.TypeSocket:
-		typ = unix.S_IFSOCK
-	case meta.TypeChar:
-		typ = unix.S_IFCHR
-	case meta.TypeBlock:
-		typ = unix.S_IFBLK
-	default:
+	if !ent.Type.Special() {
 		return false, cairn.E("get", cairn.Invalid, path, fmt.Errorf("not a special file (type %q)", ent.Type))
 	}
+	typ := meta.ModeBits(ent.Type)
 	var st unix.Stat_t
 	if err := unix.Fstatat(parent, name, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		return false, cairn.E("get", cairn.IsDir, path, errors.New("a local directory is in the way"))

@@ -9,6 +9,7 @@ package meta
 
 import (
 	"fmt"
+	"syscall"
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -78,6 +79,42 @@ func (e *Entry) checkType() error {
 		return fmt.Errorf("special file (type %q) with data, versions, target or links", e.Type)
 	}
 	return nil
+}
+
+// ModeBits returns the file type bits (as stat's st_mode & S_IFMT) of an
+// entry of type t: S_IFREG for a regular file or an unknown type.
+func ModeBits(t Type) uint32 {
+	switch t {
+	case TypeDir:
+		return syscall.S_IFDIR
+	case TypeSymlink:
+		return syscall.S_IFLNK
+	case TypeFIFO:
+		return syscall.S_IFIFO
+	case TypeSocket:
+		return syscall.S_IFSOCK
+	case TypeChar:
+		return syscall.S_IFCHR
+	case TypeBlock:
+		return syscall.S_IFBLK
+	}
+	return syscall.S_IFREG
+}
+
+// SpecialType returns the type of a special file whose st_mode is mode,
+// or false for any other file type.
+func SpecialType(mode uint32) (Type, bool) {
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFIFO:
+		return TypeFIFO, true
+	case syscall.S_IFSOCK:
+		return TypeSocket, true
+	case syscall.S_IFCHR:
+		return TypeChar, true
+	case syscall.S_IFBLK:
+		return TypeBlock, true
+	}
+	return "", false
 }
 
 // Link is one name of an inode that has several (record format 2).

@@ -198,40 +198,6 @@ var (
 
 func bg(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
-// typeMode is the file type bits of an entry type.
-func typeMode(t meta.Type) uint32 {
-	switch t {
-	case meta.TypeDir:
-		return syscall.S_IFDIR
-	case meta.TypeSymlink:
-		return syscall.S_IFLNK
-	case meta.TypeFIFO:
-		return syscall.S_IFIFO
-	case meta.TypeSocket:
-		return syscall.S_IFSOCK
-	case meta.TypeChar:
-		return syscall.S_IFCHR
-	case meta.TypeBlock:
-		return syscall.S_IFBLK
-	}
-	return syscall.S_IFREG
-}
-
-// specialType is the entry type of a special file's type bits.
-func specialType(mode uint32) (meta.Type, bool) {
-	switch mode & syscall.S_IFMT {
-	case syscall.S_IFIFO:
-		return meta.TypeFIFO, true
-	case syscall.S_IFSOCK:
-		return meta.TypeSocket, true
-	case syscall.S_IFCHR:
-		return meta.TypeChar, true
-	case syscall.S_IFBLK:
-		return meta.TypeBlock, true
-	}
-	return "", false
-}
-
 // devFromKernel turns a device number as the kernel passes it to FUSE, in
 // its 32-bit encoding (new_encode_dev: minor's low 8 bits, major's 12
 // bits, minor's next 12 bits), into stat's st_rdev (glibc's 64-bit
@@ -441,7 +407,7 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 	defer n.mu.Unlock()
 	e = n.fresherLocked(e)
 	a.Ino = e.Ino
-	a.Mode = typeMode(e.Type) | e.Mode&07777
+	a.Mode = meta.ModeBits(e.Type) | e.Mode&07777
 	a.Size = uint64(e.Size)
 	if e.Type == meta.TypeSymlink {
 		a.Size = uint64(len(e.Target))
@@ -468,7 +434,7 @@ func (n *node) fill(e *meta.Entry, a *fuse.Attr) {
 			ctime = later(ctime, time.Unix(0, e.Ctime))
 			a.SetTimes(&mtime, &mtime, &ctime)
 			if held.setMode {
-				a.Mode = typeMode(e.Type) | held.mode&07777
+				a.Mode = meta.ModeBits(e.Type) | held.mode&07777
 			}
 			if held.setUID {
 				a.Uid = held.uid
@@ -501,7 +467,7 @@ func (n *node) childOf(ctx context.Context, e *meta.Entry, out *fuse.EntryOut, c
 	cn.remember(e)
 	cn.fill(e, &out.Attr)
 	cn.entryLinks(ctx, out, count)
-	return n.NewInode(ctx, cn, gofs.StableAttr{Mode: typeMode(e.Type), Ino: e.Ino})
+	return n.NewInode(ctx, cn, gofs.StableAttr{Mode: meta.ModeBits(e.Type), Ino: e.Ino})
 }
 
 // entryLinks sets the link count of directory n in a reply that gives
@@ -865,7 +831,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	ctx = bg(ctx)
 	e := meta.Entry{Name: name, Type: meta.TypeFile, Mode: mode & 07777}
-	if t, ok := specialType(mode); ok {
+	if t, ok := meta.SpecialType(mode); ok {
 		e.Type = t
 		if t == meta.TypeChar || t == meta.TypeBlock {
 			e.Rdev = devFromKernel(dev)
@@ -1383,7 +1349,7 @@ func (d *dirHandle) load(ctx context.Context) syscall.Errno {
 	d.ents = make(map[string]*meta.Entry, len(ents))
 	for i := range ents {
 		e := &ents[i]
-		d.list = append(d.list, fuse.DirEntry{Name: e.Name, Ino: e.Ino, Mode: typeMode(e.Type)})
+		d.list = append(d.list, fuse.DirEntry{Name: e.Name, Ino: e.Ino, Mode: meta.ModeBits(e.Type)})
 		d.ents[e.Name] = e
 	}
 	d.loaded = true
