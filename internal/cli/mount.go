@@ -118,10 +118,12 @@ EOPNOTSUPP). FIFOs, unix sockets and device nodes are kept (type, mode, owner,
 device number) and seen by every device; the kernel serves a FIFO's data and a
 socket's connections on the machine that opens them. Device nodes open as
 devices only with --dev (root; otherwise the mount is nodev and an open of one
-fails with EACCES). Not supported: hard links (EPERM),
-RENAME_EXCHANGE (EINVAL); atime reads as mtime. Writes not yet closed when the
-mount is killed are not committed: the next mount keeps them in the cache's
-unsaved/ directory and logs where. A volume is mounted once per device.`,
+fails with EACCES). Hard links of regular files work (at most 64 names; of a
+symlink or special file: EPERM). Not supported: RENAME_EXCHANGE (EINVAL); atime
+reads as mtime. Writes not yet closed when the mount is killed are not
+committed (in write-back mode, an fsync'd file is: the next mount commits what
+the fsync made durable): the next mount keeps them in the cache's unsaved/
+directory and logs where. A volume is mounted once per device.`,
 		Args: exactArgs(2, "VOLUME and MOUNTPOINT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name, err := mountVolumeName(args[0])

@@ -18,8 +18,10 @@
 //     durable on local disk, and a persistent queue commits them.
 //   - xattr.go: user.* extended attributes, in the metadata.
 //
-// Not supported: hard links (EPERM), device nodes and FIFOs (EPERM),
-// RENAME_EXCHANGE (EINVAL). Writes not yet closed when the mount is
+// Hard links of regular files (meta record format 2's links), FIFOs,
+// sockets and device nodes are kept. Not supported: hard links of
+// symlinks and special files (EPERM), RENAME_EXCHANGE (EINVAL). Writes
+// not yet closed (nor, in write-back mode, fsync'd) when the mount is
 // killed are not committed: the next mount keeps them in the cache's
 // unsaved/ directory and logs where.
 package mount
