@@ -23,6 +23,11 @@
 // echo round trip of 32.5 ms, and 200 KB take 1.14 s (1.46 Mbit/s on the
 // wire, headers included), also with both cores busy.
 //
+// Each host has a stable MAC (Host.MAC; no frame carries it, the TUN
+// link is IP only), and a datagram to Subnet's broadcast address
+// (Broadcast) reaches every other host: enough for Wake-on-LAN (package
+// sleeprig puts hosts to sleep and wakes them with magic packets).
+//
 // The test process must stay alive while the hosts talk: it is the wire.
 // Everything New makes is removed at t.Cleanup, even when the test fails;
 // CleanupStale removes what a killed test process left behind.

@@ -299,14 +299,21 @@ func TestCleanupWakes(t *testing.T) {
 		if err := r.Do(0, func() error { return wol.Send(ctx, r.MAC(1), r.BroadcastAddr().String()) }); err != nil {
 			t.Fatal(err)
 		}
-		ev := waitEvents(t, r, 1)
-		pending = ev[0].Outcome == Scheduled
+		// A second packet while the wake is pending changes nothing.
+		if err := r.Do(0, func() error { return wol.Send(ctx, r.MAC(1), r.AgentAddr().String()) }); err != nil {
+			t.Fatal(err)
+		}
+		ev := waitEvents(t, r, 2)
+		pending = ev[0].Outcome == Scheduled && ev[1].Outcome == Pending
+		if !pending {
+			t.Fatalf("events %+v: want a wake scheduled, then pending", ev)
+		}
 	})
 	if dev == nil {
 		t.Skip("no rig was made (skipped)")
 	}
 	if !pending {
-		t.Fatal("the magic packet did not schedule a wake")
+		t.Fatal("the magic packets did not schedule a wake")
 	}
 	if s := state(t, dev.Process.Pid); s == 'T' {
 		t.Fatal("the device's process is left stopped after the rig's cleanup")
