@@ -19,6 +19,7 @@ var layer = map[string]int{
 	"internal/durable":             1, // fsynced writes of small files and directory entries
 	"internal/durable/durabletest": 2, // test helper: a small tmpfs to fill
 	"internal/vpath":               1,
+	"internal/wol":                 1, // Wake-on-LAN magic packets: encode, parse, send (issue 17's wake proxy, the sleep rig's agent)
 	"internal/journal":             2, // the journal of work finished later (DESIGN decision 12): below fs, mount and cli
 
 	"internal/chunker":  2,
@@ -53,6 +54,7 @@ var layer = map[string]int{
 	"internal/etcdsvc/etcdtest":         4,
 	"internal/etcdsvc/etcdtest/etcdbin": 5,
 	"internal/netnstest":                4, // test helper: hosts in network namespaces
+	"internal/netnstest/sleeprig":       5, // test helper: hosts whose device sleeps and a wake agent (issue 16)
 	"internal/metagw":                   4, // metadata gateway: mutual-TLS front of etcd, devices only
 
 	"internal/meta": 5,

@@ -23,6 +23,11 @@
 // echo round trip of 32.5 ms, and 200 KB take 1.14 s (1.46 Mbit/s on the
 // wire, headers included), also with both cores busy.
 //
+// Each host has a stable MAC (Host.MAC; no frame carries it, the TUN
+// link is IP only), and a datagram to Subnet's broadcast address
+// (Broadcast) reaches every other host: enough for Wake-on-LAN (package
+// sleeprig puts hosts to sleep and wakes them with magic packets).
+//
 // The test process must stay alive while the hosts talk: it is the wire.
 // Everything New makes is removed at t.Cleanup, even when the test fails;
 // CleanupStale removes what a killed test process left behind.
@@ -62,6 +67,10 @@ const Dev = "cairn0"
 // address 10.213.0.(i+1). It exists only inside the test's namespaces.
 var Subnet = netip.MustParsePrefix("10.213.0.0/24")
 
+// Broadcast is Subnet's broadcast address: a packet a host sends there
+// reaches every other host (as on a LAN), through each one's link.
+var Broadcast = netip.MustParseAddr("10.213.0.255")
+
 // DefaultLimit is the number of packets a host's link queues before it drops
 // (netem's default limit).
 const DefaultLimit = 1000
@@ -89,6 +98,12 @@ type Options struct {
 type Host struct {
 	NS   string     // network namespace name (under /run/netns)
 	Addr netip.Addr // its address on Subnet
+	// MAC is the host's hardware address, stable across runs: host i has
+	// 02:ca:13:00:00:(i+1) (locally administered). The interface is a TUN
+	// device, which carries IP packets and has no hardware address of its
+	// own, so no frame carries the MAC: it is the name a Wake-on-LAN
+	// magic packet gives the host (see package sleeprig).
+	MAC net.HardwareAddr
 }
 
 // Net is a set of hosts joined by emulated links.
@@ -158,7 +173,7 @@ func New(t testing.TB, opts Options) *Net {
 		}
 		made = append(made, ns)
 		addr := hostAddr(i)
-		n.Hosts = append(n.Hosts, Host{NS: ns, Addr: addr})
+		n.Hosts = append(n.Hosts, Host{NS: ns, Addr: addr, MAC: hostMAC(i)})
 		n.byAddr[addr] = i
 
 		// No IPv6: a TUN device would otherwise send router solicitations
@@ -175,7 +190,7 @@ func New(t testing.TB, opts Options) *Net {
 		}
 		n.links = append(n.links, &link{n: n, host: i, f: f, q: make(chan packet, opts.Limit)})
 		run(t, "ip", "-n", ns, "link", "set", "lo", "up")
-		run(t, "ip", "-n", ns, "addr", "add", netip.PrefixFrom(addr, Subnet.Bits()).String(), "dev", Dev)
+		run(t, "ip", "-n", ns, "addr", "add", netip.PrefixFrom(addr, Subnet.Bits()).String(), "brd", Broadcast.String(), "dev", Dev)
 		run(t, "ip", "-n", ns, "link", "set", Dev, "up")
 	}
 	for _, l := range n.links {
@@ -190,6 +205,10 @@ func hostAddr(i int) netip.Addr {
 	a := Subnet.Addr().As4()
 	a[3] = byte(i + 1)
 	return netip.AddrFrom4(a)
+}
+
+func hostMAC(i int) net.HardwareAddr {
+	return net.HardwareAddr{0x02, 0xca, 0x13, 0x00, 0x00, byte(i + 1)}
 }
 
 func run(t testing.TB, name string, args ...string) {
@@ -409,12 +428,16 @@ func openTUN(ns, name string) (*os.File, error) {
 	return f, err
 }
 
-// packet is one IP packet on its way to host to, due at at.
+// packet is one IP packet on its way to host to (toAll: to every host
+// but the sender), due at at.
 type packet struct {
 	data []byte
 	to   int
 	at   time.Time
 }
+
+// toAll is packet.to for a packet to Broadcast.
+const toAll = -1
 
 // link is one host's uplink: read takes what the host sends and schedules
 // it; deliver hands it to its destination when due. Due times only grow
@@ -442,7 +465,11 @@ func (l *link) read() {
 		if k < 20 || p[0]>>4 != 4 {
 			continue // IPv4 only
 		}
-		to, ok := n.byAddr[netip.AddrFrom4([4]byte(p[16:20]))]
+		dst := netip.AddrFrom4([4]byte(p[16:20]))
+		to, ok := n.byAddr[dst]
+		if dst == Broadcast || dst == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+			to, ok = toAll, true
+		}
 		if !ok {
 			continue // not one of our hosts: nowhere to go
 		}
@@ -480,7 +507,17 @@ func (l *link) deliver() {
 				return
 			}
 		}
-		l.n.links[p.to].f.Write(p.data) // errors: the host is gone or its queue is full; a lost packet
+		// Write errors: the host is gone, its link is down or its queue is
+		// full; a lost packet.
+		if p.to != toAll {
+			l.n.links[p.to].f.Write(p.data)
+			continue
+		}
+		for _, o := range l.n.links {
+			if o != l {
+				o.f.Write(p.data)
+			}
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
@@ -291,6 +292,64 @@ func TestCleanupStale(t *testing.T) {
 	}
 	if !slices.Contains(left, n.NS(0)) {
 		t.Fatalf("%s of this live process was removed", n.NS(0))
+	}
+}
+
+// A datagram to Broadcast reaches every other host, and only a datagram to
+// a host's address reaches that host; hosts have stable MACs.
+func TestBroadcast(t *testing.T) {
+	n := New(t, Options{Hosts: 3, Delay: time.Millisecond})
+	for i, h := range n.Hosts {
+		if want := fmt.Sprintf("02:ca:13:00:00:%02x", i+1); h.MAC.String() != want {
+			t.Errorf("host %d: MAC %v, want %s", i, h.MAC, want)
+		}
+	}
+	var conns []net.PacketConn
+	for i := range n.Hosts {
+		var c net.PacketConn
+		if err := n.Do(i, func() (err error) { c, err = net.ListenPacket("udp4", ":7009"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	send := func(from int, to string, msg string) {
+		t.Helper()
+		err := n.Do(from, func() error {
+			c, err := net.Dial("udp4", to)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte(msg))
+			return err
+		})
+		if err != nil {
+			t.Fatalf("send from host %d to %s: %v", from, to, err)
+		}
+	}
+	recv := func(host int, wait time.Duration) string {
+		t.Helper()
+		conns[host].SetReadDeadline(time.Now().Add(wait))
+		buf := make([]byte, 100)
+		k, _, err := conns[host].ReadFrom(buf)
+		if err != nil {
+			return ""
+		}
+		return string(buf[:k])
+	}
+	send(0, netip.AddrPortFrom(Broadcast, 7009).String(), "to all")
+	for _, h := range []int{1, 2} {
+		if got := recv(h, 10*time.Second); got != "to all" {
+			t.Fatalf("host %d received %q from the broadcast", h, got)
+		}
+	}
+	send(0, n.HostPort(2, 7009), "to 2")
+	if got := recv(2, 10*time.Second); got != "to 2" {
+		t.Fatalf("host 2 received %q", got)
+	}
+	if got := recv(1, 300*time.Millisecond); got != "" {
+		t.Fatalf("host 1 received %q, sent to host 2", got)
 	}
 }
 
