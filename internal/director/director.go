@@ -168,7 +168,12 @@ type Director struct {
 	cacheStore cairn.Store
 	cache      *cachestore.Store
 	router     *router
-	pol        map[string]*PolicyStore // by canonical policy string
+
+	// The policy wrappers have their own lock: a wrapper being made does
+	// not hold up reads through the chunk cache.
+	polMu     sync.Mutex
+	polClosed bool
+	pol       map[string]*PolicyStore // by canonical policy string
 }
 
 // New returns a director over env. It opens nothing until first need.
@@ -182,7 +187,7 @@ func New(env Env, opts Options) *Director {
 	return &Director{env: env, opts: opts, log: opts.Logger}
 }
 
-// ErrClosed is returned by a director after Close.
+// errClosed is returned by a director after Close.
 var errClosed = cairn.E("fetch", cairn.Canceled, "", errors.New("the realm is closed"))
 
 // Close closes the policy wrappers (which wait for their background
@@ -191,17 +196,22 @@ var errClosed = cairn.E("fetch", cairn.Canceled, "", errors.New("the realm is cl
 // realm owns (Env.Local, Env.Store) stay open. Close the volumes writing
 // through the director first.
 func (d *Director) Close() error {
+	d.polMu.Lock()
+	if !d.polClosed {
+		d.polClosed = true
+		for _, ps := range d.pol {
+			if err := ps.Store.Close(); err != nil {
+				d.log.Warn("closing a policy's stores", "policy", ps.Policy.String(), "err", err)
+			}
+		}
+	}
+	d.polMu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return nil
 	}
 	d.closed = true
-	for _, ps := range d.pol {
-		if err := ps.Store.Close(); err != nil {
-			d.log.Warn("closing a policy's stores", "policy", ps.Policy.String(), "err", err)
-		}
-	}
 	if d.cache != nil {
 		d.cache.Close()
 		d.router.Close()
@@ -280,8 +290,8 @@ func (d *Director) OpenNode(ctx context.Context, name string) (cairn.Store, erro
 	case st.Removed != 0:
 		return nil, cairn.E("open store", cairn.Permission, name, errors.New("the node was removed from the realm"))
 	case st.State != meta.NodeOnline || st.Addr == "":
-		if err := d.decide(ctx, "open store", *st, ForMember); err != nil {
-			return nil, err
+		if derr := d.decide(ctx, "open store", *st, ForMember); derr != nil {
+			return nil, derr
 		}
 		return nil, cairn.E("open store", cairn.Unavailable, name, errors.New(notAwake(*st)))
 	}
@@ -341,8 +351,8 @@ func (d *Director) targetStore(ctx context.Context) (cairn.Store, string, error)
 	case st.Role == string(pki.Surrogate):
 		return nil, "", ErrSurrogate(t)
 	case st.State != meta.NodeOnline || st.Addr == "":
-		if err := d.decide(ctx, "open store", *st, ForWrite); err != nil {
-			return nil, "", err
+		if derr := d.decide(ctx, "open store", *st, ForWrite); derr != nil {
+			return nil, "", derr
 		}
 		// UseOther: a write target has no other copy.
 		return nil, "", cairn.E("open store", cairn.Unavailable, t, errors.New(notAwake(*st)))

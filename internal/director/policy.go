@@ -127,9 +127,9 @@ func (d *Director) Policy(ctx context.Context, s string) (*PolicyStore, error) {
 		return nil, cairn.E("open policy", cairn.Invalid, s, errors.New("local is not a wrapper"))
 	}
 	key := pol.String()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	d.polMu.Lock()
+	defer d.polMu.Unlock()
+	if d.polClosed {
 		return nil, errClosed
 	}
 	if ps := d.pol[key]; ps != nil {
