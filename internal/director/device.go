@@ -149,7 +149,7 @@ func (d *deviceStore) Flush(ctx context.Context) error {
 	return store.CtxErr(ctx, "flush", "")
 }
 
-// Close closes nothing: the realm owns the stores.
+// Close closes nothing: the director and the realm own the stores.
 func (d *deviceStore) Close() error { return nil }
 
 // chunkCache opens the chunk cache on first need: a localstore in

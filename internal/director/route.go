@@ -20,7 +20,8 @@ type peer struct {
 	name string
 	addr string
 	st   cairn.Store
-	// shared is set for a registered store: the realm owns and closes it.
+	// shared is set for a registered store (the realm owns and closes it)
+	// and a policy wrapper (the director closes it).
 	shared bool
 	// rtt is the last measured round trip (0: not measured); downUntil
 	// keeps a node that failed out of the first places for a while.
