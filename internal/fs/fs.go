@@ -21,6 +21,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/chunker"
+	"cairn.dev/cairn/internal/director"
 	"cairn.dev/cairn/internal/manifest"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/pipeline"
@@ -120,6 +121,14 @@ func Open(svc *meta.Service, mv *meta.Vol, master volkey.Master, st cairn.Store,
 		return h
 	}
 	return v, nil
+}
+
+// OpenFor is Open on the stores the director chose (director.ForWrite):
+// the volume writes to and reads through w.Store, and its versions record
+// w.Name as where their data is (opts.StoreName is ignored).
+func OpenFor(svc *meta.Service, mv *meta.Vol, master volkey.Master, w director.Write, opts Options) (*Volume, error) {
+	opts.StoreName = w.Name
+	return Open(svc, mv, master, w.Store, opts)
 }
 
 // Close stops the volume's pipeline workers.

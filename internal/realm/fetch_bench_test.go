@@ -11,14 +11,7 @@ import (
 
 // dropCache empties the chunk cache (the next read is cold).
 func (r *Realm) dropCache(t testing.TB) {
-	r.remoteMu.Lock()
-	defer r.remoteMu.Unlock()
-	if r.cache != nil {
-		r.cache.Close()
-		r.router.Close()
-		r.cacheStore.Close()
-		r.cache, r.router, r.cacheStore = nil, nil, nil
-	}
+	r.dir().DropCache()
 	if err := os.RemoveAll(filepath.Join(r.Home, cacheDir)); err != nil {
 		t.Fatal(err)
 	}

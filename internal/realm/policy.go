@@ -1,36 +1,27 @@
 package realm
 
-// Placement policies (meta/policy.go, DESIGN.md "placement policy"): a
-// copies:N@... or ec:K+M@... policy is a replicastore or ecstore wrapper
-// over the stores it names (registered stores and nodes, opened as
-// stores.go and fetch.go open them). One wrapper per policy string per
-// process, shared by the writes of every volume under that policy and by
-// the reads of every version that names it: a version records the policy
-// string itself as where its data is, so any device rebuilds the same
-// wrapper (the order of the stores is part of the string) and reads the
-// version back from K shards, fastest first.
+// Placement policies (meta/policy.go, DESIGN.md "placement policy"): the
+// realm checks and sets them, opens volumes to write under them, reports
+// and repairs them. The wrappers themselves (a copies:N@... or ec:K+M@...
+// policy's replicastore or ecstore over the stores it names) are the
+// director's (internal/director, doc/director.md).
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/zeebo/blake3"
-
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/director"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/pki"
-	"cairn.dev/cairn/internal/store"
 	"cairn.dev/cairn/internal/store/ecstore"
-	"cairn.dev/cairn/internal/store/replicastore"
 	"cairn.dev/cairn/internal/store/storeset"
 )
 
@@ -38,92 +29,16 @@ import (
 // shard-map caches, one subdirectory per policy.
 const policyDir = "policy"
 
-// policyMissScan: a Get of an object a wrapper's index does not know
-// (written by another device) scans the members at most this often.
-const policyMissScan = 5 * time.Second
-
-// memberRetry is how long a member that could not be opened is not
-// tried again.
-const memberRetry = 2 * time.Second
-
-// policyState is what the realm keeps of the policies in use.
+// policyState is what the realm keeps of the policies in use: the
+// volumes opened to write under each (the wrappers are the director's).
 type policyState struct {
 	mu     sync.Mutex
 	closed bool
-	stores map[string]*PolicyStore // by canonical policy string
-	vols   map[string]*fs.Volume   // by volume name + "\x00" + policy
+	vols   map[string]*fs.Volume // by volume name + "\x00" + policy
 }
 
-// PolicyStore is an open copies or ec wrapper.
-type PolicyStore struct {
-	Policy meta.Policy
-	Store  cairn.Store // *ecstore.Store or *replicastore.Store
-	// io is Store with at most policyInFlight Puts and Gets at once, for
-	// the file layer and the router: a put of many large files keeps
-	// thousands of chunk Puts in flight, and a wrapper refuses requests
-	// beyond a bound per member (storeset: too many waiting), counting
-	// the member as down.
-	io cairn.Store
-}
-
-// policyInFlight bounds the Puts and Gets under way through one policy's
-// wrapper (its members take 8 requests each at a time, and let 256 wait).
-const policyInFlight = 64
-
-// bounded is a store with a bound on the Puts and Gets in flight.
-type bounded struct {
-	cairn.Store
-	sem chan struct{}
-}
-
-func (b *bounded) acquire(ctx context.Context, op string, id cairn.ID) error {
-	select {
-	case b.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return store.CtxErr(ctx, op, id.String())
-	}
-}
-
-func (b *bounded) Put(ctx context.Context, id cairn.ID, data []byte) error {
-	if err := b.acquire(ctx, "put", id); err != nil {
-		return err
-	}
-	defer func() { <-b.sem }()
-	return b.Store.Put(ctx, id, data)
-}
-
-func (b *bounded) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
-	if err := b.acquire(ctx, "get", id); err != nil {
-		return nil, err
-	}
-	defer func() { <-b.sem }()
-	return b.Store.Get(ctx, id)
-}
-
-// Health returns the members' health, in the policy's order.
-func (p *PolicyStore) Health() []storeset.Health {
-	switch s := p.Store.(type) {
-	case *ecstore.Store:
-		return s.Health()
-	case *replicastore.Store:
-		return s.Health()
-	}
-	return nil
-}
-
-// Repair runs the wrapper's repair (see ecstore and replicastore
-// RepairOptions): store, if not "", restricts it to that member; scrub
-// reads and verifies everything.
-func (p *PolicyStore) Repair(ctx context.Context, store string, scrub bool) (storeset.RepairReport, error) {
-	switch s := p.Store.(type) {
-	case *ecstore.Store:
-		return s.Repair(ctx, ecstore.RepairOptions{Store: store, Scrub: scrub})
-	case *replicastore.Store:
-		return s.Repair(ctx, replicastore.RepairOptions{Store: store, Scrub: scrub})
-	}
-	return storeset.RepairReport{}, nil
-}
+// PolicyStore is an open copies or ec wrapper (the director's).
+type PolicyStore = director.PolicyStore
 
 // CheckPolicy parses a policy and checks that every store it names is a
 // registered store (not being removed) or a node of the realm (not
@@ -163,7 +78,7 @@ func (r *Realm) CheckPolicy(ctx context.Context, s string) (meta.Policy, error) 
 			return pol, cairn.E("policy", cairn.Permission, name, errors.New("the node was removed from the realm"))
 		}
 		if n.Role == string(pki.Surrogate) {
-			return pol, errSurrogate(name)
+			return pol, director.ErrSurrogate(name)
 		}
 	}
 	return pol, nil
@@ -184,48 +99,10 @@ func (r *Realm) SetPolicy(ctx context.Context, vol, path, policy string) (string
 	return rec.Policy, v.Meta.SetPolicy(ctx, rec)
 }
 
-// policyStore returns the wrapper of policy s (copies or ec), opened on
-// first use. Its members open on first need, and again after a failure,
-// so a store that is down when the wrapper is made is only a member down.
+// policyStore returns the wrapper of policy s (copies or ec): the
+// director's (director.Policy).
 func (r *Realm) policyStore(ctx context.Context, s string) (*PolicyStore, error) {
-	pol, err := meta.ParsePolicy(s)
-	if err != nil {
-		return nil, err
-	}
-	if pol.Kind == meta.PolicyLocal {
-		return nil, cairn.E("open policy", cairn.Invalid, s, errors.New("local is not a wrapper"))
-	}
-	key := pol.String()
-	r.pol.mu.Lock()
-	defer r.pol.mu.Unlock()
-	if r.pol.closed {
-		return nil, errRealmClosed
-	}
-	if ps := r.pol.stores[key]; ps != nil {
-		return ps, nil
-	}
-	members := make([]storeset.Named, len(pol.Stores))
-	for i, name := range pol.Stores {
-		members[i] = storeset.Named{Name: name, Store: &member{name: name, r: r}}
-	}
-	sum := blake3.Sum256([]byte(key))
-	dir := filepath.Join(r.Home, policyDir, hex.EncodeToString(sum[:8]))
-	ps := &PolicyStore{Policy: pol}
-	switch pol.Kind {
-	case meta.PolicyEC:
-		ps.Store, err = ecstore.New(pol.K, pol.M, members, ecstore.Options{Dir: dir, MissScan: policyMissScan, Logger: r.log})
-	case meta.PolicyCopies:
-		ps.Store, err = replicastore.New(pol.N, members, replicastore.Options{Dir: dir, Logger: r.log})
-	}
-	if err != nil {
-		return nil, err
-	}
-	ps.io = &bounded{Store: ps.Store, sem: make(chan struct{}, policyInFlight)}
-	if r.pol.stores == nil {
-		r.pol.stores = map[string]*PolicyStore{}
-	}
-	r.pol.stores[key] = ps
-	return ps, nil
+	return r.dir().Policy(ctx, s)
 }
 
 // PolicyStoreOf is policyStore, for commands that show or repair a policy.
@@ -241,18 +118,19 @@ func (r *Realm) PolicyStoreOf(ctx context.Context, policy string) (*PolicyStore,
 // version, as through Volume. Not for use by several goroutines at once
 // with Volume.
 func (r *Realm) PolicyVolume(ctx context.Context, name, policy string) (*fs.Volume, error) {
-	if policy == "" || policy == meta.PolicyLocal || r.opts.Target != "" {
+	d := r.dir()
+	if d.Default(policy) {
 		return r.Volume(ctx, name)
 	}
 	def, err := r.Volume(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	ps, err := r.policyStore(ctx, policy)
+	w, err := d.ForWrite(ctx, policy)
 	if err != nil {
 		return nil, err
 	}
-	key := name + "\x00" + ps.Policy.String()
+	key := name + "\x00" + w.Name
 	r.pol.mu.Lock()
 	defer r.pol.mu.Unlock()
 	if v := r.pol.vols[key]; v != nil {
@@ -266,12 +144,7 @@ func (r *Realm) PolicyVolume(ctx context.Context, name, policy string) (*fs.Volu
 	if err != nil {
 		return nil, err
 	}
-	local, err := r.Store(ctx)
-	if err != nil {
-		return nil, err
-	}
-	ds := &deviceStore{local: local, target: ps.io, r: r}
-	v, err := fs.Open(r.Meta, def.Meta, master, ds, fs.Options{StoreName: ps.Policy.String(), Workers: r.opts.Workers, Readahead: readahead, Logger: r.log})
+	v, err := fs.OpenFor(r.Meta, def.Meta, master, w, fs.Options{Workers: r.opts.Workers, Readahead: readahead, Logger: r.log})
 	if err != nil {
 		return nil, err
 	}
@@ -282,26 +155,8 @@ func (r *Realm) PolicyVolume(ctx context.Context, name, policy string) (*fs.Volu
 	return v, nil
 }
 
-// policyPeer is the router's peer for a version that names a policy
-// (router.storePeer).
-func (rt *router) policyPeer(ctx context.Context, name string) (*peer, error) {
-	ps, err := rt.r.policyStore(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if p := rt.nodes["store:"+name]; p != nil {
-		return p, nil
-	}
-	p := &peer{name: name, addr: name, st: ps.io, shared: true}
-	rt.nodes["store:"+name] = p
-	return p, nil
-}
-
-// closePolicies closes the policy volumes, then the wrappers (which wait
-// for their background writes and save their repair queues), before the
-// stores they write to close.
+// closePolicies closes the policy volumes (the director closes the
+// wrappers after them).
 func (r *Realm) closePolicies() {
 	r.pol.mu.Lock()
 	defer r.pol.mu.Unlock()
@@ -309,185 +164,6 @@ func (r *Realm) closePolicies() {
 	for _, v := range r.pol.vols {
 		v.Close()
 	}
-	for _, ps := range r.pol.stores {
-		if err := ps.Store.Close(); err != nil {
-			r.log.Warn("closing a policy's stores", "policy", ps.Policy.String(), "err", err)
-		}
-	}
-}
-
-// member is one store of a policy, opened on first need: a registered
-// store (the realm owns it), this device's own store, or another node's
-// chunk service (the member owns that client). When it cannot be opened it
-// fails with Kind Unavailable, so the wrapper counts it as down, and is
-// tried again after memberRetry.
-type member struct {
-	name string
-	r    *Realm
-
-	mu      sync.Mutex
-	st      cairn.Store
-	owned   bool
-	err     error
-	tried   time.Time
-	opening chan struct{} // closed when the open under way ends; nil if none
-}
-
-var (
-	_ cairn.Store       = (*member)(nil)
-	_ store.RangeReader = (*member)(nil)
-)
-
-// open opens the member on first need. The open runs without m.mu held:
-// while a member that failed is tried again (a cloud store's open retries
-// its listing for a second or more when the server is stopped), other
-// requests fail at once with the last error instead of queueing behind it;
-// only before the first outcome do they wait for it.
-func (m *member) open(ctx context.Context) (cairn.Store, error) {
-	m.mu.Lock()
-	for {
-		if m.st != nil {
-			st := m.st
-			m.mu.Unlock()
-			return st, nil
-		}
-		if m.err != nil && (m.opening != nil || time.Since(m.tried) < memberRetry) {
-			err := m.err
-			m.mu.Unlock()
-			return nil, err
-		}
-		if m.opening == nil {
-			break
-		}
-		ch := m.opening
-		m.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return nil, store.CtxErr(ctx, "open store", m.name)
-		}
-		m.mu.Lock()
-	}
-	ch := make(chan struct{})
-	m.opening = ch
-	m.mu.Unlock()
-
-	st, owned, err := m.r.openMember(ctx, m.name)
-
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.opening = nil
-	close(ch)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, store.CtxErr(ctx, "open store", m.name)
-		}
-		m.tried = time.Now()
-		kind := cairn.Unavailable
-		if errors.Is(err, cairn.ErrPermission) {
-			kind = cairn.Permission
-		}
-		m.err = cairn.E("open store", kind, m.name, err)
-		return nil, m.err
-	}
-	m.tried = time.Now()
-	m.st, m.owned, m.err = st, owned, nil
-	return st, nil
-}
-
-// openMember opens store or node name for a policy.
-func (r *Realm) openMember(ctx context.Context, name string) (cairn.Store, bool, error) {
-	if self, err := r.selfName(ctx); err == nil && self == name {
-		st, err := r.Store(ctx)
-		return st, false, err
-	}
-	n, err := r.namedStore(ctx, name)
-	if err != nil {
-		return nil, false, err
-	}
-	if n != nil {
-		// Not through the consistency anchor: a shard or copy missing
-		// from a member is an expected answer the wrapper handles at
-		// once (reading another member, rebuilding), not a lag to wait
-		// out; the wrapper itself is read through the router, like any
-		// store a version names.
-		if n.member != nil {
-			return n.member, false, nil
-		}
-		return n.st, false, nil
-	}
-	st, err := r.nodeStore(ctx, name)
-	return st, true, err
-}
-
-func (m *member) Put(ctx context.Context, id cairn.ID, data []byte) error {
-	st, err := m.open(ctx)
-	if err != nil {
-		return err
-	}
-	return st.Put(ctx, id, data)
-}
-
-func (m *member) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
-	st, err := m.open(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return st.Get(ctx, id)
-}
-
-// GetRange reads a range with the store's own ranged read, or cuts it out
-// of the whole object.
-func (m *member) GetRange(ctx context.Context, id cairn.ID, off, n int64) ([]byte, error) {
-	st, err := m.open(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if rr, ok := st.(store.RangeReader); ok {
-		return rr.GetRange(ctx, id, off, n)
-	}
-	b, err := st.Get(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	if off < 0 || n < 0 || off+n > int64(len(b)) {
-		return nil, cairn.E("get range", cairn.Invalid, id.String(), fmt.Errorf("range %d+%d past the end (%d bytes)", off, n, len(b)))
-	}
-	return slices.Clone(b[off : off+n]), nil
-}
-
-func (m *member) Has(ctx context.Context, ids []cairn.ID) ([]bool, error) {
-	st, err := m.open(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return st.Has(ctx, ids)
-}
-
-func (m *member) Delete(ctx context.Context, id cairn.ID) error {
-	st, err := m.open(ctx)
-	if err != nil {
-		return err
-	}
-	return st.Delete(ctx, id)
-}
-
-func (m *member) List(ctx context.Context, fn func(id cairn.ID, size int64) error) error {
-	st, err := m.open(ctx)
-	if err != nil {
-		return err
-	}
-	return st.List(ctx, fn)
-}
-
-// Close closes a node client the member opened; shared stores stay open.
-func (m *member) Close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.st != nil && m.owned {
-		return m.st.Close()
-	}
-	return nil
 }
 
 // PoliciesInUse returns the distinct copies and ec policies named by the

@@ -6,16 +6,13 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
-	"cairn.dev/cairn/internal/meta"
 )
 
 // A read that fails on every store the version names says why each
@@ -75,76 +72,5 @@ func TestPolicyReadErrorNamesStores(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q: %v", want, err)
 		}
-	}
-}
-
-// A policy's member whose server is stopped takes a while to fail its open
-// (the bucket listing is retried with backoff). Meanwhile other stores
-// open, and the router reads, without waiting for it; and while it is
-// tried again, other requests to it fail at once with its last error.
-func TestMemberOpenDoesNotBlock(t *testing.T) {
-	ctx := context.Background()
-	a, _, _ := twoDevices(t, Options{})
-	if _, err := a.AddStore(ctx, "d1", "file://"+t.TempDir()); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close() // nothing listens there: connections are refused
-	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": "cairn", "AWS_SECRET_ACCESS_KEY": "cairn-secret", "AWS_EC2_METADATA_DISABLED": "true",
-		"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"} {
-		t.Setenv(k, v)
-	}
-	if aerr := a.Meta.AddStore(ctx, meta.StoreRecord{Name: "dead", URL: "s3://dead-bucket/c?endpoint=" + addr + "&insecure=1"}); aerr != nil {
-		t.Fatal(aerr)
-	}
-	dead := &member{name: "dead", r: a}
-	type result struct {
-		err error
-		at  time.Time
-	}
-	openDead := func() chan result {
-		c := make(chan result, 1)
-		go func() {
-			_, oerr := dead.open(ctx)
-			c <- result{oerr, time.Now()}
-		}()
-		return c
-	}
-	first := openDead()
-	time.Sleep(50 * time.Millisecond) // dead's open is retrying its listing
-	if _, oerr := (&member{name: "d1", r: a}).open(ctx); oerr != nil {
-		t.Fatal(oerr)
-	}
-	if _, rerr := a.routerOnly(ctx); rerr != nil {
-		t.Fatal(rerr)
-	}
-	d1At := time.Now()
-	r := <-first
-	if !errors.Is(r.err, cairn.ErrUnavailable) || !strings.Contains(r.err.Error(), "dead") {
-		t.Fatalf("open of a stopped store = %v, want Unavailable naming it", r.err)
-	}
-	t.Logf("dead: %v", r.err)
-	if !d1At.Before(r.at) {
-		t.Fatalf("d1 opened %v after dead's open failed: it waited for it", d1At.Sub(r.at))
-	}
-	t.Logf("dead's open failed after retrying; d1 opened %v before", r.at.Sub(d1At))
-
-	// A retry is due: one request tries again, the others fail at once.
-	dead.mu.Lock()
-	dead.tried = time.Now().Add(-memberRetry)
-	dead.mu.Unlock()
-	retry := openDead()
-	time.Sleep(50 * time.Millisecond)
-	_, err = dead.open(ctx)
-	failedAt := time.Now()
-	if !errors.Is(err, cairn.ErrUnavailable) {
-		t.Fatalf("open during a retry = %v, want the last error", err)
-	}
-	if r := <-retry; r.err == nil || !failedAt.Before(r.at) {
-		t.Fatalf("retry: %v; the other open returned %v after it", r.err, failedAt.Sub(r.at))
 	}
 }

@@ -19,13 +19,13 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/chunker"
+	"cairn.dev/cairn/internal/director"
 	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/etcdsvc"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/pki"
-	"cairn.dev/cairn/internal/store/cachestore"
 	"cairn.dev/cairn/internal/store/localstore"
 	"cairn.dev/cairn/internal/vpath"
 )
@@ -123,17 +123,16 @@ type Realm struct {
 	vols   map[string]*fs.Volume
 	log    *slog.Logger
 
-	// Reading from and writing to other nodes (fetch.go), opened on
-	// first need.
+	// The director chooses where bytes go and come from (fetch.go),
+	// made on first need.
+	dirMu    sync.Mutex
+	director *director.Director
+	// Registered stores (stores.go), opened on first need.
 	remoteMu     sync.Mutex
 	remoteClosed bool
-	target       cairn.Store
 	named        map[string]*namedStore // registered stores opened (stores.go)
 	namedOpening map[string]*namedOpen  // registered stores being opened by namedStore
-	cacheStore   cairn.Store
-	cache        *cachestore.Store
-	router       *router
-	pol          policyState // placement policies' wrappers and volumes (policy.go)
+	pol          policyState            // placement policies' volumes (policy.go)
 	revMu        sync.Mutex
 	rev          *meta.Revocations
 	name         string
@@ -326,27 +325,18 @@ func (r *Realm) Close() error {
 	for _, v := range r.vols {
 		v.Close()
 	}
-	r.closePolicies() // before the stores they write to
+	r.closePolicies() // the policy volumes
+	// The director's wrappers, cache and node clients, before the stores
+	// they write to.
+	r.dir().Close()
 	r.remoteMu.Lock()
-	r.remoteClosed = true // no read opens the cache or a remote store again
-	if r.cache != nil {
-		r.cache.Close()
-		r.router.Close()
-		r.cacheStore.Close()
-	} else if r.router != nil {
-		r.router.Close() // NoCache reads
-	}
-	if r.target != nil {
-		r.target.Close()
-	}
+	r.remoteClosed = true // no read opens a registered store again
 	if len(r.named) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		r.flushRequestsLocked(ctx)
 		cancel()
 		for _, n := range r.named {
-			if n.st != r.target {
-				n.st.Close()
-			}
+			n.st.Close()
 		}
 	}
 	r.remoteMu.Unlock()
@@ -449,16 +439,11 @@ func (r *Realm) Volume(ctx context.Context, name string) (*fs.Volume, error) {
 			return nil, err
 		}
 	}
-	local, err := r.Store(ctx)
+	w, err := r.dir().ForWrite(ctx, "")
 	if err != nil {
 		return nil, err
 	}
-	target, storeName, err := r.targetStore(ctx)
-	if err != nil {
-		return nil, err
-	}
-	ds := &deviceStore{local: local, target: target, r: r}
-	v, err := fs.Open(r.Meta, mv, master, ds, fs.Options{StoreName: storeName, Workers: r.opts.Workers, Readahead: readahead, ReadaheadFor: r.readaheadFor, Logger: r.log})
+	v, err := fs.OpenFor(r.Meta, mv, master, w, fs.Options{Workers: r.opts.Workers, Readahead: readahead, ReadaheadFor: r.readaheadFor, Logger: r.log})
 	if err != nil {
 		return nil, err
 	}

@@ -200,22 +200,9 @@ func (r *Realm) openURL(ctx context.Context, raw string) (cairn.Store, string, e
 }
 
 // nodeStore opens a client of node name's chunk service; the node must be
-// online.
+// online (the director decides: director.OpenNode).
 func (r *Realm) nodeStore(ctx context.Context, name string) (cairn.Store, error) {
-	st, err := r.Meta.Node(ctx, name)
-	if err != nil {
-		if errors.Is(err, cairn.ErrNotFound) {
-			return nil, cairn.E("open store", cairn.NotFound, name, errors.New("no such node or store in the realm (see 'cairn devices', 'cairn store ls')"))
-		}
-		return nil, err
-	}
-	switch {
-	case st.Removed != 0:
-		return nil, cairn.E("open store", cairn.Permission, name, errors.New("the node was removed from the realm"))
-	case st.State != meta.NodeOnline || st.Addr == "":
-		return nil, cairn.E("open store", cairn.Unavailable, name, fmt.Errorf("the node is %s (last seen %s)", st.State, lastSeen(st.LastSeen)))
-	}
-	return r.remoteStore(ctx, name, st.Addr)
+	return r.dir().OpenNode(ctx, name)
 }
 
 // namedStoreLocked returns registered store name, opened on first use
@@ -672,13 +659,14 @@ func (r *Realm) RemoveStore(ctx context.Context, name, dest string, progress fun
 		return rep, err
 	}
 	r.remoteMu.Lock()
-	if n := r.named[name]; n != nil {
+	n := r.named[name]
+	if n != nil {
 		delete(r.named, name)
-		if n.st != r.target {
-			n.st.Close()
-		}
 	}
 	r.remoteMu.Unlock()
+	if n != nil && !r.dir().IsTarget(n.st) {
+		n.st.Close()
+	}
 	return rep, nil
 }
 

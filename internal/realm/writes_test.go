@@ -33,7 +33,7 @@ func TestWritesOffSurrogatesAndWithinDonations(t *testing.T) {
 		t.Fatalf("a policy naming a benefactor: %v", err)
 	}
 	a.opts.Target = "cafe"
-	if _, _, err := a.targetStore(ctx); !errors.Is(err, cairn.ErrPermission) || !strings.Contains(err.Error(), "surrogate") {
+	if _, err := a.newDirector().ForWrite(ctx, ""); !errors.Is(err, cairn.ErrPermission) || !strings.Contains(err.Error(), "surrogate") {
 		t.Fatalf("a surrogate as the write target: %v", err)
 	}
 	a.opts.Target = ""

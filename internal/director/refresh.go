@@ -1,4 +1,4 @@
-package realm
+package director
 
 import (
 	"context"

@@ -1,0 +1,87 @@
+package director
+
+import (
+	"context"
+	"errors"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/meta"
+)
+
+// A Strategy is one way of choosing where a write's bytes go: the store
+// they are written to and the name versions record as where they are (any
+// device rebuilds the same read path from that name). A new placement
+// (striping across benefactors, staging on surrogates) is a new Strategy
+// and a new entry in strategies, not new code in fs, the mount or the CLI.
+type Strategy interface {
+	// Target returns the store writes go to and the name versions record.
+	Target(ctx context.Context) (cairn.Store, string, error)
+}
+
+// strategies makes the strategy of a policy, by the policy's kind.
+var strategies = map[string]func(ctx context.Context, d *Director, pol meta.Policy) (Strategy, error){
+	// Stays where created (ZZFS §3.2): this device's store, or
+	// Options.Target.
+	meta.PolicyLocal: func(_ context.Context, d *Director, _ meta.Policy) (Strategy, error) {
+		return here{d}, nil
+	},
+	meta.PolicyCopies: wrapperStrategy,
+	meta.PolicyEC:     wrapperStrategy,
+}
+
+func wrapperStrategy(ctx context.Context, d *Director, pol meta.Policy) (Strategy, error) {
+	return d.Policy(ctx, pol.String())
+}
+
+// here is the stays-where-created strategy.
+type here struct{ d *Director }
+
+func (h here) Target(ctx context.Context) (cairn.Store, string, error) { return h.d.targetStore(ctx) }
+
+// Write is where a volume's writes go, as the director chose it.
+type Write struct {
+	// Store is what the file layer writes to and reads through: writes go
+	// to the strategy's store; reads go to this device's store, then the
+	// chunk cache, then the nodes and stores the version names.
+	Store cairn.Store
+	// Name is recorded in each version as where its data is.
+	Name string
+	// Default: the stays-where-created strategy (what Default(policy)
+	// reports).
+	Default bool
+}
+
+// Default reports whether a write under policy goes where writes go by
+// default (stays where created): no policy, "local", or a Target set
+// (put --store overrides policies).
+func (d *Director) Default(policy string) bool {
+	return policy == "" || policy == meta.PolicyLocal || d.opts.Target != ""
+}
+
+// ForWrite returns where writes under policy go ("" for the default).
+func (d *Director) ForWrite(ctx context.Context, policy string) (Write, error) {
+	pol := meta.Policy{Kind: meta.PolicyLocal}
+	if !d.Default(policy) {
+		var err error
+		if pol, err = meta.ParsePolicy(policy); err != nil {
+			return Write{}, err
+		}
+	}
+	mk := strategies[pol.Kind]
+	if mk == nil {
+		return Write{}, cairn.E("open policy", cairn.Invalid, policy, errors.New("no strategy for this kind of policy"))
+	}
+	s, err := mk(ctx, d, pol)
+	if err != nil {
+		return Write{}, err
+	}
+	target, name, err := s.Target(ctx)
+	if err != nil {
+		return Write{}, err
+	}
+	local, err := d.env.Local(ctx)
+	if err != nil {
+		return Write{}, err
+	}
+	return Write{Store: &deviceStore{local: local, target: target, d: d}, Name: name, Default: pol.Kind == meta.PolicyLocal}, nil
+}
