@@ -130,6 +130,37 @@ const (
 type NodeStatus struct {
 	NodeRecord
 	State string `json:"state"`
+	// Since is when the node entered State, as far as the registry
+	// knows (unix ns; 0: unknown): awake, since its registration (its
+	// liveness key's since); standby, since its announcement; offline,
+	// since its last report; removed, since its removal.
+	Since int64 `json:"since,omitempty"`
+}
+
+// status derives a node's state and since from its record and its
+// liveness key (alive: the key exists; aliveSince: its since).
+func status(rec NodeRecord, alive bool, aliveSince int64, now time.Time) NodeStatus {
+	st := NodeStatus{NodeRecord: rec, State: nodeState(&rec, alive, now)}
+	switch st.State {
+	case NodeAwake:
+		st.Since = aliveSince
+	case NodeStandby:
+		st.Since = rec.Standby
+	case NodeOffline:
+		st.Since = rec.LastSeen
+	case NodeRemoved:
+		st.Since = rec.Removed
+	}
+	return st
+}
+
+// aliveSince reads the since of a liveness key's value (0 if unreadable).
+func aliveSince(v []byte) int64 {
+	var a struct {
+		Since int64 `json:"since"`
+	}
+	_ = json.Unmarshal(v, &a)
+	return a.Since
 }
 
 func (s *Service) nodeKey(name string) string  { return s.key("node", name) }
@@ -226,7 +257,7 @@ func (s *Service) ClaimNode(ctx context.Context, rec NodeRecord) (func(context.C
 func (s *Service) Node(ctx context.Context, name string) (*NodeStatus, error) {
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
-	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.nodeKey(name)), clientv3.OpGet(s.aliveKey(name), clientv3.WithCountOnly())).Commit()
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.nodeKey(name)), clientv3.OpGet(s.aliveKey(name))).Commit()
 	if err != nil {
 		return nil, etcdErr("node", name, err)
 	}
@@ -234,11 +265,16 @@ func (s *Service) Node(ctx context.Context, name string) (*NodeStatus, error) {
 	if len(kvs) == 0 {
 		return nil, cairn.E("node", cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
 	}
-	var st NodeStatus
-	if err := json.Unmarshal(kvs[0].Value, &st.NodeRecord); err != nil {
+	var rec NodeRecord
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
 		return nil, cairn.E("node", cairn.Corrupt, name, err)
 	}
-	st.State = nodeState(&st.NodeRecord, resp.Responses[1].GetResponseRange().Count > 0, time.Now())
+	var since int64
+	akvs := resp.Responses[1].GetResponseRange().Kvs
+	if len(akvs) > 0 {
+		since = aliveSince(akvs[0].Value)
+	}
+	st := status(rec, len(akvs) > 0, since, time.Now())
 	return &st, nil
 }
 
@@ -268,23 +304,23 @@ func (s *Service) Nodes(ctx context.Context) ([]NodeStatus, error) {
 	defer cancel()
 	np, ap := s.key("node")+"/", s.key("alive")+"/"
 	// One transaction: records and liveness keys of one revision.
-	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(np, clientv3.WithPrefix()), clientv3.OpGet(ap, clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(np, clientv3.WithPrefix()), clientv3.OpGet(ap, clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return nil, etcdErr("list nodes", "", err)
 	}
-	alive := map[string]bool{}
+	alive := map[string]int64{}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		alive[string(kv.Key[len(ap):])] = true
+		alive[string(kv.Key[len(ap):])] = aliveSince(kv.Value)
 	}
 	var out []NodeStatus
 	now := time.Now()
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		var st NodeStatus
-		if err := json.Unmarshal(kv.Value, &st.NodeRecord); err != nil {
+		var rec NodeRecord
+		if err := json.Unmarshal(kv.Value, &rec); err != nil {
 			return nil, cairn.E("list nodes", cairn.Corrupt, string(kv.Key), err)
 		}
-		st.State = nodeState(&st.NodeRecord, alive[st.Name], now)
-		out = append(out, st)
+		since, ok := alive[rec.Name]
+		out = append(out, status(rec, ok, since, now))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil

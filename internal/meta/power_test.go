@@ -25,7 +25,7 @@ func TestNodeStandby(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := state(t, s, "lap"); st.State != meta.NodeAwake || st.Standby != 0 || st.Wake == nil || st.Wake.MAC != learned.MAC || st.Format != meta.NodeRecordFormat {
+	if st := state(t, s, "lap"); st.State != meta.NodeAwake || st.Standby != 0 || st.Wake == nil || st.Wake.MAC != learned.MAC || st.Format != meta.NodeRecordFormat || st.Since == 0 || st.Since != st.LastSeen {
 		t.Fatalf("registered: %+v", st)
 	}
 	before := time.Now()
@@ -34,7 +34,7 @@ func TestNodeStandby(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := state(t, s, "lap")
-	if st.State != meta.NodeStandby || st.Standby != since.UnixNano() || since.Before(before) || st.Wake == nil || st.Wake.MAC != learned.MAC || st.Wake.Broadcast != learned.Broadcast {
+	if st.State != meta.NodeStandby || st.Standby != since.UnixNano() || st.Since != st.Standby || since.Before(before) || st.Wake == nil || st.Wake.MAC != learned.MAC || st.Wake.Broadcast != learned.Broadcast {
 		t.Fatalf("after standby: %+v", st)
 	}
 	if resp, gerr := s.Client().Get(ctx, "/cairn/v1/alive/lap"); gerr != nil || len(resp.Kvs) != 0 {
@@ -48,7 +48,7 @@ func TestNodeStandby(t *testing.T) {
 		t.Fatal("the heartbeat goes on after standby")
 	}
 	nodes, err := s.Nodes(ctx)
-	if err != nil || len(nodes) != 1 || nodes[0].State != meta.NodeStandby {
+	if err != nil || len(nodes) != 1 || nodes[0].State != meta.NodeStandby || nodes[0].Since != since.UnixNano() {
 		t.Fatalf("Nodes after standby: %+v %v", nodes, err)
 	}
 
