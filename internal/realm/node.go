@@ -186,7 +186,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	quit := make(chan struct{})
 	defer close(quit)
 	powerReqs := make(chan powerReq)
-	if closeControl, cerr := serveControl(ctx, r.Home, powerReqs); cerr != nil {
+	if closeControl, cerr := serveControl(r.Home, powerReqs, quit); cerr != nil {
 		r.log.Warn("node control socket: 'cairn node standby' and 'resume' cannot reach this node", "err", cerr)
 	} else {
 		defer closeControl()

@@ -247,9 +247,10 @@ type powerReq struct {
 }
 
 // serveControl listens on home's control socket and hands its requests
-// to reqs until ctx ends. A socket left by a node that died is replaced;
-// one that answers belongs to a running node: an error.
-func serveControl(ctx context.Context, home string, reqs chan<- powerReq) (func(), error) {
+// to reqs until the returned function is called; quit closed means
+// nobody takes them any more. A socket left by a node that died is
+// replaced; one that answers belongs to a running node: an error.
+func serveControl(home string, reqs chan<- powerReq, quit <-chan struct{}) (func(), error) {
 	const op = "node control"
 	p := ControlPath(home)
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
@@ -276,7 +277,7 @@ func serveControl(ctx context.Context, home string, reqs chan<- powerReq) (func(
 			if aerr != nil {
 				return
 			}
-			go handleControl(ctx, c, reqs)
+			go handleControl(c, reqs, quit)
 		}
 	}()
 	return func() {
@@ -285,7 +286,7 @@ func serveControl(ctx context.Context, home string, reqs chan<- powerReq) (func(
 	}, nil
 }
 
-func handleControl(ctx context.Context, c net.Conn, reqs chan<- powerReq) {
+func handleControl(c net.Conn, reqs chan<- powerReq, quit <-chan struct{}) {
 	defer c.Close()
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	rd := bufio.NewReader(&limitedConn{c, 1 << 10})
@@ -307,10 +308,10 @@ func handleControl(ctx context.Context, c net.Conn, reqs chan<- powerReq) {
 		case reqs <- pr:
 			select {
 			case rep = <-pr.reply:
-			case <-ctx.Done():
+			case <-quit:
 				rep.Error = "the node is stopping"
 			}
-		case <-ctx.Done():
+		case <-quit:
 			rep.Error = "the node is stopping"
 		}
 	}
