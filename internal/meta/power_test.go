@@ -115,6 +115,8 @@ func TestNodeOldRecords(t *testing.T) {
 	for k, v := range map[string]string{
 		"/cairn/v1/node/two": `{"format":2,"name":"two","role":"device","addr":"h:2","registered":1,"serials":["ab"]}`,
 		"/cairn/v1/node/one": `{"name":"one","role":"benefactor","registered":1}`,
+		// Never rewritten by this cairn: removed at format 2.
+		"/cairn/v1/node/old2": `{"format":2,"name":"old2","role":"device","registered":1,"serials":["cd"]}`,
 	} {
 		if _, err := c.Put(ctx, k, v); err != nil {
 			t.Fatal(err)
@@ -143,7 +145,7 @@ func TestNodeOldRecords(t *testing.T) {
 	if st := state(t, s, "one"); st.State != meta.NodeStandby || st.Format != 0 {
 		t.Fatalf("format 1 record in standby: %+v", st)
 	}
-	for _, n := range []string{"one", "two"} {
+	for _, n := range []string{"one", "two", "old2"} {
 		if err := s.RemoveNode(ctx, n, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
@@ -152,7 +154,10 @@ func TestNodeOldRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := names["two"]; ok || serials["ab"].IsZero() || names["one"].IsZero() {
+	if _, ok := names["two"]; ok || serials["ab"].IsZero() || names["one"].IsZero() || serials["cd"].IsZero() {
+		t.Fatalf("removals: names %v serials %v", names, serials)
+	}
+	if _, ok := names["old2"]; ok {
 		t.Fatalf("removals: names %v serials %v", names, serials)
 	}
 }
