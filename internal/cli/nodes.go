@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"text/tabwriter"
 	"time"
@@ -256,7 +257,75 @@ invitation.`,
 			return nil
 		},
 	}
-	c.AddCommand(serve, remove, e.powerCmd("standby"), e.powerCmd("resume"))
+	c.AddCommand(serve, remove, e.powerCmd("standby"), e.powerCmd("resume"), e.setWakeCmd())
+	return c
+}
+
+// setWakeCmd makes `node set-wake`: the owner's wake method for a node.
+func (e *env) setWakeCmd() *cobra.Command {
+	var mac, bcast, proxy string
+	var learn bool
+	c := &cobra.Command{
+		Use:   "set-wake NAME (--mac MAC [--broadcast IP] [--proxy NODE] | --learn)",
+		Short: "Set how a node can be woken (Wake-on-LAN), instead of what it learns",
+		Long: `Set how node NAME can be woken while it sleeps: the MAC address its
+Wake-on-LAN magic packet names, the IPv4 broadcast address it is sent to,
+and the node that sends it (--proxy: an awake node on its LAN). A node
+learns its own at each registration (the interface that carries its
+address); a method set here is kept instead, until --learn forgets it and
+the node's next registration records what it learns. 'cairn devices' shows
+it.`,
+		Args: exactArgs(1, "a node name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			const op = "node set-wake"
+			name := args[0]
+			if err := pki.ValidName(name); err != nil {
+				return err
+			}
+			var w *meta.WakeInfo
+			switch {
+			case learn && (mac != "" || bcast != "" || proxy != ""):
+				return withCode(ExitUsage, errors.New("node set-wake: --learn takes no --mac, --broadcast or --proxy"))
+			case !learn && mac == "":
+				return withCode(ExitUsage, errors.New("node set-wake: give --mac (and --broadcast, --proxy), or --learn"))
+			case !learn:
+				hw, err := net.ParseMAC(mac)
+				if err != nil || len(hw) != 6 {
+					return cairn.E(op, cairn.Invalid, name, fmt.Errorf("--mac %q: not a 48-bit MAC address", mac))
+				}
+				w = &meta.WakeInfo{MAC: hw.String(), Proxy: proxy}
+				if bcast != "" {
+					ip := net.ParseIP(bcast)
+					if ip == nil || ip.To4() == nil {
+						return cairn.E(op, cairn.Invalid, name, fmt.Errorf("--broadcast %q: not an IPv4 address", bcast))
+					}
+					w.Broadcast = ip.To4().String()
+				}
+				if proxy != "" {
+					if err := pki.ValidName(proxy); err != nil {
+						return err
+					}
+				}
+			}
+			r, err := e.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if err := r.Meta.SetNodeWake(cmd.Context(), name, w); err != nil {
+				return err
+			}
+			if w == nil {
+				fmt.Fprintf(e.stdout, "%s: its next registration records the wake method it learns\n", name)
+				return nil
+			}
+			fmt.Fprintf(e.stdout, "%s: %s\n", name, wakeMethod(w))
+			return nil
+		},
+	}
+	c.Flags().StringVar(&mac, "mac", "", "the MAC address of the node's interface (aa:bb:cc:dd:ee:ff)")
+	c.Flags().StringVar(&bcast, "broadcast", "", "the IPv4 broadcast address the magic packet is sent to")
+	c.Flags().StringVar(&proxy, "proxy", "", "the node that sends the magic packet (awake on the same LAN)")
+	c.Flags().BoolVar(&learn, "learn", false, "forget the method set by hand: the node's next registration records what it learns")
 	return c
 }
 

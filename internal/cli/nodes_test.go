@@ -449,3 +449,33 @@ func TestNodeStandbyAndResume(t *testing.T) {
 		t.Fatalf("devices after resume: %v", d)
 	}
 }
+
+// `node set-wake` records a wake method by hand, shown by `devices` and
+// kept over what the node learns; --learn forgets it.
+func TestNodeSetWake(t *testing.T) {
+	r := newRealm(t, "--no-passphrase", "--name", "desk")
+	r.fails(cli.ExitUsage, "node", "set-wake", "desk")
+	if res := r.run("node", "set-wake", "desk", "--mac", "not-a-mac"); res.code == 0 || !strings.Contains(res.stderr, "not a 48-bit MAC") {
+		t.Fatalf("a bad MAC: %+v", res)
+	}
+	out := r.ok("node", "set-wake", "desk", "--mac", "02:00:5E:10:00:01", "--broadcast", "192.0.2.255", "--proxy", "nas")
+	if !strings.Contains(out, "wake-on-lan 02:00:5e:10:00:01 to 192.0.2.255 by nas") {
+		t.Fatalf("set-wake: %s", out)
+	}
+	r.serve("2s")
+	d := r.waitState("desk", "awake", 5*time.Second)
+	w, _ := d["wake"].(map[string]any)
+	if w["mac"] != "02:00:5e:10:00:01" || w["broadcast"] != "192.0.2.255" || w["proxy"] != "nas" || w["set"] != true {
+		t.Fatalf("devices after set-wake and a registration: %v", d)
+	}
+	if out := r.ok("devices"); !strings.Contains(out, "wake-on-lan 02:00:5e:10:00:01 to 192.0.2.255 by nas") {
+		t.Fatalf("devices:\n%s", out)
+	}
+	r.ok("node", "set-wake", "desk", "--learn")
+	if d := r.devices()["desk"]; d["wake"] != nil {
+		t.Fatalf("after --learn: %v", d)
+	}
+	if res := r.run("node", "set-wake", "ghost", "--learn"); res.code == 0 {
+		t.Fatalf("set-wake of an unknown node: %+v", res)
+	}
+}
