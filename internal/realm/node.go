@@ -66,6 +66,13 @@ type ServeOptions struct {
 // lease kept alive, and reports capacity, free space, use and serving rate.
 // When ctx ends it deregisters (the node shows offline at once) and
 // returns nil. It fails with Permission if the node has been removed.
+//
+// Its power state (power.go, doc/power.md): asked through its control
+// socket (`cairn node standby`) or by systemd-logind's PrepareForSleep
+// (it holds a delay inhibitor of sleep), it drains its chunk service,
+// records standby with its wake method and ends its lease; it is awake
+// again on `cairn node resume`, PrepareForSleep(false), or its first tick
+// after the machine slept.
 func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	const op = "node serve"
 	if o.Lease == 0 {
