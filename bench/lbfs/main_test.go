@@ -361,7 +361,7 @@ func (b *bench) startCairn() {
 			t.Fatal(err)
 		}
 		for _, n := range nodes {
-			if n.Name == storeName && n.State == "online" {
+			if n.Name == storeName && n.State == "awake" {
 				return
 			}
 		}

@@ -146,7 +146,7 @@ func TestAcrossHosts(t *testing.T) {
 	}
 	d2, d3 := devs[1], devs[2]
 	for host, name := range []string{"d1", "d2", "d3"} {
-		if d := d1.waitState(name, "online", 10*time.Second); d["addr"] != n.HostPort(host, nodePort) {
+		if d := d1.waitState(name, "awake", 10*time.Second); d["addr"] != n.HostPort(host, nodePort) {
 			t.Fatalf("%s in devices: %v", name, d)
 		}
 	}

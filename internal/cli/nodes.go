@@ -1,32 +1,39 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/realm"
 )
 
 // deviceJSON is what `devices --json` prints per node.
 type deviceJSON struct {
-	Name       string     `json:"name"`
-	Role       string     `json:"role"`
-	State      string     `json:"state"`
-	Addr       string     `json:"addr,omitempty"`
-	Capacity   int64      `json:"capacity"`
-	Free       int64      `json:"free"`
-	Used       int64      `json:"used"`
-	Rate       float64    `json:"rate"` // bytes per second
-	Served     int64      `json:"served"`
-	Registered time.Time  `json:"registered"`
-	LastSeen   *time.Time `json:"last_seen,omitempty"`
-	Removed    *time.Time `json:"removed,omitempty"`
+	Name  string     `json:"name"`
+	Role  string     `json:"role"`
+	State string     `json:"state"`
+	Since *time.Time `json:"since,omitempty"` // when it entered state
+	// Wake is how the node can be woken; null: no wake method known.
+	Wake       *meta.WakeInfo `json:"wake"`
+	Addr       string         `json:"addr,omitempty"`
+	Capacity   int64          `json:"capacity"`
+	Free       int64          `json:"free"`
+	Used       int64          `json:"used"`
+	Rate       float64        `json:"rate"` // bytes per second
+	Served     int64          `json:"served"`
+	Registered time.Time      `json:"registered"`
+	LastSeen   *time.Time     `json:"last_seen,omitempty"`
+	Removed    *time.Time     `json:"removed,omitempty"`
 }
 
 func unixTime(ns int64) *time.Time {
@@ -41,10 +48,21 @@ func (e *env) devicesCmd() *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
 		Use:   "devices [--json]",
-		Short: "List the realm's nodes: devices, benefactors and surrogates, and whether they are online",
-		Long: `List every node of the realm with its role, state (online: its heartbeat
-lease is alive; offline; removed), address, capacity and use of its store's
-disk, and when it last reported.`,
+		Short: "List the realm's nodes: devices, benefactors and surrogates, their power state and how to wake them",
+		Long: `List every node of the realm with its role, its state and since when:
+
+  awake    its heartbeat lease is alive (since it registered)
+  standby  it announced it was going to sleep ('cairn node standby', or a
+           suspend announced through systemd-logind): nobody contacts it
+           until it is woken
+  offline  its lease lapsed unannounced: stopped, crashed or unreachable
+           (since its last report)
+  removed  removed by its owner ('cairn node remove')
+
+how it can be woken (Wake-on-LAN: the MAC and broadcast address of the
+interface that carries its address, learned when it registers, and the
+proxy that sends the packet, if set; or "no wake method"), its address,
+the capacity and use of its store's disk, and when it last reported.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := e.open(cmd.Context())
@@ -57,18 +75,21 @@ disk, and when it last reported.`,
 			}
 			out := make([]deviceJSON, 0, len(nodes))
 			for _, n := range nodes {
-				out = append(out, deviceJSON{Name: n.Name, Role: n.Role, State: n.State, Addr: n.Addr, Capacity: n.Capacity, Free: n.Free, Used: n.Used,
+				out = append(out, deviceJSON{Name: n.Name, Role: n.Role, State: n.State, Since: unixTime(n.Since), Wake: n.Wake, Addr: n.Addr, Capacity: n.Capacity, Free: n.Free, Used: n.Used,
 					Rate: n.Rate, Served: n.Served, Registered: time.Unix(0, n.Registered).UTC(), LastSeen: unixTime(n.LastSeen), Removed: unixTime(n.Removed)})
 			}
 			if asJSON {
 				return e.printJSON(out)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tROLE\tSTATE\tADDRESS\tCAPACITY\tUSED\tLAST SEEN")
+			fmt.Fprintln(tw, "NAME\tROLE\tSTATE\tSINCE\tADDRESS\tCAPACITY\tUSED\tLAST SEEN\tWAKE")
 			for _, d := range out {
-				seen := "never"
+				seen, since := "never", "-"
 				if d.LastSeen != nil {
 					seen = d.LastSeen.Local().Format(time.DateTime)
+				}
+				if d.Since != nil {
+					since = d.Since.Local().Format(time.DateTime)
 				}
 				cap, used := "-", "-"
 				if d.Capacity > 0 {
@@ -78,7 +99,7 @@ disk, and when it last reported.`,
 				if addr == "" {
 					addr = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Role, d.State, addr, cap, used, seen)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Role, d.State, since, addr, cap, used, seen, wakeMethod(d.Wake))
 			}
 			return tw.Flush()
 		},
@@ -87,12 +108,28 @@ disk, and when it last reported.`,
 	return c
 }
 
+// wakeMethod says how a node can be woken, for people.
+func wakeMethod(w *meta.WakeInfo) string {
+	if w == nil || w.MAC == "" {
+		return "no wake method"
+	}
+	s := "wake-on-lan " + w.MAC
+	if w.Broadcast != "" {
+		s += " to " + w.Broadcast
+	}
+	if w.Proxy != "" {
+		s += " by " + w.Proxy
+	}
+	return s
+}
+
 func (e *env) nodeCmd() *cobra.Command {
 	c := &cobra.Command{Use: "node", Short: "Run this machine's node, or remove a node from the realm"}
 	var listen, advertise, gatewayListen, donate string
 	var noGateway bool
 	var registrars []string
-	var lease time.Duration
+	var lease, drain time.Duration
+	var sleepBus string
 	serve := &cobra.Command{
 		Use:   "serve [--listen HOST:PORT] [--gateway-listen HOST:PORT] [--registrar ADDR] [--donate SIZE]",
 		Short: "Serve this machine's store to the realm's devices (and, on a device, the join and registrar endpoints)",
@@ -123,6 +160,15 @@ from its registrar, and refuses every request until it has one. A
 benefactor refuses writes past --donate SIZE (its donation; default: no
 bound but its disk); a surrogate refuses every write (it holds staged
 copies only).
+
+A device's node has power states (see 'cairn devices'): 'cairn node standby'
+announces by hand that this machine is going to sleep, 'cairn node resume'
+that it is awake again. On Linux the node also takes systemd-logind's
+delay inhibitor of sleep (on the system bus, or --sleep-bus ADDRESS): a
+suspend then announces itself the same way before the machine sleeps, and
+the node is awake again when it resumes. Without logind (a container, a
+machine without systemd) it says so once in its log and serves all the
+same: a sleep then reads as offline until the node reports again.
 
 It prints "serving NAME on ADDRESS" once ready.`,
 		Args: exactArgs(0, "no arguments"),
@@ -156,16 +202,17 @@ It prints "serving NAME on ADDRESS" once ready.`,
 				return err
 			}
 			go e.drainWhileServing(cmd.Context())
-			err = r.Serve(cmd.Context(), realm.ServeOptions{Listen: listen, Advertise: advertise, Lease: lease, GatewayListen: gatewayListen, NoGateway: noGateway, Ready: func(addr string, join bool) {
-				extra := ""
-				if join {
-					extra = " (and the join endpoint)"
-				}
-				if st, nerr := r.Meta.Node(cmd.Context(), creds.Identity.Name); nerr == nil && st.Gateway != "" {
-					extra += ", metadata gateway on " + st.Gateway
-				}
-				fmt.Fprintf(e.stdout, "serving %s on %s%s\n", creds.Identity.Name, addr, extra)
-			}})
+			err = r.Serve(cmd.Context(), realm.ServeOptions{Listen: listen, Advertise: advertise, Lease: lease, GatewayListen: gatewayListen, NoGateway: noGateway,
+				DrainTimeout: drain, SleepBus: sleepBus, Ready: func(addr string, join bool) {
+					extra := ""
+					if join {
+						extra = " (and the join endpoint)"
+					}
+					if st, nerr := r.Meta.Node(cmd.Context(), creds.Identity.Name); nerr == nil && st.Gateway != "" {
+						extra += ", metadata gateway on " + st.Gateway
+					}
+					fmt.Fprintf(e.stdout, "serving %s on %s%s\n", creds.Identity.Name, addr, extra)
+				}})
 			if err != nil {
 				return err
 			}
@@ -179,6 +226,8 @@ It prints "serving NAME on ADDRESS" once ready.`,
 	serve.Flags().StringVar(&gatewayListen, "gateway-listen", "", "device running the embedded etcd: where the metadata gateway listens (default: the --listen host, port + 1)")
 	serve.Flags().BoolVar(&noGateway, "no-gateway", false, "do not serve the metadata gateway (no other device can then reach this realm's metadata)")
 	serve.Flags().StringVar(&donate, "donate", "", "benefactor: the most its store may hold (e.g. 50GiB); puts past it are refused")
+	serve.Flags().DurationVar(&drain, "drain", realm.DefaultDrainTimeout, "device: how long a node announcing standby waits for the chunk requests in flight")
+	serve.Flags().StringVar(&sleepBus, "sleep-bus", os.Getenv("CAIRN_SLEEP_BUS"), "device: D-Bus address where systemd-logind is (default: $CAIRN_SLEEP_BUS, else the system bus; \"none\": do not take its sleep inhibitor)")
 	serve.Flags().StringSliceVar(&registrars, "registrar", nil, "benefactor or surrogate: the registrars (devices' node addresses HOST:PORT) to report to, instead of those it knows")
 	remove := &cobra.Command{
 		Use:   "remove NAME",
@@ -208,7 +257,122 @@ invitation.`,
 			return nil
 		},
 	}
-	c.AddCommand(serve, remove)
+	c.AddCommand(serve, remove, e.powerCmd("standby"), e.powerCmd("resume"), e.setWakeCmd())
+	return c
+}
+
+// setWakeCmd makes `node set-wake`: the owner's wake method for a node.
+func (e *env) setWakeCmd() *cobra.Command {
+	var mac, bcast, proxy string
+	var learn bool
+	c := &cobra.Command{
+		Use:   "set-wake NAME (--mac MAC [--broadcast IP] [--proxy NODE] | --learn)",
+		Short: "Set how a node can be woken (Wake-on-LAN), instead of what it learns",
+		Long: `Set how node NAME can be woken while it sleeps: the MAC address its
+Wake-on-LAN magic packet names, the IPv4 broadcast address it is sent to,
+and the node that sends it (--proxy: an awake node on its LAN). A node
+learns its own at each registration (the interface that carries its
+address); a method set here is kept instead, until --learn forgets it and
+the node's next registration records what it learns. 'cairn devices' shows
+it.`,
+		Args: exactArgs(1, "a node name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			const op = "node set-wake"
+			name := args[0]
+			if err := pki.ValidName(name); err != nil {
+				return err
+			}
+			var w *meta.WakeInfo
+			switch {
+			case learn && (mac != "" || bcast != "" || proxy != ""):
+				return withCode(ExitUsage, errors.New("node set-wake: --learn takes no --mac, --broadcast or --proxy"))
+			case !learn && mac == "":
+				return withCode(ExitUsage, errors.New("node set-wake: give --mac (and --broadcast, --proxy), or --learn"))
+			case !learn:
+				hw, err := net.ParseMAC(mac)
+				if err != nil || len(hw) != 6 {
+					return cairn.E(op, cairn.Invalid, name, fmt.Errorf("--mac %q: not a 48-bit MAC address", mac))
+				}
+				w = &meta.WakeInfo{MAC: hw.String(), Proxy: proxy}
+				if bcast != "" {
+					ip := net.ParseIP(bcast)
+					if ip == nil || ip.To4() == nil {
+						return cairn.E(op, cairn.Invalid, name, fmt.Errorf("--broadcast %q: not an IPv4 address", bcast))
+					}
+					w.Broadcast = ip.To4().String()
+				}
+				if proxy != "" {
+					if err := pki.ValidName(proxy); err != nil {
+						return err
+					}
+				}
+			}
+			r, err := e.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if err := r.Meta.SetNodeWake(cmd.Context(), name, w); err != nil {
+				return err
+			}
+			if w == nil {
+				fmt.Fprintf(e.stdout, "%s: its next registration records the wake method it learns\n", name)
+				return nil
+			}
+			fmt.Fprintf(e.stdout, "%s: %s\n", name, wakeMethod(w))
+			return nil
+		},
+	}
+	c.Flags().StringVar(&mac, "mac", "", "the MAC address of the node's interface (aa:bb:cc:dd:ee:ff)")
+	c.Flags().StringVar(&bcast, "broadcast", "", "the IPv4 broadcast address the magic packet is sent to")
+	c.Flags().StringVar(&proxy, "proxy", "", "the node that sends the magic packet (awake on the same LAN)")
+	c.Flags().BoolVar(&learn, "learn", false, "forget the method set by hand: the node's next registration records what it learns")
+	return c
+}
+
+// powerCmd makes `node standby` and `node resume`: requests to the node
+// running in this home, through its control socket.
+func (e *env) powerCmd(op string) *cobra.Command {
+	c := &cobra.Command{
+		Use:   op,
+		Short: "Announce that this machine is going to sleep: the running node finishes its transfers and records standby",
+		Long: `Announce by hand that this machine is going to sleep. The running node
+('cairn node serve', on this device) stops taking chunk requests, waits for
+those in flight (at most its --drain), hands the benefactors and surrogates
+it registers to other devices, records in the realm that it is in standby,
+since when and how it can be woken (Wake-on-LAN: the MAC and broadcast
+address of the interface that carries its address), and ends its heartbeat
+lease cleanly, so that the other devices read it as asleep, not offline,
+and leave it alone. It keeps running: 'cairn node resume' (or a suspend and
+resume of the machine, which the node notices) makes it awake again.
+
+On Linux with systemd the node announces a real suspend by itself (see
+'cairn node serve').`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
+			defer cancel()
+			rep, err := realm.Control(ctx, e.home, op)
+			if err != nil {
+				return err
+			}
+			since := time.Unix(0, rep.Since).Local().Format(time.DateTime)
+			if op == "resume" {
+				fmt.Fprintf(e.stdout, "%s is awake (since %s)\n", rep.Node, since)
+				return nil
+			}
+			fmt.Fprintf(e.stdout, "%s is in standby since %s; %s\n", rep.Node, since, wakeMethod(rep.Wake))
+			if rep.Unfinished > 0 {
+				fmt.Fprintf(e.stderr, "warning: %d chunk requests were still in flight after the drain bound\n", rep.Unfinished)
+			}
+			return nil
+		},
+	}
+	if op == "resume" {
+		c.Short = "Announce that this machine is awake again: the running node registers again, awake"
+		c.Long = `Announce by hand that this machine is awake again after 'cairn node standby':
+the running node takes chunk requests again and registers in the realm,
+awake. Nothing happens if it is awake already.`
+	}
 	return c
 }
 

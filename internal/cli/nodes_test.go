@@ -145,11 +145,11 @@ func TestNodeServe(t *testing.T) {
 	if !strings.Contains(s.out.String(), "join endpoint") {
 		t.Fatalf("the CA holder does not serve joins: %s", s.out)
 	}
-	d := r.waitState("desk", "online", 5*time.Second)
+	d := r.waitState("desk", "awake", 5*time.Second)
 	if d["addr"] != s.addr || d["capacity"].(float64) <= 0 || d["free"].(float64) <= 0 || d["last_seen"] == nil {
 		t.Fatalf("online record: %v", d)
 	}
-	if out := r.ok("devices"); !strings.Contains(out, "desk") || !strings.Contains(out, "online") || !strings.Contains(out, s.addr) {
+	if out := r.ok("devices"); !strings.Contains(out, "desk") || !strings.Contains(out, "awake") || !strings.Contains(out, s.addr) {
 		t.Fatalf("devices:\n%s", out)
 	}
 	// The node serves this device's store to this device's certificate.
@@ -169,7 +169,7 @@ func TestNodeServe(t *testing.T) {
 	}
 
 	s = r.serve("2s")
-	r.waitState("desk", "online", 5*time.Second)
+	r.waitState("desk", "awake", 5*time.Second)
 	killAndWaitOffline(t, r, s, "desk")
 }
 
@@ -231,7 +231,7 @@ func TestInviteJoinRemove(t *testing.T) {
 	}
 	a.fails(cli.ExitUsage, "invite")
 	s := a.serve("2s")
-	a.waitState("desk", "online", 5*time.Second)
+	a.waitState("desk", "awake", 5*time.Second)
 	src := filepath.Join(t.TempDir(), "d.txt")
 	writeFile(t, src, []byte("written on desk\n"), 0o644)
 	putJSON(t, a, src, "home:/desk")
@@ -253,7 +253,7 @@ func TestInviteJoinRemove(t *testing.T) {
 		t.Fatalf("laptop credentials: %+v %v", c, err)
 	}
 	devs := b.devices()
-	if len(devs) != 2 || devs["desk"]["state"] != "online" || devs["laptop"]["state"] != "offline" || devs["laptop"]["role"] != "device" {
+	if len(devs) != 2 || devs["desk"]["state"] != "awake" || devs["laptop"]["state"] != "offline" || devs["laptop"]["role"] != "device" {
 		t.Fatalf("devices on the new device: %v", devs)
 	}
 	if out := b.ok("ls", "home:/"); out != "desk/\n" {
@@ -272,7 +272,7 @@ func TestInviteJoinRemove(t *testing.T) {
 	if strings.Contains(bs.out.String(), "join endpoint") {
 		t.Fatalf("a joined device serves joins: %s", bs.out)
 	}
-	a.waitState("laptop", "online", 5*time.Second)
+	a.waitState("laptop", "awake", 5*time.Second)
 	desk := dial(t, a.home, bs.addr, "laptop")
 	if _, err := desk.Stats(ctx); err != nil {
 		t.Fatalf("desk asks laptop's node: %v", err)
@@ -402,7 +402,7 @@ func TestLazyCA(t *testing.T) {
 	if _, err := pki.LoadCA(realm.CADir(r.home)); err != nil {
 		t.Fatal(err)
 	}
-	r.waitState(c.Identity.Name, "online", 5*time.Second)
+	r.waitState(c.Identity.Name, "awake", 5*time.Second)
 	if !strings.Contains(s.out.String(), "join endpoint") {
 		t.Fatalf("serve: %s", s.out)
 	}
@@ -414,5 +414,68 @@ func TestLazyCA(t *testing.T) {
 	res := r.fails(cli.ExitExist, "invite", "--role", "device")
 	if !strings.Contains(res.stderr, "held by device "+c.Identity.Name) {
 		t.Fatalf("invite without the CA: %s", res.stderr)
+	}
+}
+
+// `node standby` announces the running node's standby: `devices` shows it
+// with since and how to wake it, its lease ended cleanly (never offline);
+// `node resume` makes it awake again; with no node running both say so.
+func TestNodeStandbyAndResume(t *testing.T) {
+	r := newRealm(t, "--no-passphrase", "--name", "desk")
+	if res := r.run("node", "standby"); res.code == 0 || !strings.Contains(res.stderr, "no node runs here") {
+		t.Fatalf("standby with no node running: %+v", res)
+	}
+	r.serve("2s")
+	d := r.waitState("desk", "awake", 5*time.Second)
+	if d["since"] == nil || d["wake"] != nil {
+		t.Fatalf("awake on loopback: %v", d)
+	}
+	out := r.ok("node", "standby")
+	if !strings.Contains(out, "desk is in standby since") || !strings.Contains(out, "no wake method") {
+		t.Fatalf("node standby: %s", out)
+	}
+	d = r.devices()["desk"]
+	if d["state"] != "standby" || d["since"] == nil || d["since"] == d["registered"] {
+		t.Fatalf("devices after standby: %v", d)
+	}
+	if out := r.ok("devices"); !strings.Contains(out, "standby") || !strings.Contains(out, "no wake method") || !strings.Contains(out, "SINCE") {
+		t.Fatalf("devices:\n%s", out)
+	}
+	out = r.ok("node", "resume")
+	if !strings.Contains(out, "desk is awake") {
+		t.Fatalf("node resume: %s", out)
+	}
+	if d := r.devices()["desk"]; d["state"] != "awake" {
+		t.Fatalf("devices after resume: %v", d)
+	}
+}
+
+// `node set-wake` records a wake method by hand, shown by `devices` and
+// kept over what the node learns; --learn forgets it.
+func TestNodeSetWake(t *testing.T) {
+	r := newRealm(t, "--no-passphrase", "--name", "desk")
+	r.fails(cli.ExitUsage, "node", "set-wake", "desk")
+	if res := r.run("node", "set-wake", "desk", "--mac", "not-a-mac"); res.code == 0 || !strings.Contains(res.stderr, "not a 48-bit MAC") {
+		t.Fatalf("a bad MAC: %+v", res)
+	}
+	out := r.ok("node", "set-wake", "desk", "--mac", "02:00:5E:10:00:01", "--broadcast", "192.0.2.255", "--proxy", "nas")
+	if !strings.Contains(out, "wake-on-lan 02:00:5e:10:00:01 to 192.0.2.255 by nas") {
+		t.Fatalf("set-wake: %s", out)
+	}
+	r.serve("2s")
+	d := r.waitState("desk", "awake", 5*time.Second)
+	w, _ := d["wake"].(map[string]any)
+	if w["mac"] != "02:00:5e:10:00:01" || w["broadcast"] != "192.0.2.255" || w["proxy"] != "nas" || w["set"] != true {
+		t.Fatalf("devices after set-wake and a registration: %v", d)
+	}
+	if out := r.ok("devices"); !strings.Contains(out, "wake-on-lan 02:00:5e:10:00:01 to 192.0.2.255 by nas") {
+		t.Fatalf("devices:\n%s", out)
+	}
+	r.ok("node", "set-wake", "desk", "--learn")
+	if d := r.devices()["desk"]; d["wake"] != nil {
+		t.Fatalf("after --learn: %v", d)
+	}
+	if res := r.run("node", "set-wake", "ghost", "--learn"); res.code == 0 {
+		t.Fatalf("set-wake of an unknown node: %+v", res)
 	}
 }

@@ -58,7 +58,7 @@ func TestBenefactorAndSurrogateServe(t *testing.T) {
 	ctx := context.Background()
 	a := newRealm(t, "--no-passphrase", "--name", "desk")
 	s := a.serve("2s")
-	a.waitState("desk", "online", 5*time.Second)
+	a.waitState("desk", "awake", 5*time.Second)
 	a.fails(cli.ExitUsage, "node", "serve", "--registrar", "elsewhere:7461")
 
 	join := func(role, name string) *realmT {
@@ -89,7 +89,7 @@ func TestBenefactorAndSurrogateServe(t *testing.T) {
 	if d := devs["desk"]; d["role"] != "device" || d["addr"] != s.addr {
 		t.Fatalf("a report naming desk changed desk: %v", d)
 	}
-	if d := devs["cafe"]; d["role"] != "surrogate" || d["addr"] != "evil.example:1" || d["state"] != "online" {
+	if d := devs["cafe"]; d["role"] != "surrogate" || d["addr"] != "evil.example:1" || d["state"] != "awake" {
 		t.Fatalf("cafe after its report: %v", d)
 	}
 	other, err := pki.CreateCA(t.TempDir(), cafe.Identity.Realm)
@@ -118,7 +118,7 @@ func TestBenefactorAndSurrogateServe(t *testing.T) {
 		role string
 		s    *server
 	}{"donor": {"benefactor", bs}, "cafe": {"surrogate", cs}} {
-		d := a.waitState(name, "online", 5*time.Second)
+		d := a.waitState(name, "awake", 5*time.Second)
 		if d["role"] != want.role || d["addr"] != want.s.addr || d["capacity"].(float64) <= 0 || d["free"].(float64) <= 0 || d["last_seen"] == nil {
 			t.Fatalf("%s in devices: %v", name, d)
 		}

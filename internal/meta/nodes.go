@@ -2,8 +2,10 @@ package meta
 
 // The node registry (DESIGN: "Devices that sleep"): every node of the realm
 // has a record at node/<name>; a node that runs (cairn node serve) holds
-// alive/<name> bound to its lease, its heartbeat. A node whose lease lapses
-// is offline; a node removed by its owner keeps its record, marked removed,
+// alive/<name> bound to its lease, its heartbeat: it is awake. A node that
+// announces it is going to sleep records when (standby) and how it can be
+// woken, and ends its lease: it is in standby. A node whose lease lapses
+// unannounced is offline; a node removed by its owner keeps its record, marked removed,
 // and its certificates are revoked under revoked/serial/<hex> (revoke.go;
 // a record of format 1 has its name revoked, revoked/name/<name>). Key
 // layout: doc/format.md, "Metadata keys", node registry.
@@ -26,7 +28,15 @@ import (
 // records the serials of the node's certificates (Serials), and a removal
 // revokes those. A record without a format is of format 1 (no serials
 // recorded at join): its removal revokes the node's name, as format 1 did.
-const NodeRecordFormat = 2
+// 3 adds the power state: Standby and Wake (absent in records of formats 1
+// and 2, which read as a node that never announced a sleep and has no wake
+// method). A record of format 1 stays of format 1 when this cairn writes
+// its power fields: the format says how its removal revokes.
+const NodeRecordFormat = 3
+
+// nodeFormatSerials is the first format whose records list the node's
+// certificate serials: a removal revokes those, not the name.
+const nodeFormatSerials = 2
 
 // NodeRecord is a node's entry in the registry, at node/<name>.
 type NodeRecord struct {
@@ -64,24 +74,93 @@ type NodeRecord struct {
 	// CA issued to the node (at join; a WebDAV gateway's own), recorded
 	// when they are issued: RemoveNode revokes exactly these.
 	Serials []string `json:"serials,omitempty"`
+	// Standby is when the node announced it was going to sleep (unix ns;
+	// 0: it did not, or it is awake again): its lease ended cleanly, and
+	// nobody contacts it until it is woken. Format 3.
+	Standby int64 `json:"standby,omitempty"`
+	// Wake is how the node can be woken (nil: no wake method known).
+	// Format 3.
+	Wake *WakeInfo `json:"wake,omitempty"`
 }
 
-// keep carries what a report does not know from the record it replaces.
+// WakeInfo says how a sleeping node can be woken: a Wake-on-LAN magic
+// packet for MAC, sent to Broadcast (by Proxy, if set, a node awake on the
+// sleeper's LAN: the Somniloquy role of DESIGN's "Devices that sleep").
+type WakeInfo struct {
+	// MAC is the hardware address of the interface that carries the
+	// node's address (aa:bb:cc:dd:ee:ff).
+	MAC string `json:"mac"`
+	// Broadcast is the IPv4 broadcast address of that interface's
+	// network (where the magic packet goes); empty if it has none.
+	Broadcast string `json:"broadcast,omitempty"`
+	// Proxy names the node that sends the packet (empty: none chosen
+	// yet; the waker must be on the sleeper's LAN).
+	Proxy string `json:"proxy,omitempty"`
+	// Set is true if the owner set this by hand (SetNodeWake): a
+	// registration then keeps it instead of what it learns.
+	Set bool `json:"set,omitempty"`
+}
+
+// keep carries what a report does not know from the record it replaces:
+// its format, serials and registration time, and its wake method if the
+// report learned none or the owner set it by hand. Standby is not kept: a
+// report is made by a node that is awake.
 func (rec *NodeRecord) keep(old *NodeRecord) {
 	rec.Format, rec.Serials, rec.Registered = old.Format, old.Serials, old.Registered
+	if rec.Format >= nodeFormatSerials {
+		rec.Format = NodeRecordFormat
+	}
+	if old.Wake != nil && (rec.Wake == nil || old.Wake.Set) {
+		rec.Wake = old.Wake
+	}
 }
 
-// Node states, as `cairn devices` shows them.
+// Node states, as `cairn devices` shows them (doc/power.md).
 const (
-	NodeOnline  = "online"  // its lease is alive
-	NodeOffline = "offline" // no lease: stopped, asleep, crashed or unreachable
+	NodeAwake   = "awake"   // its lease is alive
+	NodeStandby = "standby" // it announced it was going to sleep, and ended its lease
+	NodeOffline = "offline" // no lease, unannounced: stopped, crashed or unreachable
 	NodeRemoved = "removed" // removed by its owner; its certificates are revoked
+
+	// NodeOnline is NodeAwake, under the name it had before power states.
+	NodeOnline = NodeAwake
 )
 
 // NodeStatus is a record and the state derived from the liveness key.
 type NodeStatus struct {
 	NodeRecord
 	State string `json:"state"`
+	// Since is when the node entered State, as far as the registry
+	// knows (unix ns; 0: unknown): awake, since its registration (its
+	// liveness key's since); standby, since its announcement; offline,
+	// since its last report; removed, since its removal.
+	Since int64 `json:"since,omitempty"`
+}
+
+// status derives a node's state and since from its record and its
+// liveness key (alive: the key exists; aliveSince: its since).
+func status(rec NodeRecord, alive bool, aliveSince int64, now time.Time) NodeStatus {
+	st := NodeStatus{NodeRecord: rec, State: nodeState(&rec, alive, now)}
+	switch st.State {
+	case NodeAwake:
+		st.Since = aliveSince
+	case NodeStandby:
+		st.Since = rec.Standby
+	case NodeOffline:
+		st.Since = rec.LastSeen
+	case NodeRemoved:
+		st.Since = rec.Removed
+	}
+	return st
+}
+
+// aliveSince reads the since of a liveness key's value (0 if unreadable).
+func aliveSince(v []byte) int64 {
+	var a struct {
+		Since int64 `json:"since"`
+	}
+	_ = json.Unmarshal(v, &a)
+	return a.Since
 }
 
 func (s *Service) nodeKey(name string) string  { return s.key("node", name) }
@@ -178,7 +257,7 @@ func (s *Service) ClaimNode(ctx context.Context, rec NodeRecord) (func(context.C
 func (s *Service) Node(ctx context.Context, name string) (*NodeStatus, error) {
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
-	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.nodeKey(name)), clientv3.OpGet(s.aliveKey(name), clientv3.WithCountOnly())).Commit()
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.nodeKey(name)), clientv3.OpGet(s.aliveKey(name))).Commit()
 	if err != nil {
 		return nil, etcdErr("node", name, err)
 	}
@@ -186,11 +265,16 @@ func (s *Service) Node(ctx context.Context, name string) (*NodeStatus, error) {
 	if len(kvs) == 0 {
 		return nil, cairn.E("node", cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
 	}
-	var st NodeStatus
-	if err := json.Unmarshal(kvs[0].Value, &st.NodeRecord); err != nil {
+	var rec NodeRecord
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
 		return nil, cairn.E("node", cairn.Corrupt, name, err)
 	}
-	st.State = nodeState(&st.NodeRecord, resp.Responses[1].GetResponseRange().Count > 0, time.Now())
+	var since int64
+	akvs := resp.Responses[1].GetResponseRange().Kvs
+	if len(akvs) > 0 {
+		since = aliveSince(akvs[0].Value)
+	}
+	st := status(rec, len(akvs) > 0, since, time.Now())
 	return &st, nil
 }
 
@@ -207,7 +291,9 @@ func nodeState(r *NodeRecord, alive bool, now time.Time) string {
 	case r.Removed != 0:
 		return NodeRemoved
 	case alive && (r.Lease == 0 || now.UnixNano()-r.LastSeen <= StaleAfter*r.Lease):
-		return NodeOnline
+		return NodeAwake
+	case r.Standby != 0:
+		return NodeStandby
 	}
 	return NodeOffline
 }
@@ -218,23 +304,23 @@ func (s *Service) Nodes(ctx context.Context) ([]NodeStatus, error) {
 	defer cancel()
 	np, ap := s.key("node")+"/", s.key("alive")+"/"
 	// One transaction: records and liveness keys of one revision.
-	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(np, clientv3.WithPrefix()), clientv3.OpGet(ap, clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(np, clientv3.WithPrefix()), clientv3.OpGet(ap, clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return nil, etcdErr("list nodes", "", err)
 	}
-	alive := map[string]bool{}
+	alive := map[string]int64{}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		alive[string(kv.Key[len(ap):])] = true
+		alive[string(kv.Key[len(ap):])] = aliveSince(kv.Value)
 	}
 	var out []NodeStatus
 	now := time.Now()
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		var st NodeStatus
-		if err := json.Unmarshal(kv.Value, &st.NodeRecord); err != nil {
+		var rec NodeRecord
+		if err := json.Unmarshal(kv.Value, &rec); err != nil {
 			return nil, cairn.E("list nodes", cairn.Corrupt, string(kv.Key), err)
 		}
-		st.State = nodeState(&st.NodeRecord, alive[st.Name], now)
-		out = append(out, st)
+		since, ok := alive[rec.Name]
+		out = append(out, status(rec, ok, since, now))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
@@ -272,7 +358,7 @@ func (s *Service) RemoveNode(ctx context.Context, name string, at time.Time) err
 		for _, serial := range rec.Serials {
 			ops = append(ops, clientv3.OpPut(s.key("revoked", "serial", serial), string(rb)))
 		}
-		if rec.Format < NodeRecordFormat {
+		if rec.Format < nodeFormatSerials {
 			ops = append(ops, clientv3.OpPut(s.revokedNameKey(name), string(rb)))
 		}
 		tr, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).Then(ops...).Commit()
@@ -457,6 +543,107 @@ func (r *Registration) Update(ctx context.Context, rec NodeRecord) error {
 			Then(clientv3.OpPut(k, string(b))).Commit()
 		if err != nil {
 			return etcdErr(op, r.name, err)
+		}
+		if tr.Succeeded {
+			return nil
+		}
+	}
+}
+
+// Standby announces that the node is going to sleep: its record gets
+// Standby (now, returned) and wake, unless the owner set a wake method by
+// hand (nil: keep the one recorded), and its liveness key is deleted in
+// the same transaction, so that it reads as standby, never offline. Then
+// the heartbeat ends and the lease is revoked: the Registration is over
+// (on resume the node registers again, which clears Standby). Permission
+// if the node was removed, NotFound if its record is gone.
+func (r *Registration) Standby(ctx context.Context, wake *WakeInfo) (time.Time, error) {
+	const op = "node standby"
+	s := r.s
+	octx, cancel := s.opCtx(ctx)
+	defer cancel()
+	k := s.nodeKey(r.name)
+	var now time.Time
+	for {
+		resp, err := s.cli.Get(octx, k)
+		if err != nil {
+			return time.Time{}, etcdErr(op, r.name, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return time.Time{}, cairn.E(op, cairn.NotFound, r.name, errors.New("the node's registry record is gone"))
+		}
+		var rec NodeRecord
+		if err = json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+			return time.Time{}, cairn.E(op, cairn.Corrupt, r.name, err)
+		}
+		if rec.Removed != 0 {
+			return time.Time{}, cairn.E(op, cairn.Permission, r.name, errors.New("this node was removed from the realm"))
+		}
+		if rec.Format >= nodeFormatSerials {
+			rec.Format = NodeRecordFormat
+		}
+		if wake != nil && (rec.Wake == nil || !rec.Wake.Set) {
+			w := *wake
+			w.Set = false
+			rec.Wake = &w
+		}
+		now = time.Now()
+		rec.Standby, rec.LastSeen = now.UnixNano(), now.UnixNano()
+		b, _ := json.Marshal(rec)
+		tr, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
+			Then(clientv3.OpPut(k, string(b)), clientv3.OpDelete(s.aliveKey(r.name))).Commit()
+		if err != nil {
+			return time.Time{}, etcdErr(op, r.name, err)
+		}
+		if tr.Succeeded {
+			break
+		}
+	}
+	r.cancel()
+	// The liveness key is gone already: a revocation that fails leaves a
+	// lease holding nothing, which lapses on its own.
+	_, _ = s.cli.Revoke(octx, r.lease)
+	return now, nil
+}
+
+// SetNodeWake records how node name can be woken, set by its owner: a
+// registration keeps it instead of the method it learns. nil forgets it,
+// so that the node's next registration records what it learns. NotFound
+// if the node has no record, Permission if it was removed.
+func (s *Service) SetNodeWake(ctx context.Context, name string, wake *WakeInfo) error {
+	const op = "set wake method"
+	k := s.nodeKey(name)
+	octx, cancel := s.opCtx(ctx)
+	defer cancel()
+	for {
+		resp, err := s.cli.Get(octx, k)
+		if err != nil {
+			return etcdErr(op, name, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return cairn.E(op, cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
+		}
+		var rec NodeRecord
+		if err = json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+			return cairn.E(op, cairn.Corrupt, name, err)
+		}
+		if rec.Removed != 0 {
+			return cairn.E(op, cairn.Permission, name, errors.New("this node was removed from the realm"))
+		}
+		if rec.Format >= nodeFormatSerials {
+			rec.Format = NodeRecordFormat
+		}
+		rec.Wake = nil
+		if wake != nil {
+			w := *wake
+			w.Set = true
+			rec.Wake = &w
+		}
+		b, _ := json.Marshal(rec)
+		tr, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
+			Then(clientv3.OpPut(k, string(b))).Commit()
+		if err != nil {
+			return etcdErr(op, name, err)
 		}
 		if tr.Succeeded {
 			return nil

@@ -89,7 +89,7 @@ func TestMetadataGateway(t *testing.T) {
 	case err2 := <-bserved:
 		t.Fatalf("b serve: %v", err2)
 	}
-	if bs, nerr := a.Meta.Node(ctx, "b"); nerr != nil || bs.Gateway != "" || bs.State != "online" {
+	if bs, nerr := a.Meta.Node(ctx, "b"); nerr != nil || bs.Gateway != "" || bs.State != "awake" {
 		t.Fatalf("b's record: %+v, %v (a device reaching the metadata through a gateway relays none)", bs, nerr)
 	}
 	writeFile(t, b, "from-b", []byte("written through the gateway"))

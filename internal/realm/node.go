@@ -49,6 +49,14 @@ type ServeOptions struct {
 	// Ready, if set, is called once the node listens and is registered,
 	// with the address it advertises and whether it serves joins.
 	Ready func(addr string, join bool)
+	// DrainTimeout bounds how long a node announcing standby waits for
+	// the chunk-service requests in flight (default DefaultDrainTimeout).
+	DrainTimeout time.Duration
+	// SleepBus is the D-Bus address where the node looks for
+	// systemd-logind, to take its sleep inhibitor and announce standby
+	// before the machine sleeps (default: the system bus; "none": do not
+	// look). Without a bus or a logind the node logs it once and serves.
+	SleepBus string
 }
 
 // Serve runs this device's node until ctx ends: it serves the local store
@@ -58,6 +66,13 @@ type ServeOptions struct {
 // lease kept alive, and reports capacity, free space, use and serving rate.
 // When ctx ends it deregisters (the node shows offline at once) and
 // returns nil. It fails with Permission if the node has been removed.
+//
+// Its power state (power.go, doc/power.md): asked through its control
+// socket (`cairn node standby`) or by systemd-logind's PrepareForSleep
+// (it holds a delay inhibitor of sleep), it drains its chunk service,
+// records standby with its wake method and ends its lease; it is awake
+// again on `cairn node resume`, PrepareForSleep(false), or its first tick
+// after the machine slept.
 func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	const op = "node serve"
 	if o.Lease == 0 {
@@ -144,6 +159,8 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	if err != nil {
 		return err
 	}
+	chunkGate := &gate{h: srv.Handler}
+	srv.Handler = chunkGate
 
 	name := creds.Identity.Name
 	storeDir := filepath.Join(r.Home, r.Config.StorePath)
@@ -161,9 +178,28 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		}
 		return rec
 	}
-	reg, err := r.Meta.Register(ctx, report(), o.Lease)
+	wake := learnWake(ctx, addr)
+	awakeReport := func() meta.NodeRecord {
+		rec := report()
+		rec.Wake = wake
+		return rec
+	}
+	reg, err := r.Meta.Register(ctx, awakeReport(), o.Lease)
 	if err != nil {
 		return err
+	}
+	// Power: the control socket (cairn node standby / resume) and
+	// logind's PrepareForSleep send their requests to the loop below.
+	quit := make(chan struct{})
+	defer close(quit)
+	powerReqs := make(chan powerReq)
+	if closeControl, cerr := serveControl(r.Home, powerReqs, quit); cerr != nil {
+		r.log.Warn("node control socket: 'cairn node standby' and 'resume' cannot reach this node", "err", cerr)
+	} else {
+		defer closeControl()
+	}
+	if sleepW := r.watchSleep(ctx, o.SleepBus, powerReqs, quit); sleepW != nil {
+		defer sleepW.Close()
 	}
 	served := make(chan error, 2)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()
@@ -181,31 +217,96 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		o.Ready(addr, join != nil)
 	}
 
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	asleep, since := false, time.Now()
 	stop := func(cause error) error {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if err := reg.Close(dctx); err != nil && cause == nil {
-			r.log.Warn("deregister", "err", err)
+		// In standby the lease is over already: the record stays standby.
+		if !asleep {
+			if err := reg.Close(dctx); err != nil && cause == nil {
+				r.log.Warn("deregister", "err", err)
+			}
 		}
 		_ = srv.Shutdown(dctx)
 		return cause
 	}
+	standby := func() ControlReply {
+		rep := ControlReply{Node: name}
+		if asleep {
+			rep.State, rep.Since = meta.NodeStandby, since.UnixNano()
+			return rep
+		}
+		registrar.pause()
+		dctx, cancel := context.WithTimeout(ctx, o.DrainTimeout)
+		rep.Unfinished = chunkGate.close(dctx)
+		cancel()
+		if rep.Unfinished > 0 {
+			r.log.Warn("standby: chunk-service requests still in flight after the drain bound", "node", name, "requests", rep.Unfinished, "bound", o.DrainTimeout)
+		}
+		wake = learnWake(ctx, addr)
+		at, serr := reg.Standby(ctx, wake)
+		if serr != nil {
+			chunkGate.open()
+			registrar.resume()
+			rep.Error = serr.Error()
+			r.log.Warn("standby not recorded", "node", name, "err", serr)
+			return rep
+		}
+		asleep, since = true, at
+		rep.State, rep.Since, rep.Wake = meta.NodeStandby, at.UnixNano(), wake
+		r.log.Info("node in standby", "node", name, "wake", wake)
+		return rep
+	}
+	resume := func() ControlReply {
+		rep := ControlReply{Node: name}
+		if !asleep {
+			rep.State, rep.Since = meta.NodeAwake, since.UnixNano()
+			return rep
+		}
+		wake = learnWake(ctx, addr)
+		nreg, rerr := r.Meta.Register(ctx, awakeReport(), o.Lease)
+		if rerr != nil {
+			rep.Error = rerr.Error()
+			r.log.Warn("resume: register again", "node", name, "err", rerr)
+			return rep
+		}
+		reg, asleep, since = nreg, false, time.Now()
+		chunkGate.open()
+		registrar.resume()
+		rep.State, rep.Since = meta.NodeAwake, since.UnixNano()
+		r.log.Info("node awake again", "node", name)
+		return rep
+	}
 	tick := time.NewTicker(o.Lease / 3)
 	defer tick.Stop()
+	lastTick := time.Now()
 	for {
+		lost := reg.Lost()
+		if asleep {
+			lost = nil // the standby ended the heartbeat
+		}
 		select {
 		case <-ctx.Done():
 			return stop(nil)
 		case err := <-served:
 			return stop(cairn.E(op, cairn.IO, addr, err))
-		case <-reg.Lost():
+		case pr := <-powerReqs:
+			rep := resume
+			if pr.standby {
+				rep = standby
+			}
+			pr.reply <- rep()
+		case <-lost:
 			if ctx.Err() != nil {
 				return stop(nil)
 			}
 			// The lease lapsed (etcd unreachable for longer than the
 			// lease, or restarted): register again.
 			r.log.Warn("node lease lost: registering again", "node", name)
-			nreg, err := r.Meta.Register(ctx, report(), o.Lease)
+			nreg, err := r.Meta.Register(ctx, awakeReport(), o.Lease)
 			if err != nil {
 				if errors.Is(err, cairn.ErrPermission) {
 					return stop(err)
@@ -219,7 +320,18 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 				continue
 			}
 			reg = nreg
-		case <-tick.C:
+		case now := <-tick.C:
+			slept := resumedFromSleep(lastTick, now, o.Lease)
+			lastTick = now
+			if asleep {
+				// In standby nothing is reported; a machine that slept
+				// and woke without telling (no logind) resumes here.
+				if slept {
+					r.log.Info("the machine slept and woke: resuming", "node", name)
+					resume()
+				}
+				continue
+			}
 			// The revocation list this node watches names it: removed.
 			// Its report may never tell: a device reaching the metadata
 			// through a gateway is cut off there within a second, and

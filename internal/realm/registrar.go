@@ -222,6 +222,17 @@ func (g *registrar) close() {
 	}
 }
 
+// pause ends every lease held here and refuses reports until resume (the
+// node goes to sleep): those nodes report to another device.
+func (g *registrar) pause() { g.close() }
+
+// resume takes reports again after pause.
+func (g *registrar) resume() {
+	g.mu.Lock()
+	g.closed = false
+	g.mu.Unlock()
+}
+
 // reply builds the answer to a report: the lease, the online devices'
 // addresses (this one first), and the realm's revocation list.
 func (g *registrar) reply(ctx context.Context, lease time.Duration) (wire.RegisterReply, error) {
