@@ -17,6 +17,7 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"cairn.dev/cairn/internal/cli"
+	"cairn.dev/cairn/internal/journal"
 	"cairn.dev/cairn/internal/store/cloudtest"
 )
 
@@ -412,11 +413,11 @@ func TestQueuePutKilled(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	// Kill it once some files are queued.
 	queued := func() int {
-		m, _ := filepath.Glob(filepath.Join(r.home, "queue", "*", "files.jsonl"))
+		m, _ := filepath.Glob(filepath.Join(r.home, "queue", "*", "journal"))
 		n := 0
 		for _, p := range m {
-			b, _ := os.ReadFile(p)
-			n += bytes.Count(b, []byte("\n"))
+			recs, _ := journal.Read(p)
+			n += len(recs)
 		}
 		return n
 	}
