@@ -331,13 +331,13 @@ func migrateLegacy(ctx context.Context, dir string) error {
 		return nil
 	}
 	jd := putJournal(dir)
-	if _, err := os.Stat(jd); err != nil {
+	if _, serr := os.Stat(jd); serr != nil {
 		qp, err := readLegacyPut(dir)
 		if err != nil {
 			return err
 		}
 		tmp := jd + ".new"
-		if err := os.RemoveAll(tmp); err != nil {
+		if err = os.RemoveAll(tmp); err != nil {
 			return cairn.E("queue migrate", cairn.IO, tmp, err)
 		}
 		j, err := journal.Open(ctx, tmp, journal.Options{})
@@ -345,7 +345,8 @@ func migrateLegacy(ctx context.Context, dir string) error {
 			return err
 		}
 		for _, rec := range qp.pending {
-			b, err := encodeQueueRecord(rec)
+			var b []byte
+			b, err = encodeQueueRecord(rec)
 			if err == nil {
 				_, err = j.Append(ctx, b)
 			}
@@ -618,6 +619,16 @@ func (e *env) drainPut(ctx context.Context, dir string, sum *DrainSummary, prog 
 	}
 	return d.DrainDir(ctx, putJournal(dir), filepath.Join(dir, "lock"), journal.Options{}, journal.DirHooks{
 		Before: func() error { return migrateLegacy(ctx, dir) },
+		Damage: func(errs []error) {
+			// Records lost to damage (not to a crash): said once, by
+			// the drain that found it; the damaged segment is kept as
+			// *.corrupt.
+			for _, err := range errs {
+				sum.Failed++
+				sum.Errors = append(sum.Errors, err.Error())
+				prog.println("cairn: " + err.Error())
+			}
+		},
 		After: func(left int) error {
 			if left > 0 {
 				return nil

@@ -152,13 +152,18 @@ type DirHooks struct {
 	// closed, with how many records it still holds (0: all done, the
 	// directory may go).
 	After func(pending int) error
+	// Damage, if set, is told what the open found damaged (each of Kind
+	// Corrupt: records that could not be read, see Open) before the
+	// drain; if nil, DrainDir returns it with its own error.
+	Damage func([]error)
 }
 
 // DrainDir drains the journal in dir under the flock of lock (taken
 // without waiting: an error of Kind Conflict wrapping ErrBusy if another
 // holds it), opening and closing the journal itself. Damage the open
-// found is returned with the drain's error (errors.Join) after the
-// drain, so that a damaged journal still drains what it can.
+// found goes to h.Damage, or is returned with the drain's error
+// (errors.Join) after the drain: a damaged journal still drains what it
+// can.
 func (d *Drainer) DrainDir(ctx context.Context, dir, lock string, opts Options, h DirHooks) error {
 	lf, ok, err := Lock(lock)
 	if err != nil {
@@ -169,7 +174,7 @@ func (d *Drainer) DrainDir(ctx context.Context, dir, lock string, opts Options, 
 	}
 	defer lf.Close()
 	if h.Before != nil {
-		if err := h.Before(); err != nil {
+		if err = h.Before(); err != nil {
 			return err
 		}
 	}
@@ -177,9 +182,13 @@ func (d *Drainer) DrainDir(ctx context.Context, dir, lock string, opts Options, 
 	if err != nil {
 		return err
 	}
+	damage := j.Damage()
+	if h.Damage != nil && len(damage) > 0 {
+		h.Damage(damage)
+		damage = nil
+	}
 	err = d.Run(ctx, j)
 	left := j.Len()
-	damage := j.Damage()
 	if cerr := j.Close(); err == nil {
 		err = cerr
 	}

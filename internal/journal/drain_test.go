@@ -3,8 +3,10 @@ package journal
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -199,5 +201,54 @@ func TestDrainDir(t *testing.T) {
 	recs, err := Read(dir)
 	if err != nil || !slices.Equal(ids(t, recs), []int{2}) {
 		t.Fatalf("Read after the drain: %v %v, want [2]", ids(t, recs), err)
+	}
+}
+
+// TestDrainDirDamage: a journal damaged in the middle still drains the
+// records before and after the damage, and DirHooks.Damage is told of
+// it (Kind Corrupt) before the drain; without the hook DrainDir returns
+// it.
+func TestDrainDirDamage(t *testing.T) {
+	for _, hook := range []bool{true, false} {
+		base := t.TempDir()
+		dir, lock := filepath.Join(base, "journal"), filepath.Join(base, "lock")
+		j := open(t, dir, 0)
+		appendN(t, j, 1, 2, 3)
+		j.Close()
+		seg := filepath.Join(dir, "0000000000000000.jnl")
+		b, err := os.ReadFile(seg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The second frame's body: header, then frame 1 (8 + 9 + len).
+		off := headerSize + frameHead + 9 + len(payload(1)) + frameHead + 10
+		b[off] ^= 0xff
+		if err := os.WriteFile(seg, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var got []int
+		var damage []error
+		d := &Drainer{Apply: func(ctx context.Context, recs []Record, ack func(...uint64) error) error {
+			if hook && damage == nil {
+				t.Error("Apply before the damage was reported")
+			}
+			got = append(got, ids(t, recs)...)
+			return nil
+		}}
+		h := DirHooks{}
+		if hook {
+			h.Damage = func(errs []error) { damage = errs }
+		}
+		err = d.DrainDir(ctx, dir, lock, Options{}, h)
+		if hook {
+			if err != nil || len(damage) != 1 || cairn.KindOf(damage[0]) != cairn.Corrupt {
+				t.Fatalf("with the hook: err %v, damage %v", err, damage)
+			}
+		} else if err == nil || !strings.Contains(err.Error(), "cannot be read") {
+			t.Fatalf("without the hook: err %v, want the damage", err)
+		}
+		if !slices.Equal(got, []int{1, 3}) {
+			t.Fatalf("applied %v, want [1 3]", got)
+		}
 	}
 }
