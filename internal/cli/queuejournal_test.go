@@ -180,10 +180,25 @@ func TestQueueDrainKills(t *testing.T) {
 		kills = n
 	}
 	r := newRealm(t, "--no-passphrase")
-	r.ok("store", "add", "a", "file://"+filepath.Join(t.TempDir(), "a"))
+	storeDir := filepath.Join(t.TempDir(), "a")
+	r.ok("store", "add", "a", "file://"+storeDir)
 	r.ok("policy", "set", "home:/", "copies:1@a")
 	r.env = append(r.env, cli.EnvNoAutoDrain+"=1")
 	stopDrainer(t, r)
+	// storeSize is the bytes in the store's directory: it grows once the
+	// drain uploads.
+	storeSize := func() int64 {
+		var n int64
+		filepath.WalkDir(storeDir, func(p string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				if info, err := d.Info(); err == nil {
+					n += info.Size()
+				}
+			}
+			return nil
+		})
+		return n
+	}
 	var gens []map[string][]byte
 	newGen := func() {
 		g := len(gens)
@@ -217,9 +232,11 @@ func TestQueueDrainKills(t *testing.T) {
 	rng := mrand.New(mrand.NewPCG(3, uint64(time.Now().UnixNano())))
 	killed, rounds := 0, 0
 	midway, both := 0, 0 // rounds that left some files committed and some queued; files left both
-	// Kills fall in [0, span): span follows how long a drain that was
-	// not killed took (process start included), so that they land all
-	// along it on a machine of any speed.
+	// Every other kill falls in [0, span): span follows how long a drain
+	// that was not killed took (process start included), so that they
+	// land all along it on a machine of any speed; the others fall at
+	// most span/4 after the drain's first upload shows in the store, so
+	// that many land between uploads, commits and acks.
 	span := 1200 * time.Millisecond
 	start := time.Now()
 	for killed < kills {
@@ -233,6 +250,7 @@ func TestQueueDrainKills(t *testing.T) {
 			ql = queueLs(t, r)
 		}
 		g := len(gens) - 1
+		size0 := storeSize()
 		cmd := r.command("queue", "run", "-q")
 		cmd.Env = r.env
 		var errb bytes.Buffer
@@ -243,13 +261,25 @@ func TestQueueDrainKills(t *testing.T) {
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
 		began := time.Now()
+		delay := time.After(time.Duration(rng.Int64N(int64(span))))
+		if rounds%2 == 0 {
+			c, after := make(chan time.Time, 1), time.Duration(rng.Int64N(int64(span/4)))
+			go func() {
+				for storeSize() == size0 && time.Since(began) < time.Minute {
+					time.Sleep(2 * time.Millisecond)
+				}
+				time.Sleep(after)
+				c <- time.Now()
+			}()
+			delay = c
+		}
 		select {
 		case err := <-exited:
 			if err != nil {
 				t.Fatalf("round %d: queue run failed: %v\n%s", rounds, err, errb.String())
 			}
 			span = max(time.Since(began), 50*time.Millisecond)
-		case <-time.After(time.Duration(rng.Int64N(int64(span)))):
+		case <-delay:
 			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
