@@ -525,6 +525,11 @@ func (e *env) drain(ctx context.Context, wait bool, prog *progress, retryFor tim
 				sum.Busy++
 				continue
 			}
+			if errors.Is(err, os.ErrNotExist) {
+				if _, serr := os.Stat(d); errors.Is(serr, os.ErrNotExist) {
+					continue // a put that queued nothing removed it
+				}
+			}
 			tried[d] = true
 			progressed = true
 			if cairn.KindOf(err) == cairn.Invalid {

@@ -112,8 +112,9 @@ func committedFiles(t *testing.T, r *realmT, dir string, want map[string][]byte)
 // every file is either committed and reads back byte-identical from the
 // bucket (past every cache), or not visible at all and still queued:
 // nothing is committed before its data is stored, nothing queued is lost.
-// (A kill between a batch's commits and its done marker leaves files both
-// committed and queued: the next drainer finds them committed.)
+// (A kill between a batch's commits and its ack in the put's journal
+// leaves files both committed and queued: the next drainer finds them
+// committed.)
 // A last drainer finishes the queue; every file reads back, fsck
 // --read-data is clean, and a gc afterwards loses nothing.
 func TestQueueDrainerKilled(t *testing.T) {

@@ -88,8 +88,8 @@ func toLegacy(t *testing.T, dir, dropPath string) {
 // TestQueueLegacyMigration: put directories left by the cairn before the
 // journal (files.jsonl and done.jsonl, format 1, written here from what
 // put --background staged) are listed by queue ls, and drained by the
-// first queue run: every pending file is committed once, the one marked
-// dropped is not, a torn last line is ignored, a migration killed before
+// first queue run (or queue drop): every pending file is committed once,
+// the one marked dropped and the one queue drop drops are not, a torn last line is ignored, a migration killed before
 // its rename (journal.new left behind) is started again, and the queue is
 // empty afterwards.
 func TestQueueLegacyMigration(t *testing.T) {
@@ -126,15 +126,26 @@ func TestQueueLegacyMigration(t *testing.T) {
 	if ql.Files != 4 || !slices.Equal(paths, []string{"home:/m/f0", "home:/m/f2", "home:/m/f3", "home:/m/f4"}) {
 		t.Fatalf("queue ls of the old layout: %v (%d files)", paths, ql.Files)
 	}
+	// queue drop migrates the directory it drops from.
+	if out := r.ok("queue", "drop", "home:/m/f4"); out != "dropped home:/m/f4\n" {
+		t.Fatalf("queue drop: %q", out)
+	}
+	delete(want, "f4")
+	if _, err := os.Stat(filepath.Join(dirs[1], "files.jsonl")); !os.IsNotExist(err) {
+		t.Fatalf("files.jsonl after queue drop: %v, want it migrated away", err)
+	}
+	if ql := queueLs(t, r); ql.Files != 3 {
+		t.Fatalf("queue ls after the drop: %+v", ql)
+	}
 	var ds cli.DrainSummary
 	if err := json.Unmarshal([]byte(r.ok("queue", "run", "--json")), &ds); err != nil {
 		t.Fatal(err)
 	}
-	if ds.Committed != 4 || ds.Failed != 0 || ds.Already != 0 {
-		t.Fatalf("queue run: %+v, want 4 committed", ds)
+	if ds.Committed != 3 || ds.Failed != 0 || ds.Already != 0 {
+		t.Fatalf("queue run: %+v, want 3 committed", ds)
 	}
-	if n := checkFiles(t, r, "home:/m", want); n != 4 {
-		t.Fatalf("%d of 4 files committed", n)
+	if n := checkFiles(t, r, "home:/m", want); n != 3 {
+		t.Fatalf("%d of 3 files committed", n)
 	}
 	for name := range want {
 		if n := versionCount(t, r, "home:/m/"+name); n != 1 {
