@@ -55,6 +55,16 @@ func putDirs(t *testing.T, r *realmT) []string {
 // killed while appending); the journal is removed.
 func toLegacy(t *testing.T, dir, dropPath string) {
 	t.Helper()
+	writeLegacy(t, dir, dropPath)
+	if err := os.RemoveAll(filepath.Join(dir, "journal")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeLegacy writes toLegacy's files.jsonl and done.jsonl beside the
+// journal, which it keeps.
+func writeLegacy(t *testing.T, dir, dropPath string) {
+	t.Helper()
 	recs, err := journal.Read(filepath.Join(dir, "journal"))
 	if err != nil || len(recs) == 0 {
 		t.Fatalf("%s: %d records (%v)", dir, len(recs), err)
@@ -80,8 +90,41 @@ func toLegacy(t *testing.T, dir, dropPath string) {
 	if done != nil {
 		writeFile(t, filepath.Join(dir, "done.jsonl"), done, 0o600)
 	}
-	if err := os.RemoveAll(filepath.Join(dir, "journal")); err != nil {
+}
+
+// TestQueueLegacyMigrationAfterRename: a migration killed after its
+// journal was renamed into place but before the old files were removed
+// (both there): the journal wins; queue ls shows each file once, the
+// drain commits each once and removes the old files.
+func TestQueueLegacyMigrationAfterRename(t *testing.T) {
+	r := newRealm(t, "--no-passphrase")
+	r.env = append(r.env, cli.EnvNoAutoDrain+"=1")
+	src := t.TempDir()
+	want := map[string][]byte{"a": randBytes(1000), "b": randBytes(50000)}
+	for n, b := range want {
+		writeFile(t, filepath.Join(src, n), b, 0o644)
+	}
+	r.ok("put", "-q", "--background", filepath.Join(src, "a"), filepath.Join(src, "b"), "home:/n/")
+	dirs := putDirs(t, r)
+	if len(dirs) != 1 {
+		t.Fatalf("%d put directories, want 1", len(dirs))
+	}
+	writeLegacy(t, dirs[0], "")
+	if ql := queueLs(t, r); ql.Files != 2 {
+		t.Fatalf("queue ls: %d files, want 2: %+v", ql.Files, ql)
+	}
+	var ds cli.DrainSummary
+	if err := json.Unmarshal([]byte(r.ok("queue", "run", "--json")), &ds); err != nil {
 		t.Fatal(err)
+	}
+	if ds.Committed != 2 || ds.Already != 0 || ds.Failed != 0 {
+		t.Fatalf("queue run: %+v, want 2 committed, none twice", ds)
+	}
+	if n := checkFiles(t, r, "home:/n", want); n != 2 {
+		t.Fatalf("%d of 2 files committed", n)
+	}
+	if d := putDirs(t, r); len(d) != 0 {
+		t.Fatalf("put directories left: %v", d)
 	}
 }
 
