@@ -28,13 +28,21 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/journal"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/store/localstore"
 	"cairn.dev/cairn/internal/vpath"
 )
 
-// queueFormat is the version of the queue's records (doc/format.md).
-const queueFormat = 1
+// queueFormat is the version of the queue's records (doc/format.md):
+// 2 keeps them in a journal (internal/journal), one per put directory;
+// 1 kept them in files.jsonl and done.jsonl (migrated at the first drain,
+// legacyQueueFormat).
+const queueFormat = 2
+
+// legacyQueueFormat is the format of files.jsonl records, read only to
+// migrate them (migrateLegacy).
+const legacyQueueFormat = 1
 
 // QueueFormat is queueFormat, for the test that doc/format.md says it.
 const QueueFormat = queueFormat
@@ -44,7 +52,9 @@ const QueueFormat = queueFormat
 // drained only by 'cairn queue run'.
 const EnvNoAutoDrain = "CAIRN_NO_AUTODRAIN"
 
-// queueRecord is one staged file: one JSON line of a put's files.jsonl.
+// queueRecord is one staged file: the payload of a record of its put's
+// journal (JSON, with format 2), or one JSON line of a put's files.jsonl
+// (format 1, before the journal).
 type queueRecord struct {
 	Format  int          `json:"format"`
 	Seq     int          `json:"seq"`     // unique within the put, from 0
@@ -56,51 +66,50 @@ type queueRecord struct {
 	Version meta.Version `json:"version"` // manifest, size, mtime, chunks, source, digest
 	Base    uint64       `json:"base"`    // the file's current version number when queued (0: none)
 	Queued  int64        `json:"queued"`  // unix ns
+
+	jseq uint64 // its sequence number in the put's journal (0: a legacy record)
 }
 
-// doneRecord marks a record committed: one JSON line of done.jsonl.
+// encodeQueueRecord is a journal record's payload for rec.
+func encodeQueueRecord(rec queueRecord) ([]byte, error) {
+	rec.Format = queueFormat
+	return json.Marshal(rec)
+}
+
+// decodeQueueRecord reads a journal record's payload. A record of
+// another format is an error of Kind Invalid naming it (the drainer then
+// leaves the put alone).
+func decodeQueueRecord(b []byte) (queueRecord, error) {
+	var rec queueRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, cairn.E("queue", cairn.Invalid, "", fmt.Errorf("a queue record that cannot be read: %v", err))
+	}
+	if rec.Format != queueFormat {
+		return rec, cairn.E("queue", cairn.Invalid, "", fmt.Errorf("queue record format %d; this cairn reads %d", rec.Format, queueFormat))
+	}
+	if rec.Volume == "" || !strings.HasPrefix(rec.Path, "/") || rec.Seq < 0 {
+		return rec, cairn.E("queue", cairn.Invalid, "", fmt.Errorf("a queue record without a volume or path (%q, %q)", rec.Volume, rec.Path))
+	}
+	return rec, nil
+}
+
+// doneRecord marks a record committed: one JSON line of a legacy put's
+// done.jsonl (format 1).
 type doneRecord struct {
 	Seq     int  `json:"seq"`
 	Dropped bool `json:"dropped,omitempty"` // by 'queue drop', not committed
 }
 
+// putJournal is where a put directory keeps its records.
+func putJournal(dir string) string { return filepath.Join(dir, "journal") }
+
 func queueDir(home string) string { return filepath.Join(home, "queue") }
 
-// flockFile opens path (creating it) and takes an exclusive flock on it,
-// or returns ok false when another holds it.
-func flockFile(path string) (f *os.File, ok bool, err error) {
-	f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, false, cairn.E("lock", cairn.IO, path, err)
-	}
-	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err != syscall.EINTR {
-			break
-		}
-	}
-	if err == syscall.EWOULDBLOCK {
-		f.Close()
-		return nil, false, nil
-	}
-	if err != nil {
-		f.Close()
-		return nil, false, cairn.E("lock", cairn.IO, path, err)
-	}
-	return f, true, nil
-}
-
-// lockedByOther reports whether another process holds path's flock.
-func lockedByOther(path string) bool {
-	f, ok, err := flockFile(path)
-	if err != nil {
-		return false
-	}
-	if ok {
-		f.Close()
-	}
-	return !ok
-}
+// flockFile and lockedByOther are the journal's locks.
+var (
+	flockFile     = journal.Lock
+	lockedByOther = journal.LockedByOther
+)
 
 // spool is one put --background's queue directory while it stages.
 type spool struct {
@@ -109,7 +118,7 @@ type spool struct {
 	store *localstore.Store
 	vol   *fs.Volume
 	mu    sync.Mutex
-	recs  *os.File
+	recs  *journal.Journal
 	seq   int
 }
 
@@ -154,8 +163,8 @@ func (e *env) newSpool(ctx context.Context, volume string) (*spool, error) {
 	if sp.vol, err = r.SpoolVolume(ctx, volume, sp.store); err != nil {
 		return fail(err)
 	}
-	if sp.recs, err = os.OpenFile(filepath.Join(sp.dir, "files.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); err != nil {
-		return fail(cairn.E("put", cairn.IO, sp.dir, err))
+	if sp.recs, err = journal.Open(ctx, putJournal(sp.dir), journal.Options{}); err != nil {
+		return fail(err)
 	}
 	// The directory entries must survive a crash too.
 	if err := durable.SyncDir(q); err != nil {
@@ -174,16 +183,16 @@ func cmp(a, b error) error {
 // add appends a staged file's record. Its objects are durable already
 // (the local store's Put returns after fsync); the record is made durable
 // by close, before the put returns.
-func (sp *spool) add(rec queueRecord) error {
+func (sp *spool) add(ctx context.Context, rec queueRecord) error {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	rec.Format, rec.Seq = queueFormat, sp.seq
-	b, err := json.Marshal(rec)
+	rec.Seq = sp.seq
+	b, err := encodeQueueRecord(rec)
 	if err != nil {
 		return err
 	}
-	if _, err := sp.recs.Write(append(b, '\n')); err != nil {
-		return cairn.E("put", cairn.IO, sp.dir, err)
+	if _, err := sp.recs.Append(ctx, b); err != nil {
+		return err
 	}
 	sp.seq++
 	return nil
@@ -194,11 +203,11 @@ func (sp *spool) add(rec queueRecord) error {
 func (sp *spool) close(ctx context.Context) (int, error) {
 	var first error
 	if sp.recs != nil {
-		if err := sp.recs.Sync(); err != nil {
-			first = cairn.E("put", cairn.IO, sp.dir, err)
+		if err := sp.recs.Sync(ctx); err != nil {
+			first = err
 		}
 		sp.recs.Close()
-		if err := durable.SyncDir(sp.dir); err != nil && first == nil { // files.jsonl's entry
+		if err := durable.SyncDir(sp.dir); err != nil && first == nil { // the journal's entry
 			first = cairn.E("put", cairn.IO, sp.dir, err)
 		}
 	}
@@ -232,7 +241,7 @@ func (st *putState) stageFile(ctx context.Context, j putJob, open func() (io.Rea
 	}
 	ver, ws, err := st.spool.vol.Stage(ctx, open, a)
 	if err == nil {
-		err = st.spool.add(queueRecord{Volume: st.v.Name(), Path: strings.TrimPrefix(j.dst, st.volPre),
+		err = st.spool.add(ctx, queueRecord{Volume: st.v.Name(), Path: strings.TrimPrefix(j.dst, st.volPre),
 			Mode: a.Mode, UID: a.UID, GID: a.GID, Version: ver, Base: base, Queued: time.Now().UnixNano()})
 	}
 	return st.settle(ctx, j.dst, ws, err)
@@ -247,9 +256,37 @@ type queuedPut struct {
 	pending []queueRecord
 }
 
-// readQueuedPut reads a put's records. A torn last line (a put killed
-// while appending) is ignored: that file's put never returned.
+// readQueuedPut reads a put's pending records, from its journal, or from
+// files.jsonl and done.jsonl if it was queued by a cairn before the
+// journal and not migrated yet (the journal wins once it exists: a
+// migration renames it into place before it removes the old files). It
+// changes nothing: a put or a drainer may hold the directory.
 func readQueuedPut(dir string) (*queuedPut, error) {
+	jd := putJournal(dir)
+	if _, err := os.Stat(jd); err == nil {
+		recs, err := journal.Read(jd)
+		if err != nil {
+			return nil, err
+		}
+		qp := &queuedPut{name: filepath.Base(dir), dir: dir, done: map[int]bool{}}
+		for _, r := range recs {
+			rec, err := decodeQueueRecord(r.Payload)
+			if err != nil {
+				return nil, cairn.E("queue", cairn.Invalid, dir, err)
+			}
+			rec.jseq = r.Seq
+			qp.recs = append(qp.recs, rec)
+			qp.pending = append(qp.pending, rec)
+		}
+		return qp, nil
+	}
+	return readLegacyPut(dir)
+}
+
+// readLegacyPut reads a put directory of format 1 (files.jsonl,
+// done.jsonl). A torn last line (a put killed while appending) is
+// ignored: that file's put never returned.
+func readLegacyPut(dir string) (*queuedPut, error) {
 	qp := &queuedPut{name: filepath.Base(dir), dir: dir, done: map[int]bool{}}
 	b, err := os.ReadFile(filepath.Join(dir, "files.jsonl"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -260,8 +297,8 @@ func readQueuedPut(dir string) (*queuedPut, error) {
 		if len(line) == 0 || json.Unmarshal(line, &rec) != nil {
 			continue
 		}
-		if rec.Format != queueFormat {
-			return nil, cairn.E("queue", cairn.Invalid, dir, fmt.Errorf("queue record format %d; this cairn reads %d", rec.Format, queueFormat))
+		if rec.Format != legacyQueueFormat {
+			return nil, cairn.E("queue", cairn.Invalid, dir, fmt.Errorf("queue record format %d in files.jsonl; this cairn reads %d there", rec.Format, legacyQueueFormat))
 		}
 		qp.recs = append(qp.recs, rec)
 	}
@@ -279,6 +316,63 @@ func readQueuedPut(dir string) (*queuedPut, error) {
 		}
 	}
 	return qp, nil
+}
+
+// migrateLegacy moves the pending records of a format 1 put directory
+// (files.jsonl, done.jsonl) into its journal; the caller holds the put's
+// lock. The journal is written beside (journal.new), fsynced, and renamed
+// into place, the directory fsynced; only then are the old files removed.
+// A kill at any point leaves either the old files alone (the next drain
+// migrates again from scratch) or the journal in place (which wins; the
+// old files are removed then): nothing is lost or queued twice.
+func migrateLegacy(ctx context.Context, dir string) error {
+	old := []string{filepath.Join(dir, "files.jsonl"), filepath.Join(dir, "done.jsonl")}
+	if _, err := os.Stat(old[0]); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	jd := putJournal(dir)
+	if _, serr := os.Stat(jd); serr != nil {
+		qp, err := readLegacyPut(dir)
+		if err != nil {
+			return err
+		}
+		tmp := jd + ".new"
+		if err = os.RemoveAll(tmp); err != nil {
+			return cairn.E("queue migrate", cairn.IO, tmp, err)
+		}
+		j, err := journal.Open(ctx, tmp, journal.Options{})
+		if err != nil {
+			return err
+		}
+		for _, rec := range qp.pending {
+			var b []byte
+			b, err = encodeQueueRecord(rec)
+			if err == nil {
+				_, err = j.Append(ctx, b)
+			}
+			if err != nil {
+				j.Close()
+				return err
+			}
+		}
+		err = j.Sync(ctx)
+		j.Close()
+		if err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, jd); err != nil {
+			return cairn.E("queue migrate", cairn.IO, tmp, err)
+		}
+		if err := durable.SyncDir(dir); err != nil {
+			return cairn.E("queue migrate", cairn.IO, dir, err)
+		}
+	}
+	for _, p := range old {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return cairn.E("queue migrate", cairn.IO, p, err)
+		}
+	}
+	return durable.SyncDir(dir)
 }
 
 // queuedPuts lists the put directories of the queue, oldest first.
@@ -381,7 +475,11 @@ const (
 // drain uploads and commits every queued file it can. With wait it waits
 // for another drainer to finish first; without, it returns at once
 // (ran false) if one runs.
-func (e *env) drain(ctx context.Context, wait bool, prog *progress) (sum *DrainSummary, ran bool, err error) {
+//
+// retryFor > 0 makes each put's drain retry, with backoff, for that long
+// while a store or the metadata service is unreachable (the background
+// drainer); 0 stops at the first such error (queue run).
+func (e *env) drain(ctx context.Context, wait bool, prog *progress, retryFor time.Duration) (sum *DrainSummary, ran bool, err error) {
 	start := time.Now()
 	sum = &DrainSummary{}
 	q := queueDir(e.home)
@@ -410,6 +508,7 @@ func (e *env) drain(ctx context.Context, wait bool, prog *progress) (sum *DrainS
 	// Passes until one finds nothing more to do: a put may queue more
 	// while this one drains.
 	tried := map[string]bool{}
+	deadline := time.Now().Add(retryFor)
 	for {
 		dirs, err := queuedPuts(e.home)
 		if err != nil {
@@ -421,18 +520,18 @@ func (e *env) drain(ctx context.Context, wait bool, prog *progress) (sum *DrainS
 			if tried[d] {
 				continue
 			}
-			dl, ok, err := flockFile(filepath.Join(d, "lock"))
-			if err != nil {
-				return sum, true, err
-			}
-			if !ok {
+			err = e.drainPut(ctx, d, sum, prog, time.Until(deadline))
+			if errors.Is(err, journal.ErrBusy) {
 				sum.Busy++
 				continue
 			}
+			if errors.Is(err, os.ErrNotExist) {
+				if _, serr := os.Stat(d); errors.Is(serr, os.ErrNotExist) {
+					continue // a put that queued nothing removed it
+				}
+			}
 			tried[d] = true
 			progressed = true
-			err = e.drainPut(ctx, d, sum, prog)
-			dl.Close()
 			if cairn.KindOf(err) == cairn.Invalid {
 				// A record this cairn cannot read: leave the put alone.
 				msg := fmt.Sprintf("%s: %v", d, err)
@@ -484,34 +583,77 @@ func lockDrain(ctx context.Context, q string, wait bool, prog *progress) (lock *
 	return lock, true, nil
 }
 
-// drainPut drains one put's directory, which the caller has locked.
-func (e *env) drainPut(ctx context.Context, dir string, sum *DrainSummary, prog *progress) error {
-	qp, err := readQueuedPut(dir)
-	if err != nil {
-		return err
+// drainPut drains one put's directory with the journal's drainer, under
+// the put's lock (an error wrapping journal.ErrBusy if a put still
+// queues into it or another process drains it). A put directory of
+// format 1 is migrated into a journal first. retryFor > 0: retry while
+// a store or the metadata service is unreachable (drain).
+func (e *env) drainPut(ctx context.Context, dir string, sum *DrainSummary, prog *progress, retryFor time.Duration) error {
+	var src *localstore.Store
+	defer func() {
+		if src != nil {
+			src.Close()
+		}
+	}()
+	d := &journal.Drainer{
+		Apply: func(ctx context.Context, jrecs []journal.Record, ack func(...uint64) error) error {
+			var pending []queueRecord
+			for _, r := range jrecs {
+				rec, err := decodeQueueRecord(r.Payload)
+				if err != nil {
+					return cairn.E("queue", cairn.Invalid, dir, err)
+				}
+				rec.jseq = r.Seq
+				pending = append(pending, rec)
+			}
+			if src == nil {
+				var err error
+				if src, err = localstore.Open(ctx, filepath.Join(dir, "store"), localstore.Options{Logger: e.log}); err != nil {
+					return err
+				}
+			}
+			return e.drainRecords(ctx, pending, src, ack, sum, prog)
+		},
 	}
-	if len(qp.pending) == 0 {
-		return removeQueuedPut(dir)
+	if retryFor > 0 {
+		d.RetryFor = retryFor
+		d.Retry = func(err error) bool { return cairn.KindOf(err) == cairn.Unavailable }
+		d.OnRetry = func(err error, wait time.Duration) {
+			fmt.Fprintf(e.stderr, "%s cairn drainer[%d]: %v; retrying in %v\n", time.Now().Format(time.RFC3339), os.Getpid(), err, wait)
+		}
 	}
+	return d.DrainDir(ctx, putJournal(dir), filepath.Join(dir, "lock"), journal.Options{}, journal.DirHooks{
+		Before: func() error { return migrateLegacy(ctx, dir) },
+		Damage: func(errs []error) {
+			// Records lost to damage (not to a crash): said once, by
+			// the drain that found it; the damaged segment is kept as
+			// *.corrupt.
+			for _, err := range errs {
+				sum.Failed++
+				sum.Errors = append(sum.Errors, err.Error())
+				prog.println("cairn: " + err.Error())
+			}
+		},
+		After: func(left int) error {
+			if left > 0 {
+				return nil
+			}
+			return removeQueuedPut(dir)
+		},
+	})
+}
+
+// drainRecords commits a put's pending records, per volume and policy,
+// in batches, acking each batch's committed records.
+func (e *env) drainRecords(ctx context.Context, pending []queueRecord, src *localstore.Store, ack func(...uint64) error, sum *DrainSummary, prog *progress) error {
 	r, err := e.open(ctx)
 	if err != nil {
 		return err
 	}
-	src, err := localstore.Open(ctx, filepath.Join(dir, "store"), localstore.Options{Logger: e.log})
-	if err != nil {
-		return err
-	}
-	defer src.Close()
-	doneF, err := os.OpenFile(filepath.Join(dir, "done.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return cairn.E("queue", cairn.IO, dir, err)
-	}
-	defer doneF.Close()
-	left := 0
 	// Per volume, per policy handle, in batches.
 	byVol := map[string][]queueRecord{}
 	var vols []string
-	for _, rec := range qp.pending {
+	for _, rec := range pending {
 		if _, ok := byVol[rec.Volume]; !ok {
 			vols = append(vols, rec.Volume)
 		}
@@ -546,24 +688,19 @@ func (e *env) drainPut(ctx context.Context, dir string, sum *DrainSummary, prog 
 				}
 				batch := recs[:n]
 				recs = recs[n:]
-				failed, err := e.drainBatch(ctx, v, h, src, batch, dirs, doneF, sum, prog)
-				left += failed
-				if err != nil {
+				if _, err := e.drainBatch(ctx, v, h, src, batch, dirs, ack, sum, prog); err != nil {
 					return err
 				}
 			}
 		}
 	}
-	if left > 0 {
-		return nil
-	}
-	return removeQueuedPut(dir)
+	return nil
 }
 
-// drainBatch commits a batch of records with one CommitStaged and marks
-// those committed in done; it returns how many failed (left queued).
+// drainBatch commits a batch of records with one CommitStaged and acks
+// those committed; it returns how many failed (left queued).
 func (e *env) drainBatch(ctx context.Context, v, h *fs.Volume, src *localstore.Store, batch []queueRecord,
-	dirs map[string]*meta.Entry, done *os.File, sum *DrainSummary, prog *progress) (int, error) {
+	dirs map[string]*meta.Entry, ack func(...uint64) error, sum *DrainSummary, prog *progress) (int, error) {
 	failed := 0
 	fail := func(rec queueRecord, err error) {
 		failed++
@@ -642,7 +779,7 @@ func (e *env) drainBatch(ctx context.Context, v, h *fs.Volume, src *localstore.S
 	sum.Uploaded += cs.Objects
 	sum.UploadedBytes += cs.Bytes
 	sum.Present += cs.Present
-	var lines []byte
+	var acks []uint64
 	for i, r := range res {
 		rec := recs[i]
 		if r.Err != nil || r.Entry == nil {
@@ -662,15 +799,11 @@ func (e *env) drainBatch(ctx context.Context, v, h *fs.Volume, src *localstore.S
 			sum.Committed++
 		}
 		prog.add(1, 0, 0)
-		b, _ := json.Marshal(doneRecord{Seq: rec.Seq})
-		lines = append(append(lines, b...), '\n')
+		acks = append(acks, rec.jseq)
 	}
-	if len(lines) > 0 {
-		if _, werr := done.Write(lines); werr != nil {
-			return failed, cairn.E("queue", cairn.IO, done.Name(), werr)
-		}
-		if werr := done.Sync(); werr != nil {
-			return failed, cairn.E("queue", cairn.IO, done.Name(), werr)
+	if len(acks) > 0 {
+		if aerr := ack(acks...); aerr != nil {
+			return failed, aerr
 		}
 	}
 	if err != nil {
@@ -778,7 +911,7 @@ code is then 1, or 6 when a store or the metadata service is unreachable.`,
 			}
 			showBar := human && !e.quiet && isTerminal(e.stderr)
 			prog := newProgress(e.stderr, showBar, totalFiles, totalBytes)
-			sum, _, err := e.drain(cmd.Context(), true, prog)
+			sum, _, err := e.drain(cmd.Context(), true, prog, 0)
 			prog.finish()
 			if runJSON {
 				if jerr := e.printJSON(sum); err == nil {
@@ -860,26 +993,7 @@ func (e *env) dropQueued(ctx context.Context, all bool, paths []string) ([]strin
 		if len(drop) == 0 {
 			continue
 		}
-		dl, ok, err := flockFile(filepath.Join(d, "lock"))
-		if err != nil {
-			return dropped, err
-		}
-		if !ok {
-			return dropped, cairn.E("queue drop", cairn.Conflict, d, errors.New("a put is still queueing there; try again when it is done"))
-		}
-		var lines []byte
-		for _, rec := range drop {
-			b, _ := json.Marshal(doneRecord{Seq: rec.Seq, Dropped: true})
-			lines = append(append(lines, b...), '\n')
-		}
-		done := filepath.Join(d, "done.jsonl")
-		if err = durable.AppendFile(done, lines, 0o600); err != nil {
-			err = cairn.E("queue", cairn.IO, done, err)
-		}
-		if err == nil && len(drop) == len(qp.pending) {
-			err = removeQueuedPut(d)
-		}
-		dl.Close()
+		drop, err = e.dropFromPut(ctx, d, func(rec queueRecord) bool { return all || want[rec.Volume+":"+rec.Path] })
 		if err != nil {
 			return dropped, err
 		}
@@ -895,42 +1009,59 @@ func (e *env) dropQueued(ctx context.Context, all bool, paths []string) ([]strin
 	return dropped, nil
 }
 
+// dropFromPut acks, under the put's lock, the records of put directory d
+// that match (migrating a format 1 directory first), and removes the
+// directory if none is left. It returns those dropped.
+func (e *env) dropFromPut(ctx context.Context, d string, match func(queueRecord) bool) ([]queueRecord, error) {
+	var drop []queueRecord
+	dr := &journal.Drainer{Apply: func(ctx context.Context, jrecs []journal.Record, ack func(...uint64) error) error {
+		var seqs []uint64
+		for _, r := range jrecs {
+			rec, err := decodeQueueRecord(r.Payload)
+			if err != nil {
+				return cairn.E("queue drop", cairn.Invalid, d, err)
+			}
+			if match(rec) {
+				drop, seqs = append(drop, rec), append(seqs, r.Seq)
+			}
+		}
+		if len(seqs) == 0 {
+			return nil
+		}
+		return ack(seqs...)
+	}}
+	err := dr.DrainDir(ctx, putJournal(d), filepath.Join(d, "lock"), journal.Options{}, journal.DirHooks{
+		Before: func() error { return migrateLegacy(ctx, d) },
+		After: func(left int) error {
+			if left > 0 {
+				return nil
+			}
+			return removeQueuedPut(d)
+		},
+	})
+	if errors.Is(err, journal.ErrBusy) {
+		return nil, cairn.E("queue drop", cairn.Conflict, d, errors.New("a put is still queueing there; try again when it is done"))
+	}
+	return drop, err
+}
+
 // drainRetryFor is how long a background drainer keeps retrying while a
 // store or the metadata service is unreachable; then it exits and a later
 // command starts another.
 const drainRetryFor = 10 * time.Minute
 
-// drainDetached is the background drainer: drain, and while stores are
-// unreachable, retry with backoff. It exits at once if another drainer
-// runs.
+// drainDetached is the background drainer: drain, each put retrying
+// with backoff while stores are unreachable (journal.Drainer), for
+// drainRetryFor at most. It exits at once if another drainer runs.
 func (e *env) drainDetached(ctx context.Context) error {
 	prog := newProgress(e.stderr, false, 0, 0)
-	deadline := time.Now().Add(drainRetryFor)
-	wait := time.Second
-	for {
-		sum, ran, err := e.drain(ctx, false, prog)
-		if !ran && err == nil {
-			return nil // another drainer runs
-		}
-		if err == nil {
-			if sum.Failed > 0 {
-				// Errors of those files, not of the stores: retrying
-				// now would not help.
-				return fmt.Errorf("queue: %d file(s) left in the queue: %s", sum.Failed, strings.Join(sum.Errors, "; "))
-			}
-			return nil
-		}
-		if time.Now().After(deadline) || cairn.KindOf(err) != cairn.Unavailable {
-			return err
-		}
-		fmt.Fprintf(e.stderr, "%s cairn drainer[%d]: %v; retrying in %v\n", time.Now().Format(time.RFC3339), os.Getpid(), err, wait)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 30*time.Second)
+	sum, _, err := e.drain(ctx, false, prog, drainRetryFor)
+	if err == nil && sum.Failed > 0 {
+		// Errors of those files, not of the stores: retrying now
+		// would not help.
+		return fmt.Errorf("queue: %d file(s) left in the queue: %s", sum.Failed, strings.Join(sum.Errors, "; "))
 	}
+	return err
 }
 
 // startDrainer starts a background drainer if files are queued, none

@@ -17,6 +17,7 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"cairn.dev/cairn/internal/cli"
+	"cairn.dev/cairn/internal/journal"
 	"cairn.dev/cairn/internal/store/cloudtest"
 )
 
@@ -111,8 +112,9 @@ func committedFiles(t *testing.T, r *realmT, dir string, want map[string][]byte)
 // every file is either committed and reads back byte-identical from the
 // bucket (past every cache), or not visible at all and still queued:
 // nothing is committed before its data is stored, nothing queued is lost.
-// (A kill between a batch's commits and its done marker leaves files both
-// committed and queued: the next drainer finds them committed.)
+// (A kill between a batch's commits and its ack in the put's journal
+// leaves files both committed and queued: the next drainer finds them
+// committed.)
 // A last drainer finishes the queue; every file reads back, fsck
 // --read-data is clean, and a gc afterwards loses nothing.
 func TestQueueDrainerKilled(t *testing.T) {
@@ -412,11 +414,11 @@ func TestQueuePutKilled(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	// Kill it once some files are queued.
 	queued := func() int {
-		m, _ := filepath.Glob(filepath.Join(r.home, "queue", "*", "files.jsonl"))
+		m, _ := filepath.Glob(filepath.Join(r.home, "queue", "*", "journal"))
 		n := 0
 		for _, p := range m {
-			b, _ := os.ReadFile(p)
-			n += bytes.Count(b, []byte("\n"))
+			recs, _ := journal.Read(p)
+			n += len(recs)
 		}
 		return n
 	}

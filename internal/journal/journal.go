@@ -1,8 +1,11 @@
 // Package journal is cairn's one journal for work accepted locally and
 // finished later (DESIGN.md decision 12): a durable, checksummed,
 // append-only log of records in a directory, with one crash story. It
-// knows nothing of what a record means: the mount's commit queue (and,
-// later, the background upload queue) keep their records in one.
+// knows nothing of what a record means: the mount's commit queue and the
+// upload queue of put --background (one journal per put directory) keep
+// their records in one. Drainer (drain.go) is the one way of applying a
+// journal's records: in order, acked and fsynced as applied, retried with
+// backoff, one process per directory (Lock).
 //
 // The format is in doc/format.md ("Journal"). In short: segment files
 // <16 hex digits>.jnl, each a 24-byte header (magic, format version,
