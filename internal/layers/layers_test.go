@@ -19,7 +19,8 @@ var layer = map[string]int{
 	"internal/durable":             1, // fsynced writes of small files and directory entries
 	"internal/durable/durabletest": 2, // test helper: a small tmpfs to fill
 	"internal/vpath":               1,
-	"internal/journal":             2, // the journal of work finished later (DESIGN decision 12): below fs, mount and cli
+	"internal/journal":             2,
+	"internal/httpauth":            2, // app passwords, Basic authentication, loopback rule, TLS listener: shared by dav and web // the journal of work finished later (DESIGN decision 12): below fs, mount and cli
 
 	"internal/chunker":  2,
 	"internal/store":    2, // optional store abilities and helpers
@@ -57,7 +58,8 @@ var layer = map[string]int{
 
 	"internal/meta": 5,
 
-	"internal/fs": 6,
+	"internal/fs":       6,
+	"internal/apitypes": 6, // JSON types shared by the CLI's --json outputs and the web API
 
 	"internal/realm":    7,
 	"internal/mount":    7, // FUSE mount of an fs.Volume; the CLI opens the realm for it
