@@ -64,6 +64,7 @@ var layer = map[string]int{
 	"internal/realm":    7,
 	"internal/mount":    7, // FUSE mount of an fs.Volume; the CLI opens the realm for it
 	"internal/dav":      7, // WebDAV gateway over an fs.Volume; the CLI opens the realm for it
+	"internal/web":      7, // the web page and its JSON API over a Source; the CLI gives it one
 	"internal/cli":      8,
 	"cmd/cairn":         9,
 	"bench/mount/fsops": 9, // a bench helper program (bench/mount.sh)
