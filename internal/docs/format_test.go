@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cli"
 	"cairn.dev/cairn/internal/dav"
 	"cairn.dev/cairn/internal/etcdsvc"
@@ -57,6 +58,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"keyring":                                         fmt.Sprint(keyring.FormatVersion),
 		"realm config":                                    one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
 		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),
+		"web JSON API (`cairn web`)":                      fmt.Sprint(apitypes.Version),
 		"node wire protocol, join token, revocation and token lists, registrar state": one(t, "node wire protocol",
 			wire.Version, pki.JoinFormat, pki.TokenListFormat, pki.RevocationFormat, realm.RegistrarFormat),
 		"erasure-coded shards and shard maps, repair queue, shard-map cache": fmt.Sprint(ecstore.Version),
