@@ -9,10 +9,12 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"cairn.dev/cairn/internal/apitypes"
+	"cairn.dev/cairn/internal/cli"
 )
 
 var webServing = regexp.MustCompile(`serving the web page at (\S+) \(pid`)
@@ -92,6 +94,23 @@ func TestWebServe(t *testing.T) {
 	writeFile(t, filepath.Join(filepath.Dir(local), "gone.txt"), []byte("removed"), 0o644)
 	r.ok("put", filepath.Join(filepath.Dir(local), "gone.txt"), "home:/")
 	r.ok("rm", "home:/gone.txt")
+	// A file waits in the upload queue (no drainer: every command of the
+	// test runs without one).
+	r.env = append(r.env, cli.EnvNoAutoDrain+"=1")
+	queued := filepath.Join(t.TempDir(), "queued.bin")
+	writeFile(t, queued, randBytes(3000), 0o644)
+	r.ok("put", "--background", queued, "home:/")
+	// A store on this device's node, which then stops: the page must not
+	// dial it.
+	s := r.serve("5s")
+	r.ok("store", "add", "mynode", "node://webdev1")
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	err := <-s.done
+	s.done <- err // for the cleanup of serve
+	if err != nil {
+		t.Fatalf("node serve after SIGTERM: %v", err)
+	}
+	r.waitState("webdev1", "offline", time.Minute)
 
 	w := r.startWeb("--listen", "127.0.0.1:0")
 	if !strings.HasPrefix(w.url, "https://127.0.0.1:") || !strings.Contains(w.output(), "signed by the realm CA") {
@@ -120,20 +139,34 @@ func TestWebServe(t *testing.T) {
 	if len(apiStores) != len(cliStores) {
 		t.Fatalf("stores: API %+v, CLI %+v", apiStores, cliStores)
 	}
+	nodeStores := 0
 	for i := range apiStores {
 		a, b := apiStores[i], cliStores[i]
+		if a.URL == "node://webdev1" {
+			nodeStores++
+			if a.Health != "not asked: node webdev1 is offline (the page never wakes a device)" || a.StoreRecord != b.StoreRecord || b.Health == "ok" {
+				t.Fatalf("the offline node's store: API %+v, CLI %+v", a, b)
+			}
+			continue
+		}
 		// Latency and the request counts move with every look.
 		if a.StoreRecord != b.StoreRecord || a.Health != b.Health || a.Objects != b.Objects || a.Bytes != b.Bytes || (a.Price == nil) != (b.Price == nil) {
 			t.Fatalf("store %d: API %+v, CLI %+v", i, a, b)
 		}
 	}
 
+	if nodeStores != 1 {
+		t.Fatalf("stores: %+v, want one of node://webdev1", apiStores)
+	}
+
 	var work apitypes.Work
 	var cliMounts []apitypes.MountStatus
 	webGet(t, c, w.url+"api/v1/work", pass, &work)
 	cliJSON(t, r, &cliMounts, "status")
-	if !reflect.DeepEqual(work.Mounts, cliMounts) || work.Queue.Files != 0 {
-		t.Fatalf("work: API %+v, status --json %+v", work, cliMounts)
+	var ql cli.QueueList
+	cliJSON(t, r, &ql, "queue", "ls")
+	if !reflect.DeepEqual(work.Mounts, cliMounts) || work.Queue.Files != 1 || work.Queue.Files != ql.Files || work.Queue.Bytes != ql.Bytes || work.Queue.Draining != ql.Draining {
+		t.Fatalf("work: API %+v, status --json %+v, queue ls --json %+v", work, cliMounts, ql)
 	}
 
 	var apiVers, cliVers []apitypes.FileVersion
