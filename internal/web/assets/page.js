@@ -11,8 +11,15 @@
     return n.toFixed(1) + " " + u[i] + "iB";
   }
   function when(t) { return t ? t.replace("T", " ").replace(/\.\d+/, "") : "never"; }
-  function fill(tbody, rows) {
+  function fill(tbody, rows, empty) {
     tbody.replaceChildren();
+    if (rows.length === 0 && empty) {
+      const td = document.createElement("td");
+      td.colSpan = tbody.parentElement.querySelectorAll("th").length;
+      td.textContent = empty;
+      tbody.appendChild(document.createElement("tr")).appendChild(td);
+      return;
+    }
     for (const cells of rows) {
       const tr = document.createElement("tr");
       for (const c of cells) {
@@ -39,10 +46,10 @@
       document.getElementById("queue").textContent = "Upload queue: " + w.queue.files + " file(s), " + human(w.queue.bytes) +
         (w.queue.draining ? ", uploading now" : "");
       fill(section("work"), w.mounts.map(m => [m.mountpoint, m.volume, m.mode, m.pending, m.closed, m.queued, m.namespace,
-        m.commits_done, m.commits_failed]));
+        m.commits_done, m.commits_failed]), "no mounts running on this device");
       const ss = await get("/api/v1/stores");
       fill(section("stores"), ss.map(s => [s.name, s.url, s.health + (s.draining ? ", draining" : ""), s.objects, human(s.bytes),
-        Object.values(s.requests || {}).reduce((a, b) => a + b, 0), s.price ? "$" + s.monthly_storage_cost.toFixed(4) : "-"]));
+        Object.values(s.requests || {}).reduce((a, b) => a + b, 0), s.price ? "$" + s.monthly_storage_cost.toFixed(4) : "-"]), "no stores registered: data lives in each device's own store");
       const vs = await get("/api/v1/volumes");
       fill(section("volumes"), vs.map(v => [v.name, v.files, v.dirs, human(v.bytes), v.keep_versions + " versions",
         v.policies.length ? v.policies.map(p => p.path + ": " + p.policy).join("; ") : "default (this device)"]));
@@ -64,8 +71,8 @@
     });
   }
   form("versions-form", "/api/v1/versions", "versions-body", "versions-error",
-    vs => vs.slice().reverse().map(v => [v.n + (v.current ? " (current)" : ""), human(v.size), when(v.mtime), when(v.committed), v.stores.join(", ")]));
+    vs => vs.slice().reverse().map(v => [v.n + (v.current ? " (current)" : ""), human(v.size), when(v.mtime), when(v.committed), v.stores.join(", ")]), "no versions");
   form("trash-form", "/api/v1/trash", "trash-body", "trash-error",
-    ts => ts.map(t => [when(t.deleted), when(t.expires), human(t.size), t.path]));
+    ts => ts.map(t => [when(t.deleted), when(t.expires), human(t.size), t.path]), "the trash is empty");
   setInterval(refresh, poll);
 })();
