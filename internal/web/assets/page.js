@@ -32,7 +32,9 @@
   }
   function section(id) { return document.querySelector("#" + id + " tbody"); }
   async function get(path) {
-    const r = await fetch(path, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    // From the origin: a page opened as http://user:pass@host/ would
+    // otherwise give fetch a URL with credentials, which it refuses.
+    const r = await fetch(location.origin + path, { credentials: "same-origin", headers: { Accept: "application/json" } });
     const body = await r.json();
     if (!r.ok) throw new Error(body.error || r.statusText);
     return body;
