@@ -210,6 +210,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 	root.AddCommand(e.mountCmds()...)
 	root.AddCommand(e.statusCmd())
 	root.AddCommand(e.davCmd())
+	root.AddCommand(e.webCmd())
 	root.AddCommand(e.storeCmd())
 	root.AddCommand(e.policyCmd(), e.repairCmd())
 	root.AddCommand(e.queueCmd())

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/realm"
@@ -537,16 +538,27 @@ func isPrefix(a, b []string) bool {
 	return true
 }
 
-// versionJSON is what `versions --json` prints per version.
-type versionJSON struct {
-	N         uint64    `json:"n"`
-	Size      int64     `json:"size"`
-	Mtime     time.Time `json:"mtime"`
-	Committed time.Time `json:"committed"`
-	Manifest  string    `json:"manifest"`
-	Chunks    int       `json:"chunks"`
-	Stores    []string  `json:"stores"`
-	Current   bool      `json:"current"`
+// versionJSON is what `versions --json` prints per version (shared with 'cairn web').
+type versionJSON = apitypes.FileVersion
+
+// versionsOf lists a file's kept versions, oldest first.
+func versionsOf(ent *meta.Entry) []versionJSON {
+	out := make([]versionJSON, 0, len(ent.Versions))
+	for i, v := range ent.Versions {
+		out = append(out, versionJSON{N: v.N, Size: v.Size, Mtime: time.Unix(0, v.Mtime).UTC(), Committed: time.Unix(0, v.Committed).UTC(),
+			Manifest: v.Manifest.String(), Chunks: v.Chunks, Stores: v.Stores, Current: i == len(ent.Versions)-1})
+	}
+	return out
+}
+
+// trashOf is what `trash --json` prints (shared with 'cairn web').
+func trashOf(mv *meta.Vol, items []meta.TrashItem) []apitypes.TrashItem {
+	out := []apitypes.TrashItem{}
+	for _, it := range items {
+		d := time.Unix(0, it.Deleted).UTC()
+		out = append(out, apitypes.TrashItem{Path: it.Path, Type: typeName(it.Entry.Type), Size: it.Entry.Size, Deleted: d, Expires: d.Add(mv.V.TrashTTL)})
+	}
+	return out
 }
 
 func (e *env) versionsCmd() *cobra.Command {
@@ -567,11 +579,7 @@ func (e *env) versionsCmd() *cobra.Command {
 			if ent.Type != meta.TypeFile {
 				return cairn.E("versions", cairn.IsDir, p.String(), errors.New("not a regular file"))
 			}
-			out := make([]versionJSON, 0, len(ent.Versions))
-			for i, v := range ent.Versions {
-				out = append(out, versionJSON{N: v.N, Size: v.Size, Mtime: time.Unix(0, v.Mtime).UTC(), Committed: time.Unix(0, v.Committed).UTC(),
-					Manifest: v.Manifest.String(), Chunks: v.Chunks, Stores: v.Stores, Current: i == len(ent.Versions)-1})
-			}
+			out := versionsOf(ent)
 			if asJSON {
 				return e.printJSON(out)
 			}
@@ -701,19 +709,7 @@ func (e *env) trashCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				type item struct {
-					Path    string    `json:"path"`
-					Type    string    `json:"type"`
-					Size    int64     `json:"size"`
-					Deleted time.Time `json:"deleted"`
-					Expires time.Time `json:"expires"`
-				}
-				out := []item{}
-				for _, it := range items {
-					d := time.Unix(0, it.Deleted).UTC()
-					out = append(out, item{it.Path, typeName(it.Entry.Type), it.Entry.Size, d, d.Add(mv.V.TrashTTL)})
-				}
-				return e.printJSON(out)
+				return e.printJSON(trashOf(mv, items))
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "REMOVED\tEXPIRES\tSIZE\tPATH")

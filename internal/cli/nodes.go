@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/pki"
@@ -18,22 +19,16 @@ import (
 )
 
 // deviceJSON is what `devices --json` prints per node.
-type deviceJSON struct {
-	Name  string     `json:"name"`
-	Role  string     `json:"role"`
-	State string     `json:"state"`
-	Since *time.Time `json:"since,omitempty"` // when it entered state
-	// Wake is how the node can be woken; null: no wake method known.
-	Wake       *meta.WakeInfo `json:"wake"`
-	Addr       string         `json:"addr,omitempty"`
-	Capacity   int64          `json:"capacity"`
-	Free       int64          `json:"free"`
-	Used       int64          `json:"used"`
-	Rate       float64        `json:"rate"` // bytes per second
-	Served     int64          `json:"served"`
-	Registered time.Time      `json:"registered"`
-	LastSeen   *time.Time     `json:"last_seen,omitempty"`
-	Removed    *time.Time     `json:"removed,omitempty"`
+type deviceJSON = apitypes.Device
+
+// devicesOf converts the registry's nodes (shared with 'cairn web').
+func devicesOf(nodes []meta.NodeStatus) []deviceJSON {
+	out := make([]deviceJSON, 0, len(nodes))
+	for _, n := range nodes {
+		out = append(out, deviceJSON{Name: n.Name, Role: n.Role, State: n.State, Since: unixTime(n.Since), Wake: n.Wake, Addr: n.Addr, Capacity: n.Capacity, Free: n.Free, Used: n.Used,
+			Rate: n.Rate, Served: n.Served, Registered: time.Unix(0, n.Registered).UTC(), LastSeen: unixTime(n.LastSeen), Removed: unixTime(n.Removed)})
+	}
+	return out
 }
 
 func unixTime(ns int64) *time.Time {
@@ -73,11 +68,7 @@ the capacity and use of its store's disk, and when it last reported.`,
 			if err != nil {
 				return err
 			}
-			out := make([]deviceJSON, 0, len(nodes))
-			for _, n := range nodes {
-				out = append(out, deviceJSON{Name: n.Name, Role: n.Role, State: n.State, Since: unixTime(n.Since), Wake: n.Wake, Addr: n.Addr, Capacity: n.Capacity, Free: n.Free, Used: n.Used,
-					Rate: n.Rate, Served: n.Served, Registered: time.Unix(0, n.Registered).UTC(), LastSeen: unixTime(n.LastSeen), Removed: unixTime(n.Removed)})
-			}
+			out := devicesOf(nodes)
 			if asJSON {
 				return e.printJSON(out)
 			}

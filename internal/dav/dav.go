@@ -35,6 +35,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/httpauth"
 )
 
 // Options configure a Handler.
@@ -59,13 +60,11 @@ type Options struct {
 
 // Handler is the gateway's http.Handler.
 type Handler struct {
-	fs      *FS
-	locks   *lockManager
-	users   *Users
-	realm   string
-	log     *slog.Logger
-	limiter limiter
-	stage   string
+	fs    *FS
+	locks *lockManager
+	guard *httpauth.Guard
+	log   *slog.Logger
+	stage string
 }
 
 // maxXMLBody bounds the XML body of PROPFIND, PROPPATCH and LOCK.
@@ -104,8 +103,7 @@ func New(v *fs.Volume, o Options) (*Handler, error) {
 	return &Handler{
 		fs:    &FS{vol: v, stage: stage, uid: uid, gid: gid, log: log},
 		locks: newLockManager(),
-		users: o.Users,
-		realm: o.Realm,
+		guard: httpauth.NewGuard(o.Users, o.Realm, "'cairn dav passwd add'", log),
 		log:   log,
 		stage: stage,
 	}, nil
@@ -160,7 +158,7 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	sw := &statusWriter{ResponseWriter: w}
-	user := h.authenticate(sw, r)
+	user := h.guard.Authenticate(sw, r)
 	if user != "" {
 		h.serve(sw, r)
 	}
@@ -169,44 +167,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	h.log.Debug("webdav request", "method", r.Method, "path", r.URL.Path, "user", user, "status", sw.status,
 		"dur", time.Since(start).Round(time.Microsecond))
-}
-
-// authenticate checks HTTP Basic credentials and returns the user, or
-// answers 401 (no or wrong credentials), 429 (too many wrong ones from
-// this address) or 503 (the user list cannot be read) and returns "".
-func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) string {
-	challenge := func(msg string) {
-		w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Basic realm=%q, charset="UTF-8"`, h.realm))
-		http.Error(w, msg, http.StatusUnauthorized)
-	}
-	name, pass, ok := r.BasicAuth()
-	if !ok {
-		challenge("authentication required: a user and app password ('cairn dav passwd add')")
-		return ""
-	}
-	ip, now := clientIP(r), time.Now()
-	if blocked, wait := h.limiter.blocked(ip, now); blocked {
-		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
-		http.Error(w, "too many wrong passwords; try again later", http.StatusTooManyRequests)
-		return ""
-	}
-	good, err := h.users.Verify(name, pass)
-	if err != nil {
-		h.log.Error("cannot check a password", "user", name, "err", err)
-		http.Error(w, "cannot check passwords now", http.StatusServiceUnavailable)
-		return ""
-	}
-	if !good {
-		h.limiter.fail(ip, now)
-		h.log.Info("wrong WebDAV password", "user", name, "from", ip)
-		if blocked, wait := h.limiter.blocked(ip, now); blocked {
-			h.log.Warn("too many wrong WebDAV passwords: address locked out", "from", ip, "for", wait.Round(time.Second))
-		}
-		challenge("wrong user or password")
-		return ""
-	}
-	h.limiter.success(ip)
-	return name
 }
 
 // readBody reads a request's XML body (at most maxXMLBody) or answers 413

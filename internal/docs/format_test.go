@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cli"
 	"cairn.dev/cairn/internal/dav"
 	"cairn.dev/cairn/internal/etcdsvc"
@@ -59,6 +60,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),
 		"node registry records":                           fmt.Sprint(meta.NodeRecordFormat),
 		"node control socket":                             fmt.Sprint(realm.ControlVersion),
+		"web JSON API (`cairn web`)":                      fmt.Sprint(apitypes.Version),
 		"node wire protocol, join token, revocation and token lists, registrar state": one(t, "node wire protocol",
 			wire.Version, pki.JoinFormat, pki.TokenListFormat, pki.RevocationFormat, realm.RegistrarFormat),
 		"erasure-coded shards and shard maps, repair queue, shard-map cache": fmt.Sprint(ecstore.Version),

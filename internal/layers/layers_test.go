@@ -21,6 +21,7 @@ var layer = map[string]int{
 	"internal/vpath":               1,
 	"internal/wol":                 1, // Wake-on-LAN magic packets: encode, parse, send (issue 17's wake proxy, the sleep rig's agent)
 	"internal/journal":             2, // the journal of work finished later (DESIGN decision 12): below fs, mount and cli
+	"internal/httpauth":            2, // app passwords, Basic authentication, loopback rule, TLS listener: shared by dav and web
 
 	"internal/chunker":  2,
 	"internal/store":    2, // optional store abilities and helpers
@@ -65,7 +66,8 @@ var layer = map[string]int{
 	// the realm supplies what it needs through director.Env.
 	"internal/director": 6,
 
-	"internal/fs": 7,
+	"internal/fs":       7,
+	"internal/apitypes": 7, // JSON types shared by the CLI's --json outputs and the web API
 
 	"internal/realm":    8,
 	"internal/mount":    8, // FUSE mount of an fs.Volume; the CLI opens the realm for it

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
 )
 
@@ -26,35 +27,7 @@ const StatusVersion = 1
 // the work it has accepted and not finished. Pending is 0 once every
 // file closed on it is committed (its version visible in the metadata)
 // and every namespace change is written.
-type Status struct {
-	V          int    `json:"v"`
-	PID        int    `json:"pid"`
-	Mountpoint string `json:"mountpoint"`
-	Volume     string `json:"volume"`
-	Mode       string `json:"mode"`
-	// Closed counts files whose last close(2) left writes that the
-	// mount has not queued yet (write-back mode queues at the kernel's
-	// release, after the close has returned; counted from the close's
-	// FLUSH request).
-	Closed int `json:"closed"`
-	// Queued counts the commits queued (non-blocking and write-back
-	// modes; the one running included) or in progress at a close
-	// (blocking mode).
-	Queued int `json:"queued"`
-	// Namespace counts the namespace and attribute changes not yet
-	// written to the metadata (write-back mode's batches).
-	Namespace int `json:"namespace"`
-	// Pending is Closed + Queued + Namespace.
-	Pending int `json:"pending"`
-	// CommitsDone and CommitsFailed count the commits this mount
-	// finished since it started: made, or given up (a permanent failure;
-	// the data is kept in the cache's unsaved/ directory).
-	CommitsDone   int64 `json:"commits_done"`
-	CommitsFailed int64 `json:"commits_failed"`
-	// Error is set, and nothing else, in the reply to a request the
-	// mount cannot answer.
-	Error string `json:"error,omitempty"`
-}
+type Status = apitypes.MountStatus
 
 // statusRequest is what a client sends: one JSON line.
 type statusRequest struct {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/zeebo/blake3"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
@@ -479,12 +480,7 @@ func (r *Realm) flushRequestsLocked(ctx context.Context) {
 // Price is a store's list price, in US dollars, for the monthly cost
 // estimate of `cairn store ls` (SCFS §4.5 prices operations and storage
 // the same way).
-type Price struct {
-	GBMonth   float64 `json:"gb_month"`   // storing one GB (1e9 bytes) for a month
-	Write1000 float64 `json:"write_1000"` // 1,000 PUT or LIST requests
-	Read1000  float64 `json:"read_1000"`  // 1,000 GET or HEAD requests
-	Source    string  `json:"source"`
-}
+type Price = apitypes.Price
 
 // listPrice is the price table: public list prices of each provider's
 // standard class in its main US region as published in 2024 (they change;
@@ -507,27 +503,19 @@ func listPrice(rawURL string) (Price, bool) {
 }
 
 // StoreInfo is what `cairn store ls` shows of one store.
-type StoreInfo struct {
-	meta.StoreRecord
-	// Health is "ok" or why the store cannot be used from this device;
-	// Latency the round trip of a one-object Has.
-	Health  string        `json:"health"`
-	Latency time.Duration `json:"latency_ns,omitempty"`
-	// Objects and Bytes: what the store holds (a listing), if it said.
-	Objects int64 `json:"objects"`
-	Bytes   int64 `json:"bytes"`
-	// Requests every device made to it so far, by class.
-	Requests map[string]int64 `json:"requests"`
-	// Price, if the store has a list price, and the estimate: storing
-	// Bytes for a month, and the requests so far.
-	Price        *Price  `json:"price,omitempty"`
-	MonthlyCost  float64 `json:"monthly_storage_cost"`
-	RequestsCost float64 `json:"requests_cost"`
-}
+type StoreInfo = apitypes.StoreInfo
 
 // StoreInfos returns every registered store with its health, use,
 // request counts and cost estimate, as seen from this device.
 func (r *Realm) StoreInfos(ctx context.Context) ([]StoreInfo, error) {
+	return r.StoreInfosSkipping(ctx, nil)
+}
+
+// StoreInfosSkipping is StoreInfos without asking the stores for which
+// skip returns a reason (their Health): 'cairn web' asks no node that is
+// not online, so that drawing the page never dials, or wakes, a sleeping
+// device.
+func (r *Realm) StoreInfosSkipping(ctx context.Context, skip func(meta.StoreRecord) string) ([]StoreInfo, error) {
 	recs, err := r.Meta.Stores(ctx)
 	if err != nil {
 		return nil, err
@@ -535,6 +523,13 @@ func (r *Realm) StoreInfos(ctx context.Context) ([]StoreInfo, error) {
 	out := make([]StoreInfo, 0, len(recs))
 	for _, rec := range recs {
 		si := StoreInfo{StoreRecord: rec, Health: "ok"}
+		if skip != nil {
+			if why := skip(rec); why != "" {
+				si.Health = why
+				out = append(out, si)
+				continue
+			}
+		}
 		st, nerr := r.NamedStore(ctx, rec.Name)
 		if nerr == nil {
 			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)

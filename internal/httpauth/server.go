@@ -1,4 +1,4 @@
-package dav
+package httpauth
 
 import (
 	"context"
@@ -72,14 +72,14 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, tc *tls.Config,
 	}()
 	select {
 	case err := <-errc:
-		return cairn.E("webdav serve", cairn.IO, ln.Addr().String(), err)
+		return cairn.E("http serve", cairn.IO, ln.Addr().String(), err)
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		srv.Close()
-		return cairn.E("webdav serve", cairn.IO, ln.Addr().String(), fmt.Errorf("requests still running after %v: %w", ShutdownTimeout, err))
+		return cairn.E("http serve", cairn.IO, ln.Addr().String(), fmt.Errorf("requests still running after %v: %w", ShutdownTimeout, err))
 	}
 	<-errc
 	return nil

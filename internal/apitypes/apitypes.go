@@ -1,0 +1,147 @@
+// Package apitypes holds the JSON types that the CLI's --json outputs and
+// the web page's API (internal/web, doc/api.md) share, so that the two
+// cannot drift apart. A field added here shows in both.
+package apitypes
+
+import (
+	"time"
+
+	"cairn.dev/cairn/internal/meta"
+)
+
+// Version is the version of the web API (doc/api.md): its paths start
+// with /api/v1/. A change that removes or renames a field bumps it.
+const Version = 1
+
+// Device is one node of the realm: what `cairn devices --json` prints per
+// node and /api/v1/devices serves.
+type Device struct {
+	Name  string     `json:"name"`
+	Role  string     `json:"role"`
+	State string     `json:"state"`
+	Since *time.Time `json:"since,omitempty"` // when it entered state
+	// Wake is how the node can be woken; null: no wake method known.
+	Wake       *meta.WakeInfo `json:"wake"`
+	Addr       string         `json:"addr,omitempty"`
+	Capacity   int64          `json:"capacity"`
+	Free       int64          `json:"free"`
+	Used       int64          `json:"used"`
+	Rate       float64        `json:"rate"` // bytes per second
+	Served     int64          `json:"served"`
+	Registered time.Time      `json:"registered"`
+	LastSeen   *time.Time     `json:"last_seen,omitempty"`
+	Removed    *time.Time     `json:"removed,omitempty"`
+}
+
+// Price is a store's list price (a provider's standard class).
+type Price struct {
+	GBMonth   float64 `json:"gb_month"`   // storing one GB (1e9 bytes) for a month
+	Write1000 float64 `json:"write_1000"` // 1,000 PUT or LIST requests
+	Read1000  float64 `json:"read_1000"`  // 1,000 GET or HEAD requests
+	Source    string  `json:"source"`
+}
+
+// StoreInfo is a registered store as this device sees it: what `cairn
+// store ls --json` prints per store and /api/v1/stores serves.
+type StoreInfo struct {
+	meta.StoreRecord
+	// Health is "ok" or why the store cannot be used from this device
+	// (or was not asked); Latency the round trip of a one-object Has.
+	Health  string        `json:"health"`
+	Latency time.Duration `json:"latency_ns,omitempty"`
+	// Objects and Bytes: what the store holds (a listing), if it said.
+	Objects int64 `json:"objects"`
+	Bytes   int64 `json:"bytes"`
+	// Requests every device made to it so far, by class.
+	Requests map[string]int64 `json:"requests"`
+	// Price, if the store has a list price, and the estimate: storing
+	// Bytes for a month, and the requests so far.
+	Price        *Price  `json:"price,omitempty"`
+	MonthlyCost  float64 `json:"monthly_storage_cost"`
+	RequestsCost float64 `json:"requests_cost"`
+}
+
+// MountStatus is what a running mount answers on its status socket
+// (doc/format.md, "Mount status socket"): what `cairn status --json`
+// prints per mount and /api/v1/work serves.
+type MountStatus struct {
+	V          int    `json:"v"`
+	PID        int    `json:"pid"`
+	Mountpoint string `json:"mountpoint"`
+	Volume     string `json:"volume"`
+	Mode       string `json:"mode"`
+	// Closed counts files whose last close(2) left writes that the
+	// mount has not queued yet (write-back mode queues at the kernel's
+	// release, after the close has returned; counted from the close's
+	// FLUSH request).
+	Closed int `json:"closed"`
+	// Queued counts the commits queued (non-blocking and write-back
+	// modes; the one running included) or in progress at a close
+	// (blocking mode).
+	Queued int `json:"queued"`
+	// Namespace counts the namespace and attribute changes not yet
+	// written to the metadata (write-back mode's batches).
+	Namespace int `json:"namespace"`
+	// Pending is Closed + Queued + Namespace.
+	Pending int `json:"pending"`
+	// CommitsDone and CommitsFailed count the commits this mount
+	// finished since it started: made, or given up (a permanent failure;
+	// the data is kept in the cache's unsaved/ directory).
+	CommitsDone   int64 `json:"commits_done"`
+	CommitsFailed int64 `json:"commits_failed"`
+	// Error is set, and nothing else, in the reply to a request the
+	// mount cannot answer.
+	Error string `json:"error,omitempty"`
+}
+
+// Queue is the state of this device's background upload queue ('cairn
+// put --background'): the counts of `cairn queue ls --json`.
+type Queue struct {
+	Files    int   `json:"files"`
+	Bytes    int64 `json:"bytes"`
+	Draining bool  `json:"draining"` // a drainer runs now
+}
+
+// Work is the work in progress on this device: /api/v1/work.
+type Work struct {
+	Mounts []MountStatus `json:"mounts"`
+	Queue  Queue         `json:"queue"`
+}
+
+// Volume is a volume with its use and policies: /api/v1/volumes.
+type Volume struct {
+	Name         string        `json:"name"`
+	Created      time.Time     `json:"created"`
+	ChunkAvg     int           `json:"chunk_avg"`
+	KeepVersions int           `json:"keep_versions"`
+	TrashTTL     time.Duration `json:"trash_ttl_ns"`
+	// Files, Dirs and Bytes count what the namespace holds now (the
+	// current versions' sizes; the trash not included).
+	Files    int64               `json:"files"`
+	Dirs     int64               `json:"dirs"`
+	Bytes    int64               `json:"bytes"`
+	Policies []meta.PolicyRecord `json:"policies"`
+}
+
+// FileVersion is a kept version of a file: what `cairn versions --json`
+// prints per version and /api/v1/versions serves.
+type FileVersion struct {
+	N         uint64    `json:"n"`
+	Size      int64     `json:"size"`
+	Mtime     time.Time `json:"mtime"`
+	Committed time.Time `json:"committed"`
+	Manifest  string    `json:"manifest"`
+	Chunks    int       `json:"chunks"`
+	Stores    []string  `json:"stores"`
+	Current   bool      `json:"current"`
+}
+
+// TrashItem is a removed file or directory that can still be restored:
+// what `cairn trash --json` prints per item and /api/v1/trash serves.
+type TrashItem struct {
+	Path    string    `json:"path"`
+	Type    string    `json:"type"`
+	Size    int64     `json:"size"`
+	Deleted time.Time `json:"deleted"`
+	Expires time.Time `json:"expires"`
+}

@@ -1,0 +1,80 @@
+// cairn's web page: keeps the tables up to date from the JSON API
+// (doc/api.md) every few seconds. Text goes in with textContent only, so
+// no name from the realm is ever read as HTML.
+"use strict";
+(function () {
+  const poll = 5000;
+  function human(n) {
+    if (n < 1024) return n + " B";
+    const u = "KMGTPE"; let i = -1;
+    do { n /= 1024; i++; } while (n >= 1024 && i < u.length - 1);
+    return n.toFixed(1) + " " + u[i] + "iB";
+  }
+  function when(t) { return t ? t.replace("T", " ").replace(/\.\d+/, "") : "never"; }
+  function fill(tbody, rows, empty) {
+    tbody.replaceChildren();
+    if (rows.length === 0 && empty) {
+      const td = document.createElement("td");
+      td.colSpan = tbody.parentElement.querySelectorAll("th").length;
+      td.textContent = empty;
+      tbody.appendChild(document.createElement("tr")).appendChild(td);
+      return;
+    }
+    for (const cells of rows) {
+      const tr = document.createElement("tr");
+      for (const c of cells) {
+        const td = document.createElement("td");
+        td.textContent = c;
+        tr.appendChild(td);
+      }
+      tbody.appendChild(tr);
+    }
+  }
+  function section(id) { return document.querySelector("#" + id + " tbody"); }
+  async function get(path) {
+    // From the origin: a page opened as http://user:pass@host/ would
+    // otherwise give fetch a URL with credentials, which it refuses.
+    const r = await fetch(location.origin + path, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    const body = await r.json();
+    if (!r.ok) throw new Error(body.error || r.statusText);
+    return body;
+  }
+  async function refresh() {
+    try {
+      const ds = await get("/api/v1/devices");
+      fill(section("devices"), ds.map(d => [d.name, d.role, d.state, when(d.registered), when(d.last_seen),
+        d.capacity ? human(d.free) : "-", d.capacity ? human(d.used) : "-", human(Math.round(d.rate)) + "/s"]));
+      const w = await get("/api/v1/work");
+      document.getElementById("queue").textContent = "Upload queue: " + w.queue.files + " file(s), " + human(w.queue.bytes) +
+        (w.queue.draining ? ", uploading now" : "");
+      fill(section("work"), w.mounts.map(m => [m.mountpoint, m.volume, m.mode, m.pending, m.closed, m.queued, m.namespace,
+        m.commits_done, m.commits_failed]), "no mounts running on this device");
+      const ss = await get("/api/v1/stores");
+      fill(section("stores"), ss.map(s => [s.name, s.url, s.health + (s.draining ? ", draining" : ""), s.objects, human(s.bytes),
+        Object.values(s.requests || {}).reduce((a, b) => a + b, 0), s.price ? "$" + s.monthly_storage_cost.toFixed(4) : "-"]), "no stores registered: data lives in each device's own store");
+      const vs = await get("/api/v1/volumes");
+      fill(section("volumes"), vs.map(v => [v.name, v.files, v.dirs, human(v.bytes), v.keep_versions + " versions",
+        v.policies.length ? v.policies.map(p => p.path + ": " + p.policy).join("; ") : "default (this device)"]));
+      document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    } catch (e) {
+      document.getElementById("updated").textContent = "cannot update: " + e.message;
+    }
+  }
+  function form(id, path, body, err, rows) {
+    document.getElementById(id).addEventListener("submit", async ev => {
+      ev.preventDefault();
+      const q = new URLSearchParams(new FormData(ev.target));
+      document.getElementById(err).textContent = "";
+      try {
+        fill(document.getElementById(body), rows(await get(path + "?" + q)));
+      } catch (e) {
+        document.getElementById(err).textContent = e.message;
+      }
+    });
+  }
+  form("versions-form", "/api/v1/versions", "versions-body", "versions-error",
+    vs => vs.slice().reverse().map(v => [v.n + (v.current ? " (current)" : ""), human(v.size), when(v.mtime), when(v.committed), v.stores.join(", ")]), "no versions");
+  form("trash-form", "/api/v1/trash", "trash-body", "trash-error",
+    ts => ts.map(t => [when(t.deleted), when(t.expires), human(t.size), t.path]), "the trash is empty");
+  setInterval(refresh, poll);
+})();

@@ -1,0 +1,298 @@
+// Package web serves cairn's web page and its JSON API (doc/api.md):
+// the realm's devices, stores, volumes, the work in progress on this
+// device, a file's versions and the trash. It reads only what a Source
+// gives it; the CLI's Source reads the registry and the metadata service
+// and never dials a node that is not online, so drawing the page never
+// wakes a sleeping device. Every request needs a user and app password
+// (internal/httpauth, the users of 'cairn dav passwd').
+package web
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"cairn.dev/cairn/internal/apitypes"
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/httpauth"
+	"cairn.dev/cairn/internal/vpath"
+)
+
+// Source is where the page's data comes from.
+type Source interface {
+	// Device is the name of the device serving the page.
+	Device() string
+	Devices(ctx context.Context) ([]apitypes.Device, error)
+	Stores(ctx context.Context) ([]apitypes.StoreInfo, error)
+	Volumes(ctx context.Context) ([]apitypes.Volume, error)
+	Work(ctx context.Context) (apitypes.Work, error)
+	// Versions lists the kept versions of the file at path (a clean
+	// slash path) of volume vol, oldest first.
+	Versions(ctx context.Context, vol, path string) ([]apitypes.FileVersion, error)
+	Trash(ctx context.Context, vol string) ([]apitypes.TrashItem, error)
+}
+
+// Options configure a Handler.
+type Options struct {
+	Users  *httpauth.Users // required
+	Logger *slog.Logger
+	// SlowTTL is how long the answers of Stores (which lists every store
+	// it asks) and Volumes (which walks every namespace) are reused.
+	// Default one minute.
+	SlowTTL time.Duration
+}
+
+// Handler serves the page and the API.
+type Handler struct {
+	src   Source
+	guard *httpauth.Guard
+	log   *slog.Logger
+	mux   *http.ServeMux
+	page  *template.Template
+
+	stores  cached[[]apitypes.StoreInfo]
+	volumes cached[[]apitypes.Volume]
+}
+
+// cached keeps a slow answer for ttl.
+type cached[T any] struct {
+	mu   sync.Mutex
+	ttl  time.Duration
+	at   time.Time
+	val  T
+	fill func(context.Context) (T, error)
+}
+
+func (c *cached[T]) get(ctx context.Context) (T, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && time.Since(c.at) < c.ttl {
+		return c.val, nil
+	}
+	v, err := c.fill(ctx)
+	if err != nil {
+		return v, err
+	}
+	c.val, c.at = v, time.Now()
+	return v, nil
+}
+
+//go:embed assets
+var assets embed.FS
+
+// New returns the handler of src's page and API.
+func New(src Source, o Options) (*Handler, error) {
+	if o.Users == nil {
+		return nil, cairn.E("web", cairn.Invalid, "", errors.New("no users"))
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.SlowTTL <= 0 {
+		o.SlowTTL = time.Minute
+	}
+	page, err := template.New("page.html").Funcs(template.FuncMap{"bytes": humanBytes, "time": showTime, "rate": showRate, "requests": sumRequests}).ParseFS(assets, "assets/page.html")
+	if err != nil {
+		return nil, cairn.E("web", cairn.Other, "page.html", err)
+	}
+	h := &Handler{src: src, log: o.Logger, page: page, mux: http.NewServeMux(),
+		guard: httpauth.NewGuard(o.Users, "cairn web", "'cairn dav passwd add USER' makes one", o.Logger)}
+	h.stores = cached[[]apitypes.StoreInfo]{ttl: o.SlowTTL, fill: src.Stores}
+	h.volumes = cached[[]apitypes.Volume]{ttl: o.SlowTTL, fill: src.Volumes}
+	h.mux.HandleFunc("GET /{$}", h.servePage)
+	h.mux.HandleFunc("GET /page.js", h.serveAsset("assets/page.js", "text/javascript; charset=utf-8"))
+	h.mux.HandleFunc("GET /page.css", h.serveAsset("assets/page.css", "text/css; charset=utf-8"))
+	h.mux.HandleFunc("GET /api/v1/{$}", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, map[string]any{"version": apitypes.Version, "device": src.Device(),
+			"endpoints": []string{"devices", "stores", "volumes", "work", "versions", "trash"}})
+	})
+	h.mux.HandleFunc("GET /api/v1/devices", apiOf(h, src.Devices))
+	h.mux.HandleFunc("GET /api/v1/stores", apiOf(h, h.stores.get))
+	h.mux.HandleFunc("GET /api/v1/volumes", apiOf(h, h.volumes.get))
+	h.mux.HandleFunc("GET /api/v1/work", apiOf(h, src.Work))
+	h.mux.HandleFunc("GET /api/v1/versions", func(w http.ResponseWriter, r *http.Request) {
+		vol, path, err := ParseVersionsQuery(r.URL.RawQuery)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		vs, err := src.Versions(r.Context(), vol, path)
+		h.answer(w, r, vs, err)
+	})
+	h.mux.HandleFunc("GET /api/v1/trash", func(w http.ResponseWriter, r *http.Request) {
+		vol, err := ParseVolumeQuery(r.URL.RawQuery)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		items, err := src.Trash(r.Context(), vol)
+		h.answer(w, r, items, err)
+	})
+	h.mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such API endpoint: "+r.URL.Path+" (see /api/v1/)")
+	})
+	return h, nil
+}
+
+// ServeHTTP authenticates the request, then serves it. Only GET and HEAD
+// are served: nothing here changes the realm.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.guard.Authenticate(w, r) == "" {
+		return
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
+	w.Header().Set("Cache-Control", "no-store")
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed: the page and the API only read")
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+func apiOf[T any](h *Handler, get func(context.Context) (T, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := get(r.Context())
+		h.answer(w, r, v, err)
+	}
+}
+
+func (h *Handler) answer(w http.ResponseWriter, r *http.Request, v any, err error) {
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, v)
+}
+
+// fail answers an error as JSON, with the status its kind calls for.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	code := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, cairn.ErrInvalid), errors.Is(err, cairn.ErrIsDir), errors.Is(err, cairn.ErrNotDir):
+		code = http.StatusBadRequest
+	case errors.Is(err, cairn.ErrNotFound):
+		code = http.StatusNotFound
+	case errors.Is(err, cairn.ErrUnavailable):
+		code = http.StatusServiceUnavailable
+	}
+	if code >= 500 {
+		h.log.Warn("web request failed", "path", r.URL.Path, "err", err)
+	}
+	writeError(w, code, err.Error())
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+// APIError is the body of every API error.
+type APIError struct {
+	Error string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(APIError{Error: msg})
+}
+
+// maxQuery bounds a query string: a volume name and a path.
+const maxQuery = vpath.MaxPath*3 + 256
+
+// ParseVolumeQuery reads the trash's query: vol=VOLUME (required, once).
+func ParseVolumeQuery(raw string) (string, error) {
+	q, err := parseQuery(raw, "vol")
+	if err != nil {
+		return "", err
+	}
+	vol, err := one(q, "vol")
+	if err != nil {
+		return "", err
+	}
+	if err := vpath.ValidVolume(vol); err != nil {
+		return "", cairn.E("web query", cairn.Invalid, vol, err)
+	}
+	return vol, nil
+}
+
+// ParseVersionsQuery reads the versions' query: vol=VOLUME&path=/a/b,
+// each once. The path must be absolute and name a file: no "..", no
+// empty or "." component survives (a path never leaves its volume); it
+// comes back clean ("/a/b").
+func ParseVersionsQuery(raw string) (vol, path string, err error) {
+	q, err := parseQuery(raw, "vol", "path")
+	if err != nil {
+		return "", "", err
+	}
+	if vol, err = one(q, "vol"); err != nil {
+		return "", "", err
+	}
+	if err = vpath.ValidVolume(vol); err != nil {
+		return "", "", cairn.E("web query", cairn.Invalid, vol, err)
+	}
+	p, err := one(q, "path")
+	if err != nil {
+		return "", "", err
+	}
+	if !strings.HasPrefix(p, "/") {
+		return "", "", cairn.E("web query", cairn.Invalid, p, errors.New("path must start with '/'"))
+	}
+	for _, c := range strings.Split(p, "/") {
+		if c == ".." {
+			return "", "", cairn.E("web query", cairn.Invalid, p, errors.New("'..' is not allowed in a path"))
+		}
+	}
+	parts, err := vpath.SplitClean(p)
+	if err != nil {
+		return "", "", cairn.E("web query", cairn.Invalid, p, err)
+	}
+	if len(parts) == 0 {
+		return "", "", cairn.E("web query", cairn.IsDir, p, errors.New("the root is a directory: give a file's path"))
+	}
+	return vol, "/" + strings.Join(parts, "/"), nil
+}
+
+func parseQuery(raw string, allowed ...string) (url.Values, error) {
+	if len(raw) > maxQuery {
+		return nil, cairn.E("web query", cairn.Invalid, "", errors.New("query too long"))
+	}
+	q, err := url.ParseQuery(raw)
+	if err != nil {
+		return nil, cairn.E("web query", cairn.Invalid, "", err)
+	}
+	for k := range q {
+		ok := false
+		for _, a := range allowed {
+			ok = ok || k == a
+		}
+		if !ok {
+			return nil, cairn.E("web query", cairn.Invalid, k, errors.New("unknown parameter (want "+strings.Join(allowed, ", ")+")"))
+		}
+	}
+	return q, nil
+}
+
+func one(q url.Values, key string) (string, error) {
+	v := q[key]
+	switch {
+	case len(v) == 0 || v[0] == "":
+		return "", cairn.E("web query", cairn.Invalid, key, errors.New("missing parameter "+key))
+	case len(v) > 1:
+		return "", cairn.E("web query", cairn.Invalid, key, errors.New("parameter "+key+" given more than once"))
+	}
+	return v[0], nil
+}
