@@ -72,6 +72,7 @@ var layer = map[string]int{
 	"internal/realm":    8,
 	"internal/mount":    8, // FUSE mount of an fs.Volume; the CLI opens the realm for it
 	"internal/dav":      8, // WebDAV gateway over an fs.Volume; the CLI opens the realm for it
+	"internal/web":      8, // the web page and its JSON API over a Source; the CLI gives it one
 	"internal/cli":      9,
 	"cmd/cairn":         10,
 	"bench/mount/fsops": 10, // a bench helper program (bench/mount.sh)
