@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/mount"
 )
 
@@ -125,5 +126,87 @@ func TestWriteBackTimesStay(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWriteBackUtimesBeforeWriteElsewhere: in write-back mode, a utimes
+// and chmod here whose write to the metadata meets a newer record (new
+// content committed on another device after them) are made again on it
+// without the utimes's mtime: the later write's mtime stands (as on one
+// machine, where a write after a utimes moves the mtime), the mode is
+// the chmod's.
+func TestWriteBackUtimesBeforeWriteElsewhere(t *testing.T) {
+	f := newFixture(t, mount.Options{Mode: mount.WriteBack})
+	g := f.device(mount.Options{Mode: mount.Blocking}, meta.Options{})
+	if err := os.WriteFile(f.path("a"), []byte("v1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.settle()
+	if _, err := os.Stat(f.path("a")); err != nil { // known to the entry cache
+		t.Fatal(err)
+	}
+	release := mount.HoldWriteBack(f.m)
+	defer release()
+	stamp := time.Unix(1_000_000_000, 0)
+	if err := os.Chtimes(f.path("a"), stamp, stamp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(f.path("a"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n := mount.PendingChanges(f.m); n != 1 {
+		t.Fatalf("%d pending changes after the utimes and chmod, want 1 (written at once?)", n)
+	}
+	if err := os.WriteFile(g.path("a"), []byte("v2, written on another device after"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	written := f.entry("a")
+	if written.Mtime == stamp.UnixNano() {
+		t.Fatal("the other device's write kept the utimes's mtime: nothing to check")
+	}
+	release()
+	deadline := time.Now().Add(60 * time.Second)
+	for mount.PendingChanges(f.m) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the pending change is not written after 60 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	e := f.entry("a")
+	if e.Mode != 0o600 {
+		t.Errorf("mode %o in the metadata, want the chmod's 600", e.Mode)
+	}
+	if e.Mtime != written.Mtime {
+		t.Errorf("mtime %v in the metadata, want %v, the write's made after the utimes (%v)", time.Unix(0, e.Mtime), time.Unix(0, written.Mtime), stamp)
+	}
+
+	// A newer record without new content (a chmod elsewhere) keeps the
+	// utimes's mtime.
+	if _, err := os.Stat(f.path("a")); err != nil {
+		t.Fatal(err)
+	}
+	release = mount.HoldWriteBack(f.m)
+	defer release()
+	if err := os.Chtimes(f.path("a"), stamp, stamp); err != nil {
+		t.Fatal(err)
+	}
+	if n := mount.PendingChanges(f.m); n != 1 {
+		t.Fatalf("%d pending changes after the utimes, want 1 (written at once?)", n)
+	}
+	if err := os.Chmod(g.path("a"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if e := f.entry("a"); e.Mode != 0o640 {
+		t.Fatalf("mode %o after the other device's chmod", e.Mode)
+	}
+	release()
+	for mount.PendingChanges(f.m) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the pending change is not written after 60 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if e := f.entry("a"); e.Mtime != stamp.UnixNano() || e.Mode != 0o640 {
+		t.Errorf("after a chmod elsewhere: mode %o mtime %v in the metadata, want 640 and the utimes's %v", e.Mode, time.Unix(0, e.Mtime), stamp)
 	}
 }
