@@ -353,6 +353,23 @@ func (c *entryCache) forget(parent uint64, name string) {
 	}
 }
 
+// removed drops a name this mount just removed from the metadata (or
+// a creation of it never written there: writeBack.dropDeferred). Unlike
+// forget, a directory complete stays so: its entries less the name are
+// what etcd has (the watch's later report of the removal finds nothing
+// to drop). Without that, an rm -rf listed each directory again from
+// etcd after every unlink, to answer the kernel's stat of it (its link
+// count: node.dirLinks): O(n) per unlink in a directory of n entries.
+func (c *entryCache) removed(parent uint64, name string) {
+	k := ekey{parent, name}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.delLocked(k)
+	if c.reads > 0 {
+		c.tombs[k] = math.MaxInt64
+	}
+}
+
 func (c *entryCache) resetLocked() {
 	c.ents = map[ekey]*meta.Entry{}
 	c.complete = map[uint64]int64{}

@@ -173,3 +173,10 @@ func HoldRelease(m *Mount) (release func()) {
 		})
 	}
 }
+
+// ListingCached reports whether the entry cache holds directory ino's
+// every entry (answers its link count without a listing).
+func ListingCached(m *Mount, ino uint64) bool {
+	_, ok := m.ents.subdirCount(ino, nil)
+	return ok
+}

@@ -188,19 +188,31 @@ var (
 // for its save, when they, not the metadata's, are the file's: it has
 // writes not yet committed, a handle that may write, a queued commit, or
 // its file was removed.
+//
+// An armed copy's file (passthrough) is read first, then c: a harvest in
+// between (harvest takes the file's mtime into c, then arms the file
+// again) is then seen in c, never missed in both; a write the file shows
+// is later than anything c has.
 func (c *content) local() (int64, time.Time, time.Time, heldAttrs, bool) {
 	c.mu.Lock()
-	size, mtime, ctime, attrs, ptw := c.size, c.mtime, c.ctime, c.attrs, c.ptw
+	ptw := c.ptw
+	c.mu.Unlock()
+	var ps int64
+	var pmt time.Time
+	var pok bool
+	if ptw {
+		// What the kernel wrote to it directly.
+		ps, pmt, pok = c.ptLocal()
+	}
+	c.mu.Lock()
+	size, mtime, ctime, attrs := c.size, c.mtime, c.ctime, c.attrs
 	ok := c.dirty || c.writers > 0 || c.pending > 0 || c.gone || c.releasing > 0
 	c.mu.Unlock()
-	if ok && ptw {
-		// What the kernel wrote to it directly.
-		if s, mt, ok2 := c.ptLocal(); ok2 {
-			size = s
-			if !mt.IsZero() {
-				mtime = mt
-				ctime = later(ctime, mt)
-			}
+	if ok && pok {
+		size = ps
+		if !pmt.IsZero() {
+			mtime = pmt
+			ctime = later(ctime, pmt)
 		}
 	}
 	return size, mtime, ctime, attrs, ok
@@ -410,7 +422,11 @@ func (m *Mount) prepareWrite(c *content) error {
 	return m.cache.detach(c)
 }
 
-func (m *Mount) truncateContent(c *content, size int64) error {
+// truncateContent cuts c to size. touch: a truncate(2) or ftruncate(2),
+// which advances the mtime and ctime even to the size the file has (as
+// a local disk does): the copy is then saved as a write would be (an
+// open's O_TRUNC of an empty file leaves them: truncatedAtOpen).
+func (m *Mount) truncateContent(c *content, size int64, touch bool) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if err := m.prepareWrite(c); err != nil {
@@ -424,7 +440,7 @@ func (m *Mount) truncateContent(c *content, size int64) error {
 		return cairn.E("truncate", cairn.IO, c.ino16(), err)
 	}
 	c.mu.Lock()
-	if size != c.size {
+	if size != c.size || touch {
 		c.size, c.dirty, c.mtime = size, true, time.Now()
 		c.ctime = c.mtime
 	}
@@ -440,7 +456,7 @@ func (m *Mount) truncateContent(c *content, size int64) error {
 // marked for update), even when its copy was loaded empty for it (load):
 // the save carries them.
 func (m *Mount) truncatedAtOpen(c *content) error {
-	if err := m.truncateContent(c, 0); err != nil {
+	if err := m.truncateContent(c, 0, false); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -796,7 +812,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 // committed (or queued) at once.
 func (n *node) truncate(ctx context.Context, h *handle, size int64) syscall.Errno {
 	if h != nil {
-		if err := n.m.truncateContent(h.c, size); err != nil {
+		if err := n.m.truncateContent(h.c, size, true); err != nil {
 			return n.m.errno("truncate", n.path(""), err)
 		}
 		return 0
@@ -821,7 +837,7 @@ func (n *node) truncate(ctx context.Context, h *handle, size int64) syscall.Errn
 		n.unlockWrite(ctx)
 		return n.m.errno("truncate", n.path(""), err)
 	}
-	if err = n.m.truncateContent(h.c, size); err == nil {
+	if err = n.m.truncateContent(h.c, size, true); err == nil {
 		err = n.save(ctx, h.c)
 	}
 	h.Release(ctx)

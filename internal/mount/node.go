@@ -996,7 +996,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 		// A new file whose creation waits for its first commit
 		// (write-back) is not in the metadata: removed here alone.
 		if _, ok := n.m.wb.dropDeferred(n.ino, name); ok {
-			n.m.ents.forget(n.ino, name)
+			n.m.ents.removed(n.ino, name)
 			n.m.dirTimes.touch(n.ino)
 			n.removedHere(ctx, name)
 			return 0
@@ -1039,10 +1039,11 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	if !tried { // refused before any removal was tried
 		return n.m.errno("remove", n.path(name), err)
 	}
-	n.m.ents.forget(n.ino, name)
 	if err != nil {
+		n.m.ents.forget(n.ino, name)
 		return n.m.errno("remove", n.path(name), err)
 	}
+	n.m.ents.removed(n.ino, name)
 	n.m.keepTouched(tp, tpRev)
 	n.m.dirTimes.touch(n.ino)
 	if others != nil {

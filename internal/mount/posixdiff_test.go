@@ -56,19 +56,7 @@ var pxAllowed = []pxAllowance{
 	{feat: "atime", section: "atime", row: "Setting the access time alone therefore does not advance the"},
 	{feat: "trunc-empty", section: "Other known differences", row: "| `open(O_TRUNC)` of an empty file | leaves mtime and ctime as they were"},
 	{feat: "noop-attr", section: "Other known differences", row: "| a `chmod` or `chown` that changes nothing |"},
-	// Known defects.
-	{ops: pxAllOps, diff: "time: advanced on the mount, stayed on local disk", mode: "write-back",
-		section: "Known defects", row: "| write-back: times move when a queued commit lands |"},
-	{ops: []string{"chmod", "fchmod", "chown", "lchown", "fchown", "link"}, diff: "time: went back on the mount, stayed on local disk", mode: "write-back",
-		section: "Known defects", row: "| write-back: times move when a queued commit lands |"},
-	{ops: []string{"write", "pwrite", "ftruncate", "truncate"}, diff: "time: stayed on the mount, advanced on local disk", mode: "write-back",
-		section: "Known defects", row: "| write-back: times move when a queued commit lands |"},
-	{feat: "trunc-same", mode: "non-blocking", section: "Known defects", row: "| non-blocking: `truncate` to the size a file has |"},
 }
-
-// pxAllOps are the operations of pxDo.
-var pxAllOps = strings.Fields("open write pwrite read pread ftruncate truncate mkdir rmdir unlink rename rename2 symlink readlink link mknod " +
-	"chmod fchmod chown lchown fchown utimens lutimens futimens setxattr lsetxattr getxattr listxattr removexattr access faccessat stat lstat fstat getdents")
 
 // pxStep is one system call (pxDo's language: "OP ARG..."; paths are
 // relative to the tree's root), run as root or as otherUID.
@@ -1123,7 +1111,9 @@ func pxAllows(st pxStep, d string, mode mount.Mode) int {
 
 // pxLanded lists features whose allowance was deleted because the mount
 // now matches (their steps stay tagged).
-func pxLanded(f string) bool { return f == "special" || f == "wb-undo" || f == "hardlink" }
+func pxLanded(f string) bool {
+	return f == "special" || f == "wb-undo" || f == "hardlink" || f == "trunc-same"
+}
 
 // pxDiff lists how got (the mount) differs from want (the local disk).
 func pxDiff(want, got pxResult) []string {

@@ -39,7 +39,8 @@ import (
 // was already visible) is kept under both: this device's entry is renamed
 // NAME.conflict-XXXXXXXX (its inode number's last 8 hex digits), logged;
 // an attribute change that meets a newer record is made again on it (the
-// last change wins, as on one machine), and one of a file whose queued
+// last change wins, as on one machine: a utimes's mtime is not, over
+// content committed since, whose write came later), and one of a file whose queued
 // commit here lands before the change is written is made again on the
 // commit's record at once (rebase), before this mount shows that record:
 // no change it acknowledged ever reads back undone; an entry whose directory was
@@ -635,8 +636,14 @@ func (w *writeBack) applyOne(ctx context.Context, s *snapshot) error {
 				return nil
 			}
 			n := *cur
-			snap.attrs.applyTo(&n)
-			n.Ctime = snap.e.Ctime
+			a := snap.attrs
+			if a.setMtime && contentMoved(&snap.e, cur) {
+				// New content committed since the record the change was
+				// made on: a write after the utimes, whose mtime stands.
+				a.setMtime = false
+			}
+			a.applyTo(&n)
+			n.Ctime = max(snap.e.Ctime, cur.Ctime)
 			snap.e = n
 		case errors.Is(err, cairn.ErrNotFound) && w.pendingDir(snap.e.Parent):
 			// Its directory is pending itself (behind it after a
@@ -654,6 +661,17 @@ func (w *writeBack) applyOne(ctx context.Context, s *snapshot) error {
 			return err
 		}
 	}
+}
+
+// contentMoved reports whether cur, a newer record of file e, holds
+// content committed since e's (a new version, or the current one written
+// again: its commit time).
+func contentMoved(e, cur *meta.Entry) bool {
+	a, b := e.Current(), cur.Current()
+	if a == nil || b == nil {
+		return (a == nil) != (b == nil)
+	}
+	return a.N != b.N || a.Committed != b.Committed
 }
 
 // pendingSubdirs returns the names of the directories made in directory
