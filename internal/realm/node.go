@@ -140,7 +140,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	registrar := newRegistrar(r.Meta, addr, r.log)
 	defer registrar.close()
-	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Registrar: registrar, Logger: r.log}, tlsConf)
+	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Registrar: registrar, MetaService: r.metaServiceGateways, Logger: r.log}, tlsConf)
 	if err != nil {
 		return err
 	}
@@ -164,6 +164,12 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	reg, err := r.Meta.Register(ctx, report(), o.Lease)
 	if err != nil {
 		return err
+	}
+	if gw != nil {
+		// Where the other devices find the metadata service.
+		if err := r.Meta.SetMetaGateway(ctx, name, gwAddr); err != nil {
+			return err
+		}
 	}
 	served := make(chan error, 2)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()
