@@ -85,7 +85,9 @@ type PeerOptions struct {
 	// name of the member a realm starts with).
 	Name string
 	// Listen is the advertised peer address (host:port), where the
-	// caller's gateway to PeerSocket listens.
+	// caller's gateway to PeerSocket listens. A member that exists already
+	// may leave it empty: the cluster's membership records its peer URL
+	// (etcd's MemberUpdate changes it).
 	Listen string
 	// CertFile and KeyFile are the node's certificate and key (PEM;
 	// pki.NodeCertFile, pki.NodeKeyFile), presented to peers.
@@ -241,15 +243,17 @@ func startOnce(ctx context.Context, dir string, opts Options) (*Server, error) {
 		if p.Name != "" {
 			cfg.Name = p.Name
 		}
-		if _, _, err := net.SplitHostPort(p.Listen); err != nil {
-			return nil, fmt.Errorf("peer listen address %q: %w", p.Listen, err)
+		if p.Listen != "" {
+			if _, _, err := net.SplitHostPort(p.Listen); err != nil {
+				return nil, fmt.Errorf("peer listen address %q: %w", p.Listen, err)
+			}
+			purl = url.URL{Scheme: "https", Host: p.Listen}
 		}
 		peerSock = filepath.Join(dir, "peer.sock")
 		if len(peerSock) > maxSocketPath {
 			return nil, fmt.Errorf("peer socket path %s is %d bytes, longer than a unix socket's %d", peerSock, len(peerSock), maxSocketPath)
 		}
 		_ = os.Remove(peerSock) // left by a member that was killed
-		purl = url.URL{Scheme: "https", Host: p.Listen}
 		cfg.ListenPeerUrls = []url.URL{{Scheme: "unix", Host: peerSock}}
 		cfg.PeerTLSInfo = transport.TLSInfo{
 			CertFile: p.CertFile, KeyFile: p.KeyFile,

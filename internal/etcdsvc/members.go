@@ -14,8 +14,11 @@ package etcdsvc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -24,6 +27,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
 )
 
 // AddLearner adds a learner member named name at peerURL and returns its ID
@@ -121,4 +125,53 @@ func memberErrKind(ctx context.Context, err error) cairn.Kind {
 		return cairn.Invalid
 	}
 	return cairn.Unavailable
+}
+
+// PeerFileName is the file in a realm's etcd directory ($home/etcd) whose
+// presence makes the realm's daemon start its member with peers: JSON
+// {"cert_file","key_file"}, the device's node certificate and key. See
+// WritePeerFile.
+const PeerFileName = "peer.json"
+
+type peerFile struct {
+	CertFile string `json:"cert_file"`
+	KeyFile  string `json:"key_file"`
+}
+
+// WritePeerFile makes the realm's daemon at home start its member with
+// peers from its next start on (PeerOptions, with the member's recorded
+// peer URL): its peer listener at PeerSocketPath(home), and certFile and
+// keyFile presented to the other members.
+func WritePeerFile(home, certFile, keyFile string) error {
+	dir := filepath.Join(home, "etcd")
+	if err := makePrivateDir(dir); err != nil {
+		return cairn.E("write etcd peer file", cairn.IO, dir, err)
+	}
+	b, _ := json.Marshal(peerFile{CertFile: certFile, KeyFile: keyFile})
+	if err := durable.ReplaceFile(filepath.Join(dir, PeerFileName), b, 0o600); err != nil {
+		return err
+	}
+	return nil
+}
+
+// PeerSocketPath is where the member of the realm's daemon at home listens
+// for peers, once it has them (WritePeerFile).
+func PeerSocketPath(home string) string { return filepath.Join(home, "etcd", dataName, "peer.sock") }
+
+// ClientSocketPath is where the realm's daemon at home serves clients.
+func ClientSocketPath(home string) string { return filepath.Join(home, "etcd", socketName) }
+
+func readPeerFile(dir string) (*PeerOptions, error) {
+	b, err := os.ReadFile(filepath.Join(dir, PeerFileName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, cairn.E("read etcd peer file", cairn.IO, dir, err)
+	}
+	var pf peerFile
+	if err := json.Unmarshal(b, &pf); err != nil {
+		return nil, cairn.E("read etcd peer file", cairn.Corrupt, filepath.Join(dir, PeerFileName), err)
+	}
+	return &PeerOptions{CertFile: pf.CertFile, KeyFile: pf.KeyFile}, nil
 }

@@ -115,23 +115,142 @@ func (s *Service) UpdateMetaService(ctx context.Context, f func(*MetaServiceReco
 	}
 }
 
-// SetMetaGateway records that node serves the metadata gateway at addr: it
-// updates node's entry, or adds one. The first device records itself so
-// when its node first serves.
-func (s *Service) SetMetaGateway(ctx context.Context, node, addr string) error {
-	if node == "" || addr == "" {
-		return cairn.E("record metadata service", cairn.Invalid, node, fmt.Errorf("node %q, gateway %q", node, addr))
+// SetMetaMember records that m.Node serves the metadata: it updates its
+// entry (gateway and peer addresses), or adds one. The first device
+// records itself so when its node first serves.
+func (s *Service) SetMetaMember(ctx context.Context, m MetaMember) error {
+	if m.Node == "" || m.Gateway == "" {
+		return cairn.E("record metadata service", cairn.Invalid, m.Node, fmt.Errorf("node %q, gateway %q", m.Node, m.Gateway))
 	}
 	return s.UpdateMetaService(ctx, func(rec *MetaServiceRecord) bool {
-		i := slices.IndexFunc(rec.Members, func(m MetaMember) bool { return m.Node == node })
+		i := slices.IndexFunc(rec.Members, func(o MetaMember) bool { return o.Node == m.Node })
 		if i < 0 {
-			rec.Members = append(rec.Members, MetaMember{Node: node, Gateway: addr})
+			rec.Members = append(rec.Members, m)
 			return true
 		}
-		if rec.Members[i].Gateway == addr {
+		if rec.Members[i] == m {
 			return false
 		}
-		rec.Members[i].Gateway = addr
+		rec.Members[i] = m
 		return true
 	})
+}
+
+// WatchMetaService calls f with the record each time it changes, until ctx
+// ends. (A device reaching the metadata through gateways follows the
+// service with it: realm.) Errors of the watch end it quietly; f is not
+// called for a record it cannot read.
+func (s *Service) WatchMetaService(ctx context.Context, f func(*MetaServiceRecord)) {
+	for ctx.Err() == nil {
+		for ev := range s.cli.Watch(clientv3.WithRequireLeader(ctx), s.metaSvcKey()) {
+			for _, e := range ev.Events {
+				var rec MetaServiceRecord
+				if e.Type == clientv3.EventTypePut && json.Unmarshal(e.Kv.Value, &rec) == nil {
+					f(&rec)
+				}
+			}
+		}
+		// The watch ended (no leader for a moment, the client closed):
+		// watch again.
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// MetaJoin asks a device to start a member of the realm's etcd that joins
+// the cluster (cairn meta move): at metasvc/join/<node>.
+type MetaJoin struct {
+	// ID is the member's ID (hex), as etcd's MemberAddAsLearner gave it.
+	ID string `json:"id"`
+	// InitialCluster is etcd's initial cluster for it.
+	InitialCluster string `json:"initial_cluster"`
+	// Joined is where its metadata gateway listens, set by the device once
+	// its member runs.
+	Joined string `json:"joined,omitempty"`
+}
+
+func (s *Service) metaPeerKey(node string) string { return s.key("metasvc", "peer", node) }
+func (s *Service) metaJoinKey(node string) string { return s.key("metasvc", "join", node) }
+
+// SetMetaPeer records where node serves its raft peer gateway (every
+// device's node does, so that a member can move to it).
+func (s *Service) SetMetaPeer(ctx context.Context, node, addr string) error {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	if _, err := s.cli.Put(ctx, s.metaPeerKey(node), addr); err != nil {
+		return etcdErr("record peer gateway", node, err)
+	}
+	return nil
+}
+
+// MetaPeer returns where node serves its raft peer gateway.
+func (s *Service) MetaPeer(ctx context.Context, node string) (string, error) {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, s.metaPeerKey(node))
+	if err != nil {
+		return "", etcdErr("peer gateway", node, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", cairn.E("peer gateway", cairn.NotFound, node, errors.New("its node has not served since it could host the metadata: run 'cairn node serve' there"))
+	}
+	return string(resp.Kvs[0].Value), nil
+}
+
+// PutMetaJoin writes (or, with Joined set, answers) node's join request.
+func (s *Service) PutMetaJoin(ctx context.Context, node string, j MetaJoin) error {
+	b, _ := json.Marshal(j)
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	if _, err := s.cli.Put(ctx, s.metaJoinKey(node), string(b)); err != nil {
+		return etcdErr("record metadata join", node, err)
+	}
+	return nil
+}
+
+// DeleteMetaJoin removes node's join request.
+func (s *Service) DeleteMetaJoin(ctx context.Context, node string) error {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	if _, err := s.cli.Delete(ctx, s.metaJoinKey(node)); err != nil {
+		return etcdErr("remove metadata join", node, err)
+	}
+	return nil
+}
+
+// WatchMetaJoin calls f with node's join request, the current one first
+// (if any) and then each change, until ctx ends or f returns false.
+func (s *Service) WatchMetaJoin(ctx context.Context, node string, f func(MetaJoin) bool) error {
+	k := s.metaJoinKey(node)
+	gctx, cancel := s.opCtx(ctx)
+	resp, err := s.cli.Get(gctx, k)
+	cancel()
+	if err != nil {
+		return etcdErr("watch metadata join", node, err)
+	}
+	if len(resp.Kvs) > 0 {
+		var j MetaJoin
+		if json.Unmarshal(resp.Kvs[0].Value, &j) == nil && !f(j) {
+			return nil
+		}
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	for ev := range s.cli.Watch(clientv3.WithRequireLeader(wctx), k, clientv3.WithRev(resp.Header.Revision+1)) {
+		if err := ev.Err(); err != nil {
+			return etcdErr("watch metadata join", node, err)
+		}
+		for _, e := range ev.Events {
+			var j MetaJoin
+			if e.Type == clientv3.EventTypePut && json.Unmarshal(e.Kv.Value, &j) == nil && !f(j) {
+				return nil
+			}
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return cairn.E("watch metadata join", cairn.Canceled, node, err)
+	}
+	return cairn.E("watch metadata join", cairn.Unavailable, node, errors.New("watch ended"))
 }

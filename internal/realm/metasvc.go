@@ -216,3 +216,23 @@ func saveConfig(home string, cfg Config) error {
 	}
 	return durable.ReplaceFile(configPath(home), b, 0o600)
 }
+
+// followMetaService keeps this process's connection on the realm's
+// metadata gateways as they change (cairn meta move records the new ones
+// before the old member goes): the client's endpoints follow the record,
+// and requests go to the new gateways without failing. Only for a device
+// that reaches the metadata through gateways; stopped by Close.
+func (r *Realm) followMetaService() {
+	if len(r.Config.Gateway) == 0 || len(r.opts.Etcd) > 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.stopFollow = cancel
+	cli := r.conn.Client()
+	go r.Meta.WatchMetaService(ctx, func(rec *meta.MetaServiceRecord) {
+		if gws := rec.Gateways(); len(gws) > 0 {
+			r.log.Info("metadata service moved", "gateways", gws)
+			cli.SetEndpoints(gws...)
+		}
+	})
+}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/etcdsvc"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/metagw"
 	"cairn.dev/cairn/internal/node"
@@ -165,10 +166,31 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	if err != nil {
 		return err
 	}
+	// Where a member of the realm's etcd hosted here takes its peers,
+	// and where the other devices find the metadata service.
+	credDir := CredentialsDir(r.Home)
 	if gw != nil {
-		// Where the other devices find the metadata service.
-		if err := r.Meta.SetMetaGateway(ctx, name, gwAddr); err != nil {
+		if err := etcdsvc.WritePeerFile(r.Home, filepath.Join(credDir, pki.NodeCertFile), filepath.Join(credDir, pki.NodeKeyFile)); err != nil {
 			return err
+		}
+	}
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	if gw != nil || (len(r.Config.Gateway) > 0 && len(r.opts.Etcd) == 0) {
+		// A realm on its embedded etcd: the member may move here.
+		peerAddr, perr := r.servePeerGateway(pctx, creds, rev, o.Listen, o.Advertise)
+		if perr != nil {
+			return perr
+		}
+		if perr := r.Meta.SetMetaPeer(ctx, name, peerAddr); perr != nil {
+			return perr
+		}
+		if gw != nil {
+			if perr := r.Meta.SetMetaMember(ctx, meta.MetaMember{Node: name, Gateway: gwAddr, Peer: peerAddr}); perr != nil {
+				return perr
+			}
+		} else {
+			go r.hostJoinedMember(pctx, creds, name, peerAddr)
 		}
 	}
 	served := make(chan error, 2)

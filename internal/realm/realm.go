@@ -145,6 +145,7 @@ type Realm struct {
 	revMu        sync.Mutex
 	rev          *meta.Revocations
 	name         string
+	stopFollow   context.CancelFunc // followMetaService's watch
 }
 
 func (o *Options) fill() {
@@ -267,6 +268,7 @@ func Open(ctx context.Context, home string, opts Options) (*Realm, error) {
 		// The cached list stays as it was: this open works all the same.
 		r.log.Warn("refresh where the metadata service is", "err", err)
 	}
+	r.followMetaService()
 	return r, nil
 }
 
@@ -361,6 +363,9 @@ func (r *Realm) Close() error {
 		r.rev.Close()
 	}
 	r.revMu.Unlock()
+	if r.stopFollow != nil {
+		r.stopFollow()
+	}
 	err := r.Meta.Close()
 	if r.store != nil {
 		if e := r.store.Close(); err == nil {
