@@ -213,7 +213,7 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 	if st.Role != string(pki.Device) || st.State != meta.NodeOnline {
 		return cairn.E(op, cairn.Invalid, to, fmt.Errorf("want an online device, it is a %s, %s", st.Role, st.State))
 	}
-	if err := r.EnableMetaPeers(ctx); err != nil {
+	if err = r.EnableMetaPeers(ctx); err != nil {
 		return err
 	}
 	selfPeer, err := r.Meta.MetaPeer(ctx, self)
@@ -233,7 +233,7 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 		return cairn.E(op, cairn.Invalid, "", fmt.Errorf("the realm's etcd has %d members: this cairn moves a single member only", len(ml.Members)))
 	}
 	selfID := ml.Members[0].ID
-	if _, err := cli.MemberUpdate(ctx, selfID, []string{"https://" + selfPeer}); err != nil {
+	if _, err = cli.MemberUpdate(ctx, selfID, []string{"https://" + selfPeer}); err != nil {
 		return cairn.E(op, cairn.Unavailable, selfPeer, err)
 	}
 	say("adding " + to + " as a learner")
@@ -250,7 +250,7 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 		_ = r.Meta.DeleteMetaJoin(dctx, to)
 		return cause
 	}
-	if err := r.Meta.PutMetaJoin(tctx, to, meta.MetaJoin{ID: strconv.FormatUint(id, 16), InitialCluster: initial}); err != nil {
+	if err = r.Meta.PutMetaJoin(tctx, to, meta.MetaJoin{ID: strconv.FormatUint(id, 16), InitialCluster: initial}); err != nil {
 		return undo(err)
 	}
 	var gwTo string
@@ -262,19 +262,21 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 		return undo(cairn.E(op, cairn.Unavailable, to, fmt.Errorf("its member did not start (is 'cairn node serve' running there, with this cairn?): %w", werr)))
 	}
 	say("promoting " + to)
-	if err := etcdsvc.Promote(tctx, cli, id); err != nil {
+	if err = etcdsvc.Promote(tctx, cli, id); err != nil {
 		return undo(err)
 	}
 	say("handing leadership to " + to)
-	if sr, err := cli.Status(tctx, r.conn.Endpoints()[0]); err != nil {
+	sr, err := cli.Status(tctx, r.conn.Endpoints()[0])
+	if err != nil {
 		return cairn.E(op, cairn.Unavailable, to, err)
-	} else if sr.Leader == selfID {
-		if _, err := cli.MoveLeader(tctx, id); err != nil {
+	}
+	if sr.Leader == selfID {
+		if _, err = cli.MoveLeader(tctx, id); err != nil {
 			return cairn.E(op, cairn.Unavailable, to, fmt.Errorf("hand leadership: %w", err))
 		}
 	}
 	say("recording " + to + "'s gateway " + gwTo)
-	if err := r.Meta.UpdateMetaService(tctx, func(rec *meta.MetaServiceRecord) bool {
+	if err = r.Meta.UpdateMetaService(tctx, func(rec *meta.MetaServiceRecord) bool {
 		rec.Members = []meta.MetaMember{{Node: to, Gateway: gwTo, Peer: toPeer}}
 		return true
 	}); err != nil {
@@ -287,14 +289,23 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 		return cairn.E(op, cairn.Canceled, to, tctx.Err())
 	}
 	say("removing this device's member")
-	if err := etcdsvc.RemoveMember(tctx, cli, selfID); err != nil {
-		return err
-	}
-	// This device now reaches the metadata as the others do.
+	// Asked of the new member, through its gateway: this member stops as
+	// it applies its removal, and might not answer.
 	cfg, err := readConfig(r.Home)
 	if err != nil {
 		return err
 	}
+	cfg.Gateway = []string{gwTo}
+	conn, _, err := connectGateways(tctx, r.Home, cfg)
+	if err != nil {
+		return err
+	}
+	err = etcdsvc.RemoveMember(tctx, conn.Client(), selfID)
+	conn.Close()
+	if err != nil {
+		return err
+	}
+	// This device now reaches the metadata as the others do.
 	cfg.Etcd, cfg.Gateway, cfg.GatewayNode = nil, []string{gwTo}, ""
 	if err := saveConfig(r.Home, cfg); err != nil {
 		return err

@@ -4,7 +4,7 @@ package realm
 // where its metadata service is (meta.MetaServiceRecord, at metasvc); a
 // device that reaches it through gateways caches that list in realm.json
 // (Config.Gateway) each time it opens the realm, together with the chunk
-// service addresses of the realm's other devices (Config.Nodes). It tries
+// service addresses of the realm's devices (Config.Nodes). It tries
 // every cached gateway; one that has lost them all asks those devices'
 // node services for the current list (GET wire.PathMetaService): the
 // metadata service may have moved while this device was away.
@@ -167,7 +167,8 @@ func (r *Realm) metaServiceGateways(ctx context.Context) ([]string, error) {
 
 // learnMetaService refreshes what realm.json caches of where the metadata
 // service is: the recorded gateways, and the chunk service addresses of
-// the realm's other devices (whom to ask if every gateway is lost). It
+// the realm's devices, this one's included (whom to ask if every gateway
+// is lost). It
 // rewrites the file only when something changed. Only for a device that
 // reaches the metadata through gateways.
 func (r *Realm) learnMetaService(ctx context.Context) error {
@@ -187,10 +188,11 @@ func (r *Realm) learnMetaService(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	self := r.nodeName(ctx)
+	// This device's own node is asked too: while it runs it follows the
+	// record (followMetaService).
 	var addrs []string
 	for _, n := range nodes {
-		if n.Role == string(pki.Device) && n.Addr != "" && n.Name != self && n.State != meta.NodeRemoved {
+		if n.Role == string(pki.Device) && n.Addr != "" && n.State != meta.NodeRemoved {
 			addrs = append(addrs, n.Addr)
 		}
 	}

@@ -62,8 +62,8 @@ type Config struct {
 	// is first refreshed.
 	GatewayNode string `json:"gateway_node,omitempty"`
 	// Nodes are the chunk service addresses (host:port) of the realm's
-	// other devices, as last seen: whom to ask where the metadata service
-	// is when every gateway in Gateway is lost.
+	// devices, this one's included, as last seen: whom to ask where the
+	// metadata service is when every gateway in Gateway is lost.
 	Nodes []string `json:"nodes,omitempty"`
 	// StorePath is the local store's directory, relative to the home.
 	StorePath string `json:"store_path"`
