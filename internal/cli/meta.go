@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -68,4 +70,40 @@ fail), so that it can take a peer.`,
 	move.Flags().StringVar(&to, "to", "", "the device to move the metadata service to")
 	c.AddCommand(move)
 	return c
+}
+
+// metaMembers finds where the realm's metadata lives and marks those
+// devices in out. A realm on an external etcd cluster has no record (nil);
+// a failure is printed, not fatal: the device list stands on its own.
+func (e *env) metaMembers(ctx context.Context, r *realm.Realm, out []deviceJSON) []realm.MetaMemberStatus {
+	ms, err := r.MetaStatus(ctx)
+	if err != nil {
+		if !errors.Is(err, cairn.ErrNotFound) {
+			fmt.Fprintf(e.stderr, "cairn: where the metadata lives: %v\n", err)
+		}
+		return nil
+	}
+	for i := range ms {
+		for j := range out {
+			if out[j].Name == ms[i].Node {
+				out[j].Metadata = &ms[i]
+			}
+		}
+	}
+	return ms
+}
+
+func (e *env) printMetaMembers(ms []realm.MetaMemberStatus) {
+	if len(ms) == 0 {
+		return
+	}
+	parts := make([]string, len(ms))
+	for i, m := range ms {
+		gw := m.Gateway
+		if gw == "" {
+			gw = "no gateway yet"
+		}
+		parts[i] = fmt.Sprintf("%s (%s, gateway %s)", m.Node, m.Health, gw)
+	}
+	fmt.Fprintf(e.stdout, "\nmetadata: %s\n", strings.Join(parts, ", "))
 }

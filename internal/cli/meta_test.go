@@ -26,6 +26,9 @@ func TestMetaMoveCommand(t *testing.T) {
 	b.serveOn("127.0.0.2:0", "2s")
 	a.waitState("laptop", "online", 5*time.Second)
 
+	if out := b.ok("devices"); !strings.Contains(out, "metadata: desk (leader, gateway ") {
+		t.Fatalf("devices before the move: %s", out)
+	}
 	if res := a.run("meta", "move"); res.code == 0 || !strings.Contains(res.stderr, "--to") {
 		t.Fatalf("meta move without --to: %+v", res)
 	}
@@ -46,6 +49,11 @@ func TestMetaMoveCommand(t *testing.T) {
 	for _, r := range []*realmT{a, b} {
 		if got := r.ok("cat", "home:/before/d.txt"); got != "written before the move\n" {
 			t.Fatalf("cat after the move: %q", got)
+		}
+	}
+	for _, r := range []*realmT{a, b} {
+		if out := r.ok("devices"); !strings.Contains(out, "metadata: laptop (leader, gateway 127.0.0.2:") {
+			t.Fatalf("devices after the move: %s", out)
 		}
 	}
 	putJSON(t, b, src, "home:/after")

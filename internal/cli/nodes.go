@@ -27,6 +27,9 @@ type deviceJSON struct {
 	Registered time.Time  `json:"registered"`
 	LastSeen   *time.Time `json:"last_seen,omitempty"`
 	Removed    *time.Time `json:"removed,omitempty"`
+	// Metadata is set for a device that serves the realm's metadata
+	// (meta.go).
+	Metadata *realm.MetaMemberStatus `json:"metadata,omitempty"`
 }
 
 func unixTime(ns int64) *time.Time {
@@ -44,7 +47,9 @@ func (e *env) devicesCmd() *cobra.Command {
 		Short: "List the realm's nodes: devices, benefactors and surrogates, and whether they are online",
 		Long: `List every node of the realm with its role, state (online: its heartbeat
 lease is alive; offline; removed), address, capacity and use of its store's
-disk, and when it last reported.`,
+disk, and when it last reported; then where the realm's metadata lives (the
+devices whose etcd member serves it, their gateways, and each member's
+health: leader, follower, learner, not started).`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := e.open(cmd.Context())
@@ -60,6 +65,7 @@ disk, and when it last reported.`,
 				out = append(out, deviceJSON{Name: n.Name, Role: n.Role, State: n.State, Addr: n.Addr, Capacity: n.Capacity, Free: n.Free, Used: n.Used,
 					Rate: n.Rate, Served: n.Served, Registered: time.Unix(0, n.Registered).UTC(), LastSeen: unixTime(n.LastSeen), Removed: unixTime(n.Removed)})
 			}
+			metaMembers := e.metaMembers(cmd.Context(), r, out)
 			if asJSON {
 				return e.printJSON(out)
 			}
@@ -80,7 +86,11 @@ disk, and when it last reported.`,
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Role, d.State, addr, cap, used, seen)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			e.printMetaMembers(metaMembers)
+			return nil
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")

@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -318,4 +319,62 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 		return cairn.E(op, cairn.IO, old, err)
 	}
 	return nil
+}
+
+// MetaMemberStatus is one device that serves the realm's metadata, as
+// `cairn devices` shows it.
+type MetaMemberStatus struct {
+	Node    string `json:"node"`
+	Gateway string `json:"gateway,omitempty"`
+	// Health: "leader" or "follower" (a voting member the cluster lists
+	// as started), "learner" (catching up), "not started" (added, not
+	// running yet), "unknown" (the record names it, etcd does not).
+	Health string `json:"health"`
+}
+
+// MetaStatus reports where the realm's metadata lives: the members of its
+// embedded etcd, each with its gateway and health. A realm on an external
+// etcd cluster has no record: NotFound.
+func (r *Realm) MetaStatus(ctx context.Context) ([]MetaMemberStatus, error) {
+	const op = "metadata status"
+	rec, err := r.Meta.MetaService(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cli := r.conn.Client()
+	ml, err := cli.MemberList(ctx)
+	if err != nil {
+		return nil, cairn.E(op, cairn.Unavailable, "", err)
+	}
+	var leader uint64
+	for _, ep := range r.conn.Endpoints() {
+		if sr, serr := cli.Status(ctx, ep); serr == nil {
+			leader = sr.Leader
+			break
+		}
+	}
+	out := make([]MetaMemberStatus, 0, len(rec.Members))
+	for _, m := range rec.Members {
+		st := MetaMemberStatus{Node: m.Node, Gateway: m.Gateway, Health: "unknown"}
+		for _, em := range ml.Members {
+			// A joined member carries its node name; the member a realm
+			// starts with is "cairn", known by its peer URL or alone.
+			if em.Name != m.Node && (m.Peer == "" || !slices.Contains(em.PeerURLs, "https://"+m.Peer)) && len(ml.Members) > 1 {
+				continue
+			}
+			switch {
+			case em.IsLearner:
+				st.Health = "learner"
+			case len(em.ClientURLs) == 0:
+				st.Health = "not started"
+			case em.ID == leader:
+				st.Health = "leader"
+			default:
+				st.Health = "follower"
+			}
+			break
+		}
+		out = append(out, st)
+	}
+	return out, nil
 }
