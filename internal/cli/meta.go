@@ -68,7 +68,42 @@ fail), so that it can take a peer.`,
 		},
 	}
 	move.Flags().StringVar(&to, "to", "", "the device to move the metadata service to")
-	c.AddCommand(move)
+	add := &cobra.Command{
+		Use:   "add DEVICE",
+		Short: "Run the realm's metadata service on one more device",
+		Long: `Add DEVICE as a member of the realm's embedded etcd, run from the device
+that hosts it; DEVICE's node must be serving ('cairn node serve' there, with
+this version of cairn). DEVICE's node starts a member that joins as a
+learner and is promoted once it has caught up; the realm then records
+DEVICE's metadata gateway beside the others, and every device spreads its
+requests over all of them.
+
+A realm whose three devices are usually on can run three members: the
+metadata stays available, with no failed write, while any one of them is
+down (two of three keep the quorum). Two members are no safer than one:
+both must be up. 'cairn devices' shows the members and their health.`,
+		Args: exactArgs(1, "a device name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := pki.ValidName(args[0]); err != nil {
+				return err
+			}
+			r, err := e.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			err = r.AddMeta(cmd.Context(), args[0], realm.MoveMetaOptions{Progress: func(step string) {
+				if !e.quiet {
+					fmt.Fprintln(e.stderr, step)
+				}
+			}})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "%s now serves the metadata too\n", args[0])
+			return nil
+		},
+	}
+	c.AddCommand(move, add)
 	return c
 }
 

@@ -32,12 +32,25 @@ import (
 
 // AddLearner adds a learner member named name at peerURL and returns its ID
 // and the initial cluster it must start with (every member's name and peer
-// URL, the new one's included).
+// URL, the new one's included). Like RemoveMember it retries while etcd
+// finds the cluster unhealthy (just after another membership change).
 func AddLearner(ctx context.Context, cli *clientv3.Client, name, peerURL string) (uint64, string, error) {
 	const op = "add etcd learner"
-	resp, err := cli.MemberAddAsLearner(ctx, []string{peerURL})
-	if err != nil {
-		return 0, "", cairn.E(op, memberErrKind(ctx, err), name, err)
+	var resp *clientv3.MemberAddResponse
+	for {
+		var err error
+		resp, err = cli.MemberAddAsLearner(ctx, []string{peerURL})
+		if err == nil {
+			break
+		}
+		if !isUnhealthy(err) {
+			return 0, "", cairn.E(op, memberErrKind(ctx, err), name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, "", cairn.E(op, cairn.Canceled, name, fmt.Errorf("the cluster stayed unhealthy: %w", ctx.Err()))
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	var parts []string
 	for _, m := range resp.Members {
@@ -89,7 +102,7 @@ func RemoveMember(ctx context.Context, cli *clientv3.Client, id uint64) error {
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, rpctypes.ErrUnhealthy) && !strings.Contains(err.Error(), rpctypes.ErrGRPCUnhealthy.Error()) {
+		if !isUnhealthy(err) {
 			return cairn.E(op, memberErrKind(ctx, err), fmt.Sprintf("%x", id), err)
 		}
 		select {
@@ -174,4 +187,10 @@ func readPeerFile(dir string) (*PeerOptions, error) {
 		return nil, cairn.E("read etcd peer file", cairn.Corrupt, filepath.Join(dir, PeerFileName), err)
 	}
 	return &PeerOptions{CertFile: pf.CertFile, KeyFile: pf.KeyFile}, nil
+}
+
+// isUnhealthy: etcd refused a membership change because its members have
+// not been connected for its health interval yet.
+func isUnhealthy(err error) bool {
+	return errors.Is(err, rpctypes.ErrUnhealthy) || strings.Contains(err.Error(), rpctypes.ErrGRPCUnhealthy.Error())
 }

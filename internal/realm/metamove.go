@@ -181,6 +181,130 @@ type MoveMetaOptions struct {
 	Timeout time.Duration
 }
 
+func (o MoveMetaOptions) say(s string) {
+	if o.Progress != nil {
+		o.Progress(s)
+	}
+}
+
+// joinedMember is a member addMetaMember added.
+type joinedMember struct {
+	selfID, id    uint64 // this device's member, the new one
+	gateway, peer string // the new one's gateway and peer gateway
+}
+
+// addMetaMember adds device to as a member of the realm's etcd, hosted by
+// this device: to's node starts it as a learner, it is promoted once it
+// has caught up. alone: the cluster must have this member only (a move).
+// The membership changes are bounded by tctx.
+func (r *Realm) addMetaMember(ctx, tctx context.Context, op, to string, o MoveMetaOptions, alone bool) (joinedMember, error) {
+	var j joinedMember
+	self, err := r.selfName(ctx)
+	if err != nil {
+		return j, err
+	}
+	if to == self {
+		return j, cairn.E(op, cairn.Invalid, to, errors.New("this device hosts the metadata already"))
+	}
+	st, err := r.Meta.Node(ctx, to)
+	if err != nil {
+		return j, err
+	}
+	if st.Role != string(pki.Device) || st.State != meta.NodeOnline {
+		return j, cairn.E(op, cairn.Invalid, to, fmt.Errorf("want an online device, it is a %s, %s", st.Role, st.State))
+	}
+	if err = r.EnableMetaPeers(ctx); err != nil {
+		return j, err
+	}
+	selfPeer, err := r.Meta.MetaPeer(ctx, self)
+	if err != nil {
+		return j, err
+	}
+	if j.peer, err = r.Meta.MetaPeer(ctx, to); err != nil {
+		return j, err
+	}
+	cli := r.conn.Client()
+	ml, err := cli.MemberList(ctx)
+	if err != nil {
+		return j, cairn.E(op, cairn.Unavailable, "", err)
+	}
+	if alone && len(ml.Members) != 1 {
+		return j, cairn.E(op, cairn.Invalid, "", fmt.Errorf("the realm's etcd has %d members: this cairn moves a single member only", len(ml.Members)))
+	}
+	sr, err := cli.Status(ctx, r.conn.Endpoints()[0])
+	if err != nil {
+		return j, cairn.E(op, cairn.Unavailable, "", err)
+	}
+	j.selfID = sr.Header.MemberId
+	for _, m := range ml.Members {
+		if m.ID == j.selfID && !slices.Contains(m.PeerURLs, "https://"+selfPeer) {
+			if _, err = cli.MemberUpdate(ctx, j.selfID, []string{"https://" + selfPeer}); err != nil {
+				return j, cairn.E(op, cairn.Unavailable, selfPeer, err)
+			}
+		}
+		if m.Name == to || slices.Contains(m.PeerURLs, "https://"+j.peer) {
+			return j, cairn.E(op, cairn.Exist, to, errors.New("it is a member of the realm's etcd already"))
+		}
+	}
+	o.say("adding " + to + " as a learner")
+	id, initial, err := etcdsvc.AddLearner(tctx, cli, to, "https://"+j.peer)
+	if err != nil {
+		return j, err
+	}
+	j.id = id
+	undo := func(cause error) (joinedMember, error) {
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer dcancel()
+		_ = etcdsvc.RemoveMember(dctx, cli, id)
+		_ = r.Meta.DeleteMetaJoin(dctx, to)
+		return j, cause
+	}
+	if err = r.Meta.PutMetaJoin(tctx, to, meta.MetaJoin{ID: strconv.FormatUint(id, 16), InitialCluster: initial}); err != nil {
+		return undo(err)
+	}
+	werr := r.Meta.WatchMetaJoin(tctx, to, func(mj meta.MetaJoin) bool {
+		j.gateway = mj.Joined
+		return j.gateway == ""
+	})
+	if j.gateway == "" {
+		return undo(cairn.E(op, cairn.Unavailable, to, fmt.Errorf("its member did not start (is 'cairn node serve' running there, with this cairn?): %w", werr)))
+	}
+	o.say("promoting " + to)
+	if err = etcdsvc.Promote(tctx, cli, id); err != nil {
+		return undo(err)
+	}
+	return j, nil
+}
+
+// AddMeta adds device to as a member of the realm's embedded etcd, hosted
+// by this device (cairn meta add): to's node, which must be serving, starts
+// a member that joins as a learner and is promoted once it has caught up,
+// and the realm records its gateway beside the others (devices follow the
+// record and spread their requests over all the gateways). A realm with
+// three members on devices that are usually on keeps its metadata while
+// any one of them is down.
+func (r *Realm) AddMeta(ctx context.Context, to string, o MoveMetaOptions) error {
+	const op = "meta add"
+	if o.Timeout <= 0 {
+		o.Timeout = 2 * time.Minute
+	}
+	tctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	j, err := r.addMetaMember(ctx, tctx, op, to, o, false)
+	if err != nil {
+		return err
+	}
+	o.say("recording " + to + "'s gateway " + j.gateway)
+	if err := r.Meta.UpdateMetaService(tctx, func(rec *meta.MetaServiceRecord) bool {
+		rec.Members = append(slices.DeleteFunc(rec.Members, func(m meta.MetaMember) bool { return m.Node == to }),
+			meta.MetaMember{Node: to, Gateway: j.gateway, Peer: j.peer})
+		return true
+	}); err != nil {
+		return err
+	}
+	return r.Meta.DeleteMetaJoin(tctx, to)
+}
+
 // MoveMeta moves the realm's embedded etcd from this device, which hosts
 // it, to device to, whose node must be serving: to's member joins as a
 // learner, is promoted once it has caught up, the realm records to's
@@ -192,80 +316,18 @@ type MoveMetaOptions struct {
 // election at most).
 func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) error {
 	const op = "meta move"
-	say := func(s string) {
-		if o.Progress != nil {
-			o.Progress(s)
-		}
-	}
+	say := o.say
 	if o.Timeout <= 0 {
 		o.Timeout = 2 * time.Minute
 	}
-	self, err := r.selfName(ctx)
-	if err != nil {
-		return err
-	}
-	if to == self {
-		return cairn.E(op, cairn.Invalid, to, errors.New("this device hosts the metadata already"))
-	}
-	st, err := r.Meta.Node(ctx, to)
-	if err != nil {
-		return err
-	}
-	if st.Role != string(pki.Device) || st.State != meta.NodeOnline {
-		return cairn.E(op, cairn.Invalid, to, fmt.Errorf("want an online device, it is a %s, %s", st.Role, st.State))
-	}
-	if err = r.EnableMetaPeers(ctx); err != nil {
-		return err
-	}
-	selfPeer, err := r.Meta.MetaPeer(ctx, self)
-	if err != nil {
-		return err
-	}
-	toPeer, err := r.Meta.MetaPeer(ctx, to)
-	if err != nil {
-		return err
-	}
-	cli := r.conn.Client()
-	ml, err := cli.MemberList(ctx)
-	if err != nil {
-		return cairn.E(op, cairn.Unavailable, "", err)
-	}
-	if len(ml.Members) != 1 {
-		return cairn.E(op, cairn.Invalid, "", fmt.Errorf("the realm's etcd has %d members: this cairn moves a single member only", len(ml.Members)))
-	}
-	selfID := ml.Members[0].ID
-	if _, err = cli.MemberUpdate(ctx, selfID, []string{"https://" + selfPeer}); err != nil {
-		return cairn.E(op, cairn.Unavailable, selfPeer, err)
-	}
-	say("adding " + to + " as a learner")
 	tctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	id, initial, err := etcdsvc.AddLearner(tctx, cli, to, "https://"+toPeer)
+	j, err := r.addMetaMember(ctx, tctx, op, to, o, true)
 	if err != nil {
 		return err
 	}
-	undo := func(cause error) error {
-		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer dcancel()
-		_ = etcdsvc.RemoveMember(dctx, cli, id)
-		_ = r.Meta.DeleteMetaJoin(dctx, to)
-		return cause
-	}
-	if err = r.Meta.PutMetaJoin(tctx, to, meta.MetaJoin{ID: strconv.FormatUint(id, 16), InitialCluster: initial}); err != nil {
-		return undo(err)
-	}
-	var gwTo string
-	werr := r.Meta.WatchMetaJoin(tctx, to, func(j meta.MetaJoin) bool {
-		gwTo = j.Joined
-		return gwTo == ""
-	})
-	if gwTo == "" {
-		return undo(cairn.E(op, cairn.Unavailable, to, fmt.Errorf("its member did not start (is 'cairn node serve' running there, with this cairn?): %w", werr)))
-	}
-	say("promoting " + to)
-	if err = etcdsvc.Promote(tctx, cli, id); err != nil {
-		return undo(err)
-	}
+	selfID, id, gwTo, toPeer := j.selfID, j.id, j.gateway, j.peer
+	cli := r.conn.Client()
 	say("handing leadership to " + to)
 	sr, err := cli.Status(tctx, r.conn.Endpoints()[0])
 	if err != nil {
