@@ -307,13 +307,15 @@ func (r *Realm) AddMeta(ctx context.Context, to string, o MoveMetaOptions) error
 
 // MoveMeta moves the realm's embedded etcd from this device, which hosts
 // it, to device to, whose node must be serving: to's member joins as a
-// learner, is promoted once it has caught up, the realm records to's
-// gateway (devices follow it), this member hands leadership to it and is
-// removed. This device then reaches the metadata through to's gateway
+// learner, is promoted once it has caught up, this member hands leadership
+// to it, the realm records to's gateway (devices follow it: their clients'
+// endpoints change), and after metaDrain this member is removed (asked of
+// the new one). This device then reaches the metadata through to's gateway
 // (its realm.json says so) and keeps its old data dir as etcd.moved-<unix
-// seconds>. No committed write is lost; requests are paused, not failed,
-// for the devices that follow the record (the leadership handover is one
-// election at most).
+// seconds>; its running node keeps a dead connection and must be
+// restarted. No committed write is lost; the requests that the leadership
+// handover drops are repeated by the client (etcdsvc's retry of leader
+// changes), so devices see a pause, not a failure.
 func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) error {
 	const op = "meta move"
 	say := o.say
