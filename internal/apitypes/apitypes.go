@@ -31,6 +31,19 @@ type Device struct {
 	Registered time.Time      `json:"registered"`
 	LastSeen   *time.Time     `json:"last_seen,omitempty"`
 	Removed    *time.Time     `json:"removed,omitempty"`
+	// Metadata is set for a device that serves the realm's metadata.
+	Metadata *MetaMember `json:"metadata,omitempty"`
+}
+
+// MetaMember is a member of the realm's embedded etcd (cairn devices,
+// cairn meta): the device that runs it, its gateway and its health.
+type MetaMember struct {
+	Node    string `json:"node"`
+	Gateway string `json:"gateway,omitempty"`
+	// Health: "leader" or "follower" (a voting member the cluster lists
+	// as started), "learner" (catching up), "not started" (added, not
+	// running yet), "unknown" (the record names it, etcd does not).
+	Health string `json:"health"`
 }
 
 // Price is a store's list price (a provider's standard class).

@@ -214,6 +214,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 	root.AddCommand(e.storeCmd())
 	root.AddCommand(e.policyCmd(), e.repairCmd())
 	root.AddCommand(e.queueCmd())
+	root.AddCommand(e.metaCmd())
 	return root
 }
 

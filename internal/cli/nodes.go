@@ -57,7 +57,10 @@ func (e *env) devicesCmd() *cobra.Command {
 how it can be woken (Wake-on-LAN: the MAC and broadcast address of the
 interface that carries its address, learned when it registers, and the
 proxy that sends the packet, if set; or "no wake method"), its address,
-the capacity and use of its store's disk, and when it last reported.`,
+the capacity and use of its store's disk, and when it last reported; then
+where the realm's metadata lives (the devices whose etcd member serves it,
+their gateways, and each member's health: leader, follower, learner, not
+started).`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := e.open(cmd.Context())
@@ -69,6 +72,7 @@ the capacity and use of its store's disk, and when it last reported.`,
 				return err
 			}
 			out := devicesOf(nodes)
+			metaMembers := e.metaMembers(cmd.Context(), r, out)
 			if asJSON {
 				return e.printJSON(out)
 			}
@@ -92,7 +96,11 @@ the capacity and use of its store's disk, and when it last reported.`,
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Role, d.State, since, addr, cap, used, seen, wakeMethod(d.Wake))
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			e.printMetaMembers(metaMembers)
+			return nil
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")

@@ -17,6 +17,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"cairn.dev/cairn/internal/cairn"
 )
@@ -305,6 +306,9 @@ func newClient(endpoints []string, opts ConnectOptions, tlsConf *tls.Config) (*c
 		// Detect a dead server on an idle connection.
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: opts.DialTimeout,
+		// A leader change (cairn meta move) fails the requests in
+		// flight; they are repeated.
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(retryLeaderChange)},
 	})
 }
 

@@ -88,7 +88,13 @@ func runDaemon(home string, linger time.Duration, log io.Writer) int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	// The socket lives in $home/etcd (0700, above): only this user's
 	// processes reach the server.
-	srv, err := StartEmbedded(ctx, filepath.Join(dir, dataName), Options{Log: log, Socket: filepath.Join(dir, socketName)})
+	peer, err := readPeerFile(dir)
+	if err != nil {
+		cancel()
+		logf("%v", err)
+		return 1
+	}
+	srv, err := StartEmbedded(ctx, filepath.Join(dir, dataName), Options{Log: log, Socket: filepath.Join(dir, socketName), Peer: peer})
 	cancel()
 	if err != nil {
 		logf("%v", err)

@@ -13,6 +13,7 @@ package etcdsvc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -58,7 +60,49 @@ type Options struct {
 	// of the socket, reachable by every user of the machine: only for tests
 	// in which it stands in for an external cluster.
 	Loopback bool
+	// Peer, if set, makes the server a member of a cluster that may have
+	// others (cairn meta move, cairn meta add): it listens for raft peers
+	// over mutual TLS. Nil: a lone member with no peer listener at all.
+	Peer *PeerOptions
 }
+
+// PeerOptions configure an embedded member's raft peers (DESIGN decision
+// 13: the metadata service moves between the realm's devices).
+//
+// etcd itself cannot tell a realm's devices from its benefactors and
+// surrogates (their certificates have the same CA, and etcd checks peers
+// by common name or host only), and a peer that can send raft messages can
+// rewrite the log. So the member's own peer listener is a unix socket in
+// its 0700 data dir (Server.PeerSocket), and the peer address it
+// advertises, https://Listen, is the caller's to serve: a metadata gateway
+// (internal/metagw, devices only, revocations checked) in front of that
+// socket. A member dials its peers with its node certificate, and checks
+// nothing of theirs (realm certificates name nodes, not hosts, and etcd
+// verifies servers by host): whoever takes a member's peer address
+// receives what the cluster sends that member (doc/threat-model.md).
+type PeerOptions struct {
+	// Name is the member's name: its node name. Default "cairn" (the
+	// name of the member a realm starts with).
+	Name string
+	// Listen is the advertised peer address (host:port), where the
+	// caller's gateway to PeerSocket listens. A member that exists already
+	// may leave it empty: the cluster's membership records its peer URL
+	// (etcd's MemberUpdate changes it).
+	Listen string
+	// CertFile and KeyFile are the node's certificate and key (PEM;
+	// pki.NodeCertFile, pki.NodeKeyFile), presented to peers.
+	CertFile, KeyFile string
+	// InitialCluster is etcd's initial cluster ("name=https://host:port,...").
+	// Default: this member alone. Ignored by a data dir that already holds
+	// a member.
+	InitialCluster string
+	// Join starts a new member of an existing cluster (one that added it,
+	// see AddLearner); InitialCluster must name every member then.
+	Join bool
+}
+
+// PeerURL is the member's advertised peer URL.
+func (p *PeerOptions) PeerURL() string { return "https://" + p.Listen }
 
 // maxSocketPath is the longest path a unix socket may have (sun_path is 108
 // bytes on Linux, with its terminating NUL).
@@ -103,6 +147,7 @@ const (
 type Server struct {
 	e        *embed.Etcd
 	endpoint string
+	peerSock string
 	started  time.Duration
 	dirLock  *os.File
 	once     sync.Once
@@ -189,17 +234,47 @@ func startOnce(ctx context.Context, dir string, opts Options) (*Server, error) {
 	// port would let anyone who reaches it inject entries. The advertised
 	// peer URL only names the member (its ID derives from it).
 	purl := url.URL{Scheme: "http", Host: "127.0.0.1:2380"}
+	peerSock := ""
 
 	cfg := embed.NewConfig()
 	cfg.Name = "cairn"
+	cfg.ListenPeerUrls = nil
+	if p := opts.Peer; p != nil {
+		if p.Name != "" {
+			cfg.Name = p.Name
+		}
+		if p.Listen != "" {
+			if _, _, err := net.SplitHostPort(p.Listen); err != nil {
+				return nil, fmt.Errorf("peer listen address %q: %w", p.Listen, err)
+			}
+			purl = url.URL{Scheme: "https", Host: p.Listen}
+		}
+		peerSock = filepath.Join(dir, "peer.sock")
+		if len(peerSock) > maxSocketPath {
+			return nil, fmt.Errorf("peer socket path %s is %d bytes, longer than a unix socket's %d", peerSock, len(peerSock), maxSocketPath)
+		}
+		_ = os.Remove(peerSock) // left by a member that was killed
+		cfg.ListenPeerUrls = []url.URL{{Scheme: "unix", Host: peerSock}}
+		cfg.PeerTLSInfo = transport.TLSInfo{
+			CertFile: p.CertFile, KeyFile: p.KeyFile,
+			// Realm certificates name nodes, not hosts (see PeerOptions).
+			InsecureSkipVerify: true,
+			MinVersion:         tls.VersionTLS13,
+		}
+	}
 	cfg.Dir = dir
 	cfg.TickMs = tickMs
 	cfg.ElectionMs = electionMs
 	cfg.ListenClientUrls = []url.URL{curl}
 	cfg.AdvertiseClientUrls = []url.URL{curl}
-	cfg.ListenPeerUrls = nil
 	cfg.AdvertisePeerUrls = []url.URL{purl}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if p := opts.Peer; p != nil && p.InitialCluster != "" {
+		cfg.InitialCluster = p.InitialCluster
+	}
+	if p := opts.Peer; p != nil && p.Join {
+		cfg.ClusterState = embed.ClusterStateFlagExisting
+	}
 	cfg.ListenMetricsUrls = nil
 	cfg.EnableGRPCGateway = false
 	cfg.QuotaBackendBytes = opts.QuotaBytes
@@ -238,13 +313,17 @@ func startOnce(ctx context.Context, dir string, opts Options) (*Server, error) {
 		e.Close()
 		return nil, ctx.Err()
 	}
-	return &Server{e: e, endpoint: endpoint, started: time.Since(t0)}, nil
+	return &Server{e: e, endpoint: endpoint, peerSock: peerSock, started: time.Since(t0)}, nil
 }
 
 // Endpoint returns the client address: "unix:///path/to/sock" (a clientv3
 // endpoint; see DialEndpoint for a raw connection), or "127.0.0.1:port"
 // with Options.Loopback.
 func (s *Server) Endpoint() string { return s.endpoint }
+
+// PeerSocket is the unix socket of the member's raft peer listener
+// (Options.Peer; see PeerOptions), "" for a lone member.
+func (s *Server) PeerSocket() string { return s.peerSock }
 
 // MemberID returns the server's raft member ID. Connect compares it with the
 // ID a server at a recorded address reports, so that a port reused by some

@@ -46,6 +46,10 @@ type Config struct {
 	// Registrar, if set, takes the reports of benefactors and surrogates
 	// at wire.PathRegister (see Registrar).
 	Registrar Registrar
+	// MetaService, if set, answers GET wire.PathMetaService (devices
+	// only) with where the realm's metadata service is now: its gateways'
+	// addresses (host:port).
+	MetaService func(ctx context.Context) ([]string, error)
 	// Logger receives refusals and failures. nil discards.
 	Logger *slog.Logger
 
@@ -104,6 +108,8 @@ const (
 	OpStats  Op = "stats"
 	// OpRegister is a benefactor's or surrogate's report to its registrar.
 	OpRegister Op = "register"
+	// OpMetaService asks where the realm's metadata service is.
+	OpMetaService Op = "metaservice"
 )
 
 // Allowed reports whether a client of role may make op. In protocol version
@@ -116,7 +122,7 @@ const (
 // directly in the metadata service, so it has no use for one).
 func Allowed(role pki.Role, op Op) bool {
 	switch op {
-	case OpHas, OpPut, OpGet, OpDelete, OpList, OpStats:
+	case OpHas, OpPut, OpGet, OpDelete, OpList, OpStats, OpMetaService:
 		return role == pki.Device
 	case OpRegister:
 		return role == pki.Benefactor || role == pki.Surrogate
@@ -218,6 +224,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, cairn.E("route", cairn.Invalid, p, errors.New("this node is no registrar")))
 		return
 	}
+	if op == OpMetaService && h.cfg.MetaService == nil {
+		h.fail(w, r, http.StatusNotFound, cairn.E("route", cairn.Invalid, p, errors.New("this node does not know the metadata service")))
+		return
+	}
 	if !Allowed(id.Role, op) {
 		h.log.Warn("request refused by role", "node", id.Name, "role", id.Role, "op", op)
 		h.fail(w, r, http.StatusForbidden, cairn.E(string(op), cairn.Permission, id.Name, fmt.Errorf("a %s may not %s", id.Role, op)))
@@ -250,6 +260,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.stats(w, r)
 	case op == OpRegister:
 		h.register(w, r, id)
+	case op == OpMetaService:
+		h.metaService(w, r)
 	}
 }
 
@@ -265,6 +277,8 @@ var routes = map[string]struct {
 	wire.PathStats: {http.MethodGet, OpStats},
 	// Served only with a Registrar: see ServeHTTP.
 	wire.PathRegister: {http.MethodPost, OpRegister},
+	// Served only with MetaService: see ServeHTTP.
+	wire.PathMetaService: {http.MethodGet, OpMetaService},
 }
 
 // route maps a request to its operation and, for wire.PathObject, the ID
@@ -724,6 +738,21 @@ func (h *Handler) stats(w http.ResponseWriter, r *http.Request) {
 	b, err := wire.EncodeJSON(wire.Stats{Objects: u.Objects, Bytes: u.Bytes, Disk: u.Disk})
 	if err != nil {
 		h.fail(w, r, 0, cairn.E("stats", cairn.Other, "", err))
+		return
+	}
+	h.reply(w, wire.TypeJSON, b)
+}
+
+// metaService answers where the realm's metadata service is.
+func (h *Handler) metaService(w http.ResponseWriter, r *http.Request) {
+	gws, err := h.cfg.MetaService(r.Context())
+	if err != nil {
+		h.fail(w, r, 0, err)
+		return
+	}
+	b, err := wire.EncodeJSON(gws)
+	if err != nil {
+		h.fail(w, r, 0, cairn.E("metadata service", cairn.Other, "", err))
 		return
 	}
 	h.reply(w, wire.TypeJSON, b)

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/etcdsvc"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/metagw"
 	"cairn.dev/cairn/internal/node"
@@ -155,7 +156,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	registrar := newRegistrar(r.Meta, addr, r.log)
 	defer registrar.close()
-	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Registrar: registrar, Logger: r.log}, tlsConf)
+	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Registrar: registrar, MetaService: r.metaServiceGateways, Logger: r.log}, tlsConf)
 	if err != nil {
 		return err
 	}
@@ -200,6 +201,33 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	if sleepW := r.watchSleep(ctx, o.SleepBus, powerReqs, quit); sleepW != nil {
 		defer sleepW.Close()
+	}
+	// Where a member of the realm's etcd hosted here takes its peers,
+	// and where the other devices find the metadata service.
+	credDir := CredentialsDir(r.Home)
+	if gw != nil {
+		if err := etcdsvc.WritePeerFile(r.Home, filepath.Join(credDir, pki.NodeCertFile), filepath.Join(credDir, pki.NodeKeyFile)); err != nil {
+			return err
+		}
+	}
+	pctx, pcancel := context.WithCancel(ctx)
+	defer pcancel()
+	if gw != nil || (len(r.Config.Gateway) > 0 && len(r.opts.Etcd) == 0) {
+		// A realm on its embedded etcd: the member may move here.
+		peerAddr, perr := r.servePeerGateway(pctx, creds, rev, o.Listen, o.Advertise)
+		if perr != nil {
+			return perr
+		}
+		if perr := r.Meta.SetMetaPeer(ctx, name, peerAddr); perr != nil {
+			return perr
+		}
+		if gw != nil {
+			if perr := r.Meta.SetMetaMember(ctx, meta.MetaMember{Node: name, Gateway: gwAddr, Peer: peerAddr}); perr != nil {
+				return perr
+			}
+		} else {
+			go r.hostJoinedMember(pctx, creds, name, peerAddr)
+		}
 	}
 	served := make(chan error, 2)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()

@@ -48,15 +48,23 @@ type Config struct {
 	Created time.Time `json:"created"`
 	// Etcd lists external etcd endpoints; empty means the embedded one.
 	Etcd []string `json:"etcd,omitempty"`
-	// Gateway lists metadata gateways (host:port): another device's etcd
-	// reached over mutual TLS with this device's node certificate. A
-	// device that joined a realm on an embedded etcd has these instead of
-	// Etcd.
+	// Gateway lists metadata gateways (host:port): the realm's etcd
+	// reached over mutual TLS with this device's node certificate,
+	// through any device that serves it. A device that joined a realm on
+	// an embedded etcd has these instead of Etcd. Each open refreshes the
+	// list from the realm's record of its metadata service (metasvc.go).
 	Gateway []string `json:"gateway,omitempty"`
-	// GatewayNode is the node name the gateways' certificate must carry
-	// (the device running the realm's embedded etcd): a removed device
-	// that takes the gateway's address is refused.
+	// GatewayNode, in a config written before the realm recorded its
+	// metadata service, named the one device whose certificate the
+	// gateway had to carry. It is no longer checked: any device of the
+	// realm may serve the metadata (cairn meta move), and a gateway must
+	// present a device certificate of the realm. Cleared when the list
+	// is first refreshed.
 	GatewayNode string `json:"gateway_node,omitempty"`
+	// Nodes are the chunk service addresses (host:port) of the realm's
+	// devices, this one's included, as last seen: whom to ask where the
+	// metadata service is when every gateway in Gateway is lost.
+	Nodes []string `json:"nodes,omitempty"`
 	// StorePath is the local store's directory, relative to the home.
 	StorePath string `json:"store_path"`
 }
@@ -136,6 +144,7 @@ type Realm struct {
 	revMu        sync.Mutex
 	rev          *meta.Revocations
 	name         string
+	stopFollow   context.CancelFunc // followMetaService's watch
 }
 
 func (o *Options) fill() {
@@ -227,19 +236,9 @@ func Init(ctx context.Context, home string, opts Options) (*Realm, error) {
 // Open opens the realm in home.
 func Open(ctx context.Context, home string, opts Options) (*Realm, error) {
 	opts.fill()
-	b, err := os.ReadFile(configPath(home))
+	cfg, err := readConfig(home)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, cairn.E("open realm", cairn.NotFound, home, errors.New("no realm here: run 'cairn init' (or set CAIRN_HOME)"))
-		}
-		return nil, cairn.E("open realm", cairn.IO, home, err)
-	}
-	var cfg Config
-	if err = json.Unmarshal(b, &cfg); err != nil {
-		return nil, cairn.E("open realm", cairn.Corrupt, configPath(home), err)
-	}
-	if cfg.Format != ConfigVersion {
-		return nil, cairn.E("open realm", cairn.Invalid, configPath(home), fmt.Errorf("realm format %d; this cairn reads %d", cfg.Format, ConfigVersion))
+		return nil, err
 	}
 	if len(opts.Etcd) > 0 {
 		cfg.Etcd = opts.Etcd
@@ -264,7 +263,31 @@ func Open(ctx context.Context, home string, opts Options) (*Realm, error) {
 		r.Close()
 		return nil, cairn.E("open realm", cairn.Invalid, home, fmt.Errorf("the realm's metadata is at format %d (a newer cairn wrote it); this cairn reads up to %d: upgrade cairn on this device", info.Format, meta.RecordFormat))
 	}
+	if err := r.learnMetaService(ctx); err != nil {
+		// The cached list stays as it was: this open works all the same.
+		r.log.Warn("refresh where the metadata service is", "err", err)
+	}
+	r.followMetaService()
 	return r, nil
+}
+
+// readConfig reads home's realm.json.
+func readConfig(home string) (Config, error) {
+	var cfg Config
+	b, err := os.ReadFile(configPath(home))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return cfg, cairn.E("open realm", cairn.NotFound, home, errors.New("no realm here: run 'cairn init' (or set CAIRN_HOME)"))
+		}
+		return cfg, cairn.E("open realm", cairn.IO, home, err)
+	}
+	if err = json.Unmarshal(b, &cfg); err != nil {
+		return cfg, cairn.E("open realm", cairn.Corrupt, configPath(home), err)
+	}
+	if cfg.Format != ConfigVersion {
+		return cfg, cairn.E("open realm", cairn.Invalid, configPath(home), fmt.Errorf("realm format %d; this cairn reads %d", cfg.Format, ConfigVersion))
+	}
+	return cfg, nil
 }
 
 func connect(ctx context.Context, home string, cfg Config, opts Options) (*Realm, error) {
@@ -272,22 +295,7 @@ func connect(ctx context.Context, home string, cfg Config, opts Options) (*Realm
 	var err error
 	switch {
 	case len(opts.Etcd) == 0 && len(cfg.Gateway) > 0:
-		creds, cerr := pki.LoadCredentials(CredentialsDir(home))
-		if cerr != nil {
-			return nil, cerr
-		}
-		// The realm's revocation list lives behind the gateway: the
-		// gateway's certificate is checked against the realm CA and
-		// must name the device that serves it.
-		peer := pki.RequireRole(pki.Device)
-		if cfg.GatewayNode != "" {
-			peer = pki.RequireNode(cfg.GatewayNode)
-		}
-		tlsConf, terr := pki.ClientTLS(creds, pki.TLSOptions{Revocations: pki.NoRevocations{}, Peer: peer})
-		if terr != nil {
-			return nil, terr
-		}
-		conn, err = etcdsvc.ConnectExternal(ctx, cfg.Gateway, etcdsvc.ConnectOptions{TLS: tlsConf})
+		conn, cfg.Gateway, err = connectGateways(ctx, home, cfg)
 	case len(cfg.Etcd) > 0:
 		conn, err = etcdsvc.ConnectExternal(ctx, cfg.Etcd, etcdsvc.ConnectOptions{})
 	default:
@@ -345,6 +353,9 @@ func (r *Realm) Close() error {
 		r.rev.Close()
 	}
 	r.revMu.Unlock()
+	if r.stopFollow != nil {
+		r.stopFollow()
+	}
 	err := r.Meta.Close()
 	if r.store != nil {
 		if e := r.store.Close(); err == nil {

@@ -37,6 +37,10 @@ const (
 	// POST report (JSON, zstd) → RegisterReply (JSON, zstd); benefactors
 	// and surrogates only (register.go)
 	PathRegister = "/v1/register"
+	// GET → the realm's metadata gateways (JSON list of host:port),
+	// devices only: how a device that lost every gateway it knew finds
+	// the metadata service again (DESIGN decision 13)
+	PathMetaService = "/v1/metaservice"
 )
 
 // Headers and media types.

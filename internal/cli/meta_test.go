@@ -1,0 +1,160 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// `cairn meta move`: the metadata service moves from the first device to
+// another, and both reach it afterwards with no edit of their config; it
+// is refused without --to and on a device that does not host it.
+func TestMetaMoveCommand(t *testing.T) {
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	as := a.serve("2s")
+	a.waitState("desk", "online", 5*time.Second)
+	src := filepath.Join(t.TempDir(), "d.txt")
+	writeFile(t, src, []byte("written before the move\n"), 0o644)
+	putJSON(t, a, src, "home:/before")
+
+	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "laptop"))
+	b := joiner(t)
+	b.ok("join", tok, "--no-passphrase")
+	b.serveOn("127.0.0.2:0", "2s")
+	a.waitState("laptop", "online", 5*time.Second)
+
+	if out := b.ok("devices"); !strings.Contains(out, "metadata: desk (leader, gateway ") {
+		t.Fatalf("devices before the move: %s", out)
+	}
+	if res := a.run("meta", "move"); res.code == 0 || !strings.Contains(res.stderr, "--to") {
+		t.Fatalf("meta move without --to: %+v", res)
+	}
+	if res := b.run("meta", "move", "--to", "desk"); res.code == 0 || !strings.Contains(res.stderr, "does not host") {
+		t.Fatalf("meta move on a device that does not host it: %+v", res)
+	}
+	if out := a.ok("meta", "move", "--to", "laptop"); !strings.Contains(out, "moved the metadata service to laptop") {
+		t.Fatalf("meta move: %q", out)
+	}
+	// The old host's node lost its connection with its member: it is
+	// restarted (as the help says), and reaches the metadata through
+	// laptop's gateway like the others.
+	as.cmd.Process.Kill()
+	as.done <- <-as.done // (for the cleanup's wait)
+	a.serve("2s")
+	a.waitState("desk", "online", 10*time.Second)
+	var cfg struct {
+		Etcd    []string `json:"etcd"`
+		Gateway []string `json:"gateway"`
+	}
+	raw, err := os.ReadFile(filepath.Join(a.home, "realm.json"))
+	if err != nil || json.Unmarshal(raw, &cfg) != nil || len(cfg.Gateway) != 1 {
+		t.Fatalf("desk's realm.json after the move: %s %v", raw, err)
+	}
+	for _, r := range []*realmT{a, b} {
+		if got := r.ok("cat", "home:/before/d.txt"); got != "written before the move\n" {
+			t.Fatalf("cat after the move: %q", got)
+		}
+	}
+	for _, r := range []*realmT{a, b} {
+		if out := r.ok("devices"); !strings.Contains(out, "metadata: laptop (leader, gateway 127.0.0.2:") {
+			t.Fatalf("devices after the move: %s", out)
+		}
+	}
+	putJSON(t, b, src, "home:/after")
+	if out := a.ok("ls", "home:/"); out != "after/\nbefore/\n" {
+		t.Fatalf("ls on desk after the move: %q", out)
+	}
+}
+
+// `cairn meta add` makes a 3-member metadata service; one member's node
+// is SIGKILLed while two devices write: no write fails, and every device
+// works on.
+func TestMetaAddThreeMembers(t *testing.T) {
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	a.serve("2s")
+	a.waitState("desk", "online", 5*time.Second)
+	join := func(name, listen string) (*realmT, *server) {
+		tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", name))
+		r := joiner(t)
+		r.ok("join", tok, "--no-passphrase")
+		s := r.serveOn(listen, "2s")
+		a.waitState(name, "online", 5*time.Second)
+		return r, s
+	}
+	b, _ := join("laptop", "127.0.0.2:0")
+	c, cs := join("nas", "127.0.0.3:0")
+	a.ok("meta", "add", "laptop")
+	if out := a.ok("meta", "add", "nas"); !strings.Contains(out, "nas now serves the metadata too") {
+		t.Fatalf("meta add: %q", out)
+	}
+	if res := a.run("meta", "add", "nas"); res.code == 0 || !strings.Contains(res.stderr, "already") {
+		t.Fatalf("meta add of a member: %+v", res)
+	}
+	out := b.ok("devices")
+	for _, want := range []string{"desk (", "laptop (", "nas ("} {
+		if !strings.Contains(out, want) || strings.Count(out, "leader, gateway") != 1 {
+			t.Fatalf("devices with three members: %s", out)
+		}
+	}
+
+	src := filepath.Join(t.TempDir(), "f.txt")
+	writeFile(t, src, []byte("three members\n"), 0o644)
+	type outcome struct {
+		n    int
+		fail []string
+	}
+	stop := make(chan struct{})
+	var done [2]atomic.Int64 // writes made so far, by writer
+	write := func(r *realmT, prefix string, n *atomic.Int64, out chan<- outcome) {
+		var o outcome
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				out <- o
+				return
+			default:
+			}
+			if res := r.run("put", src, fmt.Sprintf("home:/%s%03d", prefix, i)); res.code != 0 {
+				o.fail = append(o.fail, res.stderr)
+			}
+			o.n++
+			n.Add(1)
+		}
+	}
+	// waitWrites waits until each writer has made n more writes.
+	waitWrites := func(n int64) {
+		t.Helper()
+		target := [2]int64{done[0].Load() + n, done[1].Load() + n}
+		deadline := time.Now().Add(2 * time.Minute)
+		for done[0].Load() < target[0] || done[1].Load() < target[1] {
+			if time.Now().After(deadline) {
+				t.Fatalf("writers made %d and %d writes, want %v", done[0].Load(), done[1].Load(), target)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	da, db := make(chan outcome, 1), make(chan outcome, 1)
+	go write(a, "a", &done[0], da)
+	go write(b, "b", &done[1], db)
+	waitWrites(3)
+	cs.cmd.Process.Kill() // SIGKILL: nas's member and gateway go at once
+	cs.done <- <-cs.done  // (for the cleanup's wait)
+	waitWrites(5)
+	close(stop)
+	oa, ob := <-da, <-db
+	if len(oa.fail)+len(ob.fail) > 0 {
+		t.Fatalf("writes failed with a member killed: desk %d of %d %q, laptop %d of %d %q", len(oa.fail), oa.n, oa.fail, len(ob.fail), ob.n, ob.fail)
+	}
+	if oa.n == 0 || ob.n == 0 {
+		t.Fatalf("no writes: desk %d, laptop %d", oa.n, ob.n)
+	}
+	for _, r := range []*realmT{a, b, c} {
+		r.ok("ls", "home:/")
+	}
+	t.Logf("%d + %d writes, none failed, with one of three members killed", oa.n, ob.n)
+}

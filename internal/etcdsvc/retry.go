@@ -1,0 +1,63 @@
+package etcdsvc
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+)
+
+// leaderChangeErrors are what a request meets when the cluster's leader
+// changes under it (a member moving to another device hands leadership
+// away: cairn meta move): raft drops proposals while a leadership transfer
+// is in progress ("raft proposal dropped", at once on the leader; a
+// follower that forwarded one times out with "possibly due to previous
+// leader failure"), and linearizable reads see "leader changed". None of
+// these requests was applied, except that a timed-out one may have been
+// appended before the change; every write of cairn's metadata is a
+// transaction guarded by the revisions it read (or a put that may be
+// repeated), so a repeat of one that was applied fails its compare and
+// reports a conflict, it never applies twice.
+var leaderChangeErrors = []string{
+	"raft proposal dropped",
+	"etcdserver: request timed out, possibly due to previous leader failure",
+	"etcdserver: leader changed",
+	"etcdserver: no leader",
+}
+
+// leaderChangeRetries bounds the repeats of one request.
+const leaderChangeRetries = 5
+
+// retryLeaderChange is a gRPC interceptor that repeats a unary request
+// that failed because of a leader change (leaderChangeErrors), after a
+// short pause, while its context lasts.
+func retryLeaderChange(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	pause := 20 * time.Millisecond
+	for i := 0; ; i++ {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if err == nil || i == leaderChangeRetries || !isLeaderChange(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+		pause *= 2
+	}
+}
+
+func isLeaderChange(err error) bool {
+	msg := err.Error()
+	if s, ok := status.FromError(err); ok {
+		msg = s.Message()
+	}
+	for _, e := range leaderChangeErrors {
+		if strings.Contains(msg, e) {
+			return true
+		}
+	}
+	return false
+}

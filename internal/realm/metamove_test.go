@@ -1,0 +1,163 @@
+package realm
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/etcdsvc"
+	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/pki"
+)
+
+// The realm's embedded etcd moves from the first device to another while a
+// device writes files in a loop: no write fails, every file is there
+// afterwards, and every device reaches the metadata through the new host
+// without a manual edit (the old host too, by its rewritten realm.json).
+func TestMetaMove(t *testing.T) {
+	ctx := context.Background()
+	homeA := t.TempDir()
+	t.Setenv(etcdsvc.EnvLinger, "1s")
+	a, err := Init(ctx, homeA, Options{NoPassphrase: true, NodeName: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.Close()
+		etcdsvc.StopDaemon(homeA)
+	})
+	sa := run(t, func(ctx context.Context, ready func(string)) error {
+		return a.Serve(ctx, ServeOptions{Listen: "127.0.0.1:0", Lease: 2 * time.Second, Ready: func(s string, _ bool) { ready(s) }})
+	})
+	homeB := joinAs(t, a, pki.Device, "b")
+	b, err := Open(ctx, homeB, Options{NoPassphrase: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	run(t, func(ctx context.Context, ready func(string)) error {
+		return b.Serve(ctx, ServeOptions{Listen: "127.0.0.2:0", Lease: 2 * time.Second, Ready: func(s string, _ bool) { ready(s) }})
+	})
+	// The daemon started before a's node first served: it restarts with
+	// peers (before the writes: in-flight requests fail in that restart).
+	if err := a.EnableMetaPeers(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A writer on device b, through the gateways.
+	w, err := Open(ctx, homeB, Options{NoPassphrase: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	v, err := w.Volume(ctx, DefaultVolume)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := v.Meta.Root(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu       sync.Mutex
+		written  []string
+		failures []error
+		longest  time.Duration
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		data := bytes.Repeat([]byte("m"), 4096)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			name := fmt.Sprintf("f%05d", i)
+			open := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }
+			t0 := time.Now()
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			_, _, err := v.WriteFile(wctx, root, name, open, fs.Attrs{Mode: 0o644, Mtime: time.Now()})
+			cancel()
+			d := time.Since(t0)
+			mu.Lock()
+			if err != nil {
+				failures = append(failures, fmt.Errorf("%s: %w", name, err))
+			} else {
+				written = append(written, name)
+			}
+			longest = max(longest, d)
+			mu.Unlock()
+		}
+	})
+	stopWriter := func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}
+	t.Cleanup(stopWriter)
+	waitWrites := func(n int) {
+		t.Helper()
+		mu.Lock()
+		target := len(written) + n
+		mu.Unlock()
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			mu.Lock()
+			got, f := len(written), len(failures)
+			mu.Unlock()
+			if got >= target || f > 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the writer made %d of %d writes in 2 min", got, target)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitWrites(10)
+
+	var steps []string
+	if err := a.MoveMeta(ctx, "b", MoveMetaOptions{Progress: func(s string) { steps = append(steps, s) }}); err != nil {
+		t.Fatalf("move: %v (steps %q)", err, steps)
+	}
+	waitWrites(10)
+	stopWriter()
+	sa.stop() // its connection went with its member
+	if len(failures) > 0 {
+		t.Fatalf("%d writes failed during the move, the first: %v", len(failures), failures[0])
+	}
+
+	// Every device reaches the metadata through b now, a included.
+	a2, err := Open(ctx, homeA, Options{NoPassphrase: true})
+	if err != nil {
+		t.Fatalf("the old host opens the realm after the move: %v", err)
+	}
+	defer a2.Close()
+	rec, err := a2.Meta.MetaService(ctx)
+	if err != nil || len(rec.Members) != 1 || rec.Members[0].Node != "b" {
+		t.Fatalf("metadata service after the move: %+v, %v", rec, err)
+	}
+	if !slices.Equal(a2.Config.Gateway, rec.Gateways()) || len(a2.Config.Etcd) != 0 {
+		t.Fatalf("a's config after the move: gateway %v etcd %v, want %v", a2.Config.Gateway, a2.Config.Etcd, rec.Gateways())
+	}
+	va, err := a2.Volume(ctx, DefaultVolume)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range written {
+		if _, err := va.Meta.Get(ctx, 1, name); err != nil {
+			t.Fatalf("%s, written during the move, is gone: %v", name, err)
+		}
+	}
+	t.Logf("%d files written during the move (steps %q), none failed, none lost; longest write %v", len(written), steps, longest)
+}

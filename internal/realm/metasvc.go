@@ -1,0 +1,240 @@
+package realm
+
+// Finding the metadata service (DESIGN decision 13). The realm records
+// where its metadata service is (meta.MetaServiceRecord, at metasvc); a
+// device that reaches it through gateways caches that list in realm.json
+// (Config.Gateway) each time it opens the realm, together with the chunk
+// service addresses of the realm's devices (Config.Nodes). It tries
+// every cached gateway; one that has lost them all asks those devices'
+// node services for the current list (GET wire.PathMetaService): the
+// metadata service may have moved while this device was away.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/durable"
+	"cairn.dev/cairn/internal/etcdsvc"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/node/wire"
+	"cairn.dev/cairn/internal/pki"
+)
+
+// connectGateways connects through the gateways of cfg, else through those
+// that the devices of cfg.Nodes report. A gateway is taken if its
+// certificate is one of the realm CA's, of role device: the metadata
+// service may move to any device (cairn meta move), and a benefactor's or
+// surrogate's certificate is refused. It returns the gateways it connected
+// through.
+func connectGateways(ctx context.Context, home string, cfg Config) (*etcdsvc.Conn, []string, error) {
+	creds, err := pki.LoadCredentials(CredentialsDir(home))
+	if err != nil {
+		return nil, nil, err
+	}
+	// The realm's revocation list lives behind the gateway; the gateway
+	// checks this device against it, and a revoked device that poses as
+	// a gateway gets nothing it could not read before its removal.
+	tlsConf, err := pki.ClientTLS(creds, pki.TLSOptions{Revocations: pki.NoRevocations{}, Peer: pki.RequireRole(pki.Device)})
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := etcdsvc.ConnectExternal(ctx, cfg.Gateway, etcdsvc.ConnectOptions{TLS: tlsConf})
+	if err == nil || cairn.KindOf(err) != cairn.Unavailable || len(cfg.Nodes) == 0 {
+		return conn, cfg.Gateway, err
+	}
+	gws, aerr := askMetaService(ctx, creds, cfg.Nodes)
+	if aerr != nil {
+		return nil, nil, cairn.E("connect etcd", cairn.Unavailable, "", fmt.Errorf("%w; and no device told where the metadata service is now: %w", err, aerr))
+	}
+	if slices.Equal(gws, cfg.Gateway) {
+		return nil, nil, err
+	}
+	conn, err = etcdsvc.ConnectExternal(ctx, gws, etcdsvc.ConnectOptions{TLS: tlsConf})
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, gws, nil
+}
+
+// askMetaService asks the node services at addrs, all at once, where the
+// metadata service is, and returns the first answer.
+func askMetaService(ctx context.Context, creds *pki.Credentials, addrs []string) ([]string, error) {
+	const op = "find metadata service"
+	tlsConf, err := pki.ClientTLS(creds, pki.TLSOptions{Revocations: pki.NoRevocations{}, Peer: pki.RequireRole(pki.Device)})
+	if err != nil {
+		return nil, err
+	}
+	var protos http.Protocols
+	protos.SetHTTP2(true)
+	tr := &http.Transport{
+		TLSClientConfig:        tlsConf,
+		Protocols:              &protos,
+		DialContext:            (&net.Dialer{Timeout: 3 * time.Second}).DialContext,
+		TLSHandshakeTimeout:    3 * time.Second,
+		MaxResponseHeaderBytes: 64 << 10,
+		DisableCompression:     true,
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type answer struct {
+		gws []string
+		err error
+	}
+	answers := make(chan answer, len(addrs))
+	for _, addr := range addrs {
+		go func() {
+			gws, err := askOne(ctx, client, addr)
+			answers <- answer{gws, err}
+		}()
+	}
+	var errs []error
+	for range addrs {
+		a := <-answers
+		if a.err == nil {
+			return a.gws, nil
+		}
+		errs = append(errs, a.err)
+	}
+	return nil, cairn.E(op, cairn.Unavailable, "", errors.Join(errs...))
+}
+
+func askOne(ctx context.Context, client *http.Client, addr string) ([]string, error) {
+	const op = "find metadata service"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+wire.PathMetaService, nil)
+	if err != nil {
+		return nil, cairn.E(op, cairn.Invalid, addr, err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, cairn.E(op, cairn.Unavailable, addr, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, wire.MaxJSON+1))
+	if err != nil {
+		return nil, cairn.E(op, cairn.Unavailable, addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		err = wire.DecodeError(resp.StatusCode, resp.Header.Get("Content-Encoding"), b)
+		return nil, cairn.E(op, cairn.KindOf(err), addr, err)
+	}
+	var gws []string
+	if err := wire.DecodeJSON(b, &gws); err != nil {
+		return nil, cairn.E(op, cairn.Corrupt, addr, err)
+	}
+	if len(gws) == 0 {
+		return nil, cairn.E(op, cairn.Unavailable, addr, errors.New("it knows no gateway"))
+	}
+	return gws, nil
+}
+
+// metaServiceGateways is where the realm's metadata service is, for the
+// node service's answer to other devices: the recorded gateways, else
+// (a realm whose record is not written yet) the gateways of the node
+// registry's online devices.
+func (r *Realm) metaServiceGateways(ctx context.Context) ([]string, error) {
+	rec, err := r.Meta.MetaService(ctx)
+	if err == nil && len(rec.Gateways()) > 0 {
+		return rec.Gateways(), nil
+	}
+	if err != nil && !errors.Is(err, cairn.ErrNotFound) {
+		return nil, err
+	}
+	nodes, err := r.Meta.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var gws []string
+	for _, n := range nodes {
+		if n.Gateway != "" && n.State == meta.NodeOnline {
+			gws = append(gws, n.Gateway)
+		}
+	}
+	if len(gws) == 0 {
+		return nil, cairn.E("metadata service", cairn.NotFound, "", errors.New("the realm records no metadata gateway"))
+	}
+	return gws, nil
+}
+
+// learnMetaService refreshes what realm.json caches of where the metadata
+// service is: the recorded gateways, and the chunk service addresses of
+// the realm's devices, this one's included (whom to ask if every gateway
+// is lost). It
+// rewrites the file only when something changed. Only for a device that
+// reaches the metadata through gateways.
+func (r *Realm) learnMetaService(ctx context.Context) error {
+	if len(r.Config.Gateway) == 0 || len(r.opts.Etcd) > 0 {
+		return nil
+	}
+	cfg := r.Config
+	if rec, err := r.Meta.MetaService(ctx); err == nil {
+		if gws := rec.Gateways(); len(gws) > 0 {
+			cfg.Gateway = gws
+			cfg.GatewayNode = ""
+		}
+	} else if !errors.Is(err, cairn.ErrNotFound) {
+		return err
+	}
+	nodes, err := r.Meta.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	// This device's own node is asked too: while it runs it follows the
+	// record (followMetaService).
+	var addrs []string
+	for _, n := range nodes {
+		if n.Role == string(pki.Device) && n.Addr != "" && n.State != meta.NodeRemoved {
+			addrs = append(addrs, n.Addr)
+		}
+	}
+	cfg.Nodes = addrs
+	r.Config = cfg
+	// Compared with the file, not with r.Config: connect may have found
+	// the gateways through another device already.
+	saved, err := readConfig(r.Home)
+	if err != nil {
+		return err
+	}
+	if slices.Equal(cfg.Gateway, saved.Gateway) && slices.Equal(cfg.Nodes, saved.Nodes) && cfg.GatewayNode == saved.GatewayNode {
+		return nil
+	}
+	saved.Gateway, saved.Nodes, saved.GatewayNode = cfg.Gateway, cfg.Nodes, cfg.GatewayNode
+	return saveConfig(r.Home, saved)
+}
+
+func saveConfig(home string, cfg Config) error {
+	b, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return cairn.E("save realm config", cairn.Other, configPath(home), err)
+	}
+	return durable.ReplaceFile(configPath(home), b, 0o600)
+}
+
+// followMetaService keeps this process's connection on the realm's
+// metadata gateways as they change (cairn meta move records the new ones
+// before the old member goes): the client's endpoints follow the record,
+// and requests go to the new gateways without failing. Only for a device
+// that reaches the metadata through gateways; stopped by Close.
+func (r *Realm) followMetaService() {
+	if len(r.Config.Gateway) == 0 || len(r.opts.Etcd) > 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.stopFollow = cancel
+	cli := r.conn.Client()
+	go r.Meta.WatchMetaService(ctx, func(rec *meta.MetaServiceRecord) {
+		if gws := rec.Gateways(); len(gws) > 0 {
+			r.log.Info("metadata service moved", "gateways", gws)
+			cli.SetEndpoints(gws...)
+		}
+	})
+}
