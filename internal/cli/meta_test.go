@@ -17,7 +17,7 @@ import (
 func TestMetaMoveCommand(t *testing.T) {
 	a := newRealm(t, "--no-passphrase", "--name", "desk")
 	as := a.serve("2s")
-	a.waitState("desk", "online", 5*time.Second)
+	a.waitState("desk", "awake", 5*time.Second)
 	src := filepath.Join(t.TempDir(), "d.txt")
 	writeFile(t, src, []byte("written before the move\n"), 0o644)
 	putJSON(t, a, src, "home:/before")
@@ -26,7 +26,7 @@ func TestMetaMoveCommand(t *testing.T) {
 	b := joiner(t)
 	b.ok("join", tok, "--no-passphrase")
 	b.serveOn("127.0.0.2:0", "2s")
-	a.waitState("laptop", "online", 5*time.Second)
+	a.waitState("laptop", "awake", 5*time.Second)
 
 	if out := b.ok("devices"); !strings.Contains(out, "metadata: desk (leader, gateway ") {
 		t.Fatalf("devices before the move: %s", out)
@@ -46,7 +46,7 @@ func TestMetaMoveCommand(t *testing.T) {
 	as.cmd.Process.Kill()
 	as.done <- <-as.done // (for the cleanup's wait)
 	a.serve("2s")
-	a.waitState("desk", "online", 10*time.Second)
+	a.waitState("desk", "awake", 10*time.Second)
 	var cfg struct {
 		Etcd    []string `json:"etcd"`
 		Gateway []string `json:"gateway"`
@@ -77,13 +77,13 @@ func TestMetaMoveCommand(t *testing.T) {
 func TestMetaAddThreeMembers(t *testing.T) {
 	a := newRealm(t, "--no-passphrase", "--name", "desk")
 	a.serve("2s")
-	a.waitState("desk", "online", 5*time.Second)
+	a.waitState("desk", "awake", 5*time.Second)
 	join := func(name, listen string) (*realmT, *server) {
 		tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", name))
 		r := joiner(t)
 		r.ok("join", tok, "--no-passphrase")
 		s := r.serveOn(listen, "2s")
-		a.waitState(name, "online", 5*time.Second)
+		a.waitState(name, "awake", 5*time.Second)
 		return r, s
 	}
 	b, _ := join("laptop", "127.0.0.2:0")

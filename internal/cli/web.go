@@ -129,7 +129,9 @@ func (s *webSource) Devices(ctx context.Context) ([]apitypes.Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	return devicesOf(nodes), nil
+	out := devicesOf(nodes)
+	s.e.metaMembers(ctx, s.r, out) // where the metadata lives, as 'cairn devices --json' shows it
+	return out, nil
 }
 
 // Stores asks every store as 'cairn store ls' does, except a node's
