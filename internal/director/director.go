@@ -80,6 +80,14 @@ type Options struct {
 	PolicyDir string
 	// Decide, if set, replaces DefaultDecide.
 	Decide Decider
+	// Wake, if set, wakes a node for a read that Decide said to wake
+	// (wake.go); nil: such a read fails, saying no waker exists.
+	Wake WakeFunc
+	// WakeTimeout bounds the wait for a woken node (default
+	// DefaultWakeTimeout).
+	WakeTimeout time.Duration
+	// OnWake, if set, is told how a wake goes (see WakeProgress).
+	OnWake WakeProgress
 	Logger *slog.Logger
 }
 
@@ -115,8 +123,9 @@ const (
 	// UseOther skips the node and uses another copy; when none is left
 	// the operation fails naming the node and its state.
 	UseOther Decision = iota
-	// Wake wakes the node and waits for it (issue 17: no waker exists
-	// yet, so it fails as Fail does, saying so).
+	// Wake wakes the node and waits for it, for a read once no awake
+	// copy answered (Options.Wake, wake.go); elsewhere, or with no
+	// Options.Wake, it fails as Fail does, saying so.
 	Wake
 	// Offload writes elsewhere and records the move for later (issue 17:
 	// not implemented, fails as Fail does, saying so).
@@ -174,6 +183,10 @@ type Director struct {
 	polMu     sync.Mutex
 	polClosed bool
 	pol       map[string]*PolicyStore // by canonical policy string
+
+	// Wakes in progress, by node name (wake.go).
+	wmu    sync.Mutex
+	waking map[string]*wakeCall
 }
 
 // New returns a director over env. It opens nothing until first need.

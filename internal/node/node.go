@@ -46,6 +46,9 @@ type Config struct {
 	// Registrar, if set, takes the reports of benefactors and surrogates
 	// at wire.PathRegister (see Registrar).
 	Registrar Registrar
+	// Waker, if set, makes this node a wake proxy: it sends Wake-on-LAN
+	// magic packets for the realm's devices at wire.PathWake (see Waker).
+	Waker Waker
 	// Logger receives refusals and failures. nil discards.
 	Logger *slog.Logger
 
@@ -104,6 +107,8 @@ const (
 	OpStats  Op = "stats"
 	// OpRegister is a benefactor's or surrogate's report to its registrar.
 	OpRegister Op = "register"
+	// OpWake asks a wake proxy to send a magic packet for a node.
+	OpWake Op = "wake"
 )
 
 // Allowed reports whether a client of role may make op. In protocol version
@@ -116,7 +121,7 @@ const (
 // directly in the metadata service, so it has no use for one).
 func Allowed(role pki.Role, op Op) bool {
 	switch op {
-	case OpHas, OpPut, OpGet, OpDelete, OpList, OpStats:
+	case OpHas, OpPut, OpGet, OpDelete, OpList, OpStats, OpWake:
 		return role == pki.Device
 	case OpRegister:
 		return role == pki.Benefactor || role == pki.Surrogate
@@ -218,6 +223,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, cairn.E("route", cairn.Invalid, p, errors.New("this node is no registrar")))
 		return
 	}
+	if op == OpWake && h.cfg.Waker == nil {
+		h.fail(w, r, http.StatusNotFound, cairn.E("route", cairn.Invalid, p, errors.New("this node is no wake proxy")))
+		return
+	}
 	if !Allowed(id.Role, op) {
 		h.log.Warn("request refused by role", "node", id.Name, "role", id.Role, "op", op)
 		h.fail(w, r, http.StatusForbidden, cairn.E(string(op), cairn.Permission, id.Name, fmt.Errorf("a %s may not %s", id.Role, op)))
@@ -250,6 +259,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.stats(w, r)
 	case op == OpRegister:
 		h.register(w, r, id)
+	case op == OpWake:
+		h.wake(w, r, id)
 	}
 }
 
@@ -265,6 +276,8 @@ var routes = map[string]struct {
 	wire.PathStats: {http.MethodGet, OpStats},
 	// Served only with a Registrar: see ServeHTTP.
 	wire.PathRegister: {http.MethodPost, OpRegister},
+	// Served only with a Waker.
+	wire.PathWake: {http.MethodPost, OpWake},
 }
 
 // route maps a request to its operation and, for wire.PathObject, the ID

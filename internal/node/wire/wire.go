@@ -37,6 +37,9 @@ const (
 	// POST report (JSON, zstd) → RegisterReply (JSON, zstd); benefactors
 	// and surrogates only (register.go)
 	PathRegister = "/v1/register"
+	// POST WakeRequest (JSON) → WakeReply (JSON); devices only, on a
+	// node that serves as a wake proxy (wake.go)
+	PathWake = "/v1/wake"
 )
 
 // Headers and media types.
