@@ -19,7 +19,7 @@ import (
 // A file only B holds: with B asleep (SIGSTOP, link down, offline), A's
 // get wakes B through P (the agent sees the packet from P's address),
 // shows progress and succeeds. A read A can answer without B (its chunk
-// cache, a file on awake P) sends no packet. A wake that never comes
+// cache, a file on awake P, a copies:2 file's copy on P) sends no packet. A wake that never comes
 // fails after --wake-timeout, naming B.
 func TestWakeOnRead(t *testing.T) {
 	ctx := context.Background()
@@ -51,6 +51,13 @@ func TestWakeOnRead(t *testing.T) {
 	os.Rename(src, filepath.Join(filepath.Dir(src), "g.txt"))
 	putJSON(t, p, filepath.Join(filepath.Dir(src), "g.txt"), "home:/")
 
+	// A file kept copies:2 on b and p, written by b.
+	b.ok("mkdir", "home:/two")
+	a.ok("policy", "set", "home:/two", "copies:2@b,p")
+	two := randBytes(50_000)
+	writeFile(t, src, two, 0o644)
+	putJSON(t, b, src, "home:/two/")
+
 	sleep := func() {
 		if err := r.Sleep(ctx, 1); err != nil {
 			t.Fatal(err)
@@ -64,6 +71,14 @@ func TestWakeOnRead(t *testing.T) {
 	}
 	if ev := r.Events(); len(ev) != 0 {
 		t.Fatalf("a read of a file on awake p sent packets: %+v", ev)
+	}
+
+	// The same file's copy on awake p: read from it, b is not woken.
+	if got := a.ok("cat", "home:/two/f.bin"); got != string(two) {
+		t.Fatalf("cat two/f.bin: %d bytes, want %d", len(got), len(two))
+	}
+	if ev := r.Events(); len(ev) != 0 {
+		t.Fatalf("a read of a copies:2 file with its copy on awake p sent packets: %+v", ev)
 	}
 
 	// 1. Only B holds f.bin: the get wakes it through P.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"time"
@@ -54,10 +53,7 @@ func sendBurst(ctx context.Context, name string, w *meta.WakeInfo) (int, error) 
 
 // waker is a device node's wake proxy (node.Waker): it wakes a node of the
 // realm, by the wake method its record names, for a device that asks.
-type waker struct {
-	m   *meta.Service
-	log *slog.Logger
-}
+type waker struct{ m *meta.Service }
 
 func (w waker) Wake(ctx context.Context, peer pki.NodeIdentity, name string) (wire.WakeReply, error) {
 	n, err := w.m.Node(ctx, name)
