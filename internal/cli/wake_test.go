@@ -20,7 +20,8 @@ import (
 // get wakes B through P (the agent sees the packet from P's address),
 // shows progress and succeeds. A read A can answer without B (its chunk
 // cache, a file on awake P, a copies:2 file's copy on P) sends no packet. A wake that never comes
-// fails after --wake-timeout, naming B.
+// fails after --wake-timeout, naming B. With no proxy set, A, on B's LAN,
+// sends the packets itself.
 func TestWakeOnRead(t *testing.T) {
 	ctx := context.Background()
 	r := sleeprig.New(t, sleeprig.Options{Net: netnstest.Options{Hosts: 3, Delay: 2 * time.Millisecond, Rate: "56mbit"},
@@ -119,9 +120,25 @@ func TestWakeOnRead(t *testing.T) {
 		t.Fatalf("get with a wake that never comes: exit %d\n%s", res.code, res.stderr)
 	}
 	if res.code != cli.ExitUnavailable {
-		t.Logf("exit code %d", res.code)
+		t.Fatalf("get with a wake that never comes: exit %d, want %d (unavailable)\n%s", res.code, cli.ExitUnavailable, res.stderr)
 	}
-	if ev := r.Events(); len(ev) <= n || ev[len(ev)-1].Outcome != sleeprig.Held {
+	t.Logf("a wake that never comes: %s", strings.TrimSpace(res.stderr))
+	ev = r.Events()
+	if len(ev) <= n || ev[len(ev)-1].Outcome != sleeprig.Held {
 		t.Fatalf("no packet for the held host: %+v", ev[n:])
+	}
+
+	// 4. No proxy: A is on b's LAN (the record's broadcast address is
+	// its interface's), so it sends the packets itself.
+	r.Hold(1, false)
+	a.ok("node", "set-wake", "b", "--mac", r.MAC(1).String(), "--broadcast", netnstest.Broadcast.String())
+	n = len(ev)
+	res = a.run("get", "--no-cache", "home:/f.bin", filepath.Join(t.TempDir(), "direct.bin"))
+	if res.code != 0 || !strings.Contains(res.stderr, "waking b… ") {
+		t.Fatalf("get that wakes b by a broadcast of its own: exit %d\n%s", res.code, res.stderr)
+	}
+	ev = r.Events()
+	if len(ev) <= n || ev[n].Outcome != sleeprig.Scheduled || ev[n].From.Addr() != r.Addr(0) {
+		t.Fatalf("agent events %+v: want a wake of host 1 sent by a (%v)", ev[n:], r.Addr(0))
 	}
 }

@@ -185,8 +185,10 @@ type Director struct {
 	pol       map[string]*PolicyStore // by canonical policy string
 
 	// Wakes in progress, by node name (wake.go).
-	wmu    sync.Mutex
-	waking map[string]*wakeCall
+	wmu      sync.Mutex
+	waking   map[string]*wakeCall
+	wakeCtx  context.Context // ends at Close: waits in progress end
+	wakeStop context.CancelFunc
 }
 
 // New returns a director over env. It opens nothing until first need.
@@ -197,7 +199,9 @@ func New(env Env, opts Options) *Director {
 	if opts.Decide == nil {
 		opts.Decide = DefaultDecide
 	}
-	return &Director{env: env, opts: opts, log: opts.Logger}
+	d := &Director{env: env, opts: opts, log: opts.Logger}
+	d.wakeCtx, d.wakeStop = context.WithCancel(context.Background())
+	return d
 }
 
 // errClosed is returned by a director after Close.
@@ -209,6 +213,7 @@ var errClosed = cairn.E("fetch", cairn.Canceled, "", errors.New("the realm is cl
 // realm owns (Env.Local, Env.Store) stay open. Close the volumes writing
 // through the director first.
 func (d *Director) Close() error {
+	d.wakeStop()
 	d.polMu.Lock()
 	if !d.polClosed {
 		d.polClosed = true

@@ -56,8 +56,8 @@ type wakeCall struct {
 // wakeWait wakes node n and waits until the registry shows it awake, at
 // most Options.WakeTimeout. Concurrent callers for the same node share one
 // burst of packets and one wait. The wait does not end with the caller's
-// context (others may share it); the caller stops waiting when its context
-// ends.
+// context (others may share it), only with the director (Close); the
+// caller stops waiting when its context ends.
 func (d *Director) wakeWait(ctx context.Context, n meta.NodeStatus) error {
 	if d.opts.Wake == nil {
 		return fmt.Errorf("%s; cannot wake it: no waker in this realm", notAwake(n))
@@ -87,7 +87,7 @@ func (d *Director) runWake(c *wakeCall, n meta.NodeStatus) {
 		timeout = DefaultWakeTimeout
 	}
 	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(d.wakeCtx, timeout)
 	defer cancel()
 	progress := func(done bool, err error) {
 		if d.opts.OnWake != nil {
@@ -116,6 +116,9 @@ func (d *Director) wakeAndPoll(ctx context.Context, n meta.NodeStatus, timeout t
 	for {
 		select {
 		case <-ctx.Done():
+			if d.wakeCtx.Err() != nil {
+				return errClosed
+			}
 			return fmt.Errorf("%s; woken (%s), it did not wake within %v", notAwake(n), how, timeout)
 		case <-tell.C:
 			progress(false, nil)
