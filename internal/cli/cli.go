@@ -96,7 +96,7 @@ type env struct {
 	cpuprofile     string
 	target         string        // put --store: the node that receives the data
 	noCache        bool          // cat/get --no-cache: read from the stores, past every local cache
-	wakeTimeout    time.Duration // get/cat/mount/dav --wake-timeout: the wait for a node a read wakes
+	wakeTimeout    time.Duration // get/cat/mount/dav --wake-timeout: the wait for a node a read wakes (-1 in other commands: they never wake one)
 	log            *slog.Logger
 	realm          *realm.Realm
 	pass           []byte // the passphrase once read (for a background drainer)
