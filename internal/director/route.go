@@ -145,9 +145,6 @@ func (rt *router) get(ctx context.Context, id cairn.ID) ([]byte, []meta.NodeStat
 			failed = append(failed, p.name+": "+err.Error())
 		}
 	}
-	for _, n := range sleepers {
-		skipped = append(skipped, n.Name+" ("+n.State+")")
-	}
 	kind := cairn.NotFound
 	if unavailable || len(skipped) > 0 {
 		kind = cairn.Unavailable
