@@ -3,6 +3,7 @@
 package cli
 
 import (
+	"cairn.dev/cairn/internal/director"
 	"context"
 	"encoding/json"
 	"errors"
@@ -93,8 +94,9 @@ type env struct {
 	verbose        bool
 	quiet          bool
 	cpuprofile     string
-	target         string // put --store: the node that receives the data
-	noCache        bool   // cat/get --no-cache: read from the stores, past every local cache
+	target         string        // put --store: the node that receives the data
+	noCache        bool          // cat/get --no-cache: read from the stores, past every local cache
+	wakeTimeout    time.Duration // get/cat/mount/dav --wake-timeout: the wait for a node a read wakes (-1 in other commands: they never wake one)
 	log            *slog.Logger
 	realm          *realm.Realm
 	pass           []byte // the passphrase once read (for a background drainer)
@@ -108,7 +110,7 @@ type env struct {
 func Main(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	e := &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	e := &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, wakeTimeout: -1}
 	root := e.rootCmd()
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
@@ -250,7 +252,8 @@ func (e *env) etcdEndpoints() []string {
 }
 
 func (e *env) options() realm.Options {
-	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Target: e.target, NoCache: e.noCache, Logger: e.log}
+	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Target: e.target, NoCache: e.noCache, Logger: e.log,
+		WakeTimeout: e.wakeTimeout, OnWake: e.showWake}
 	if s := os.Getenv("CAIRN_CHUNK_CACHE"); s != "" {
 		if n, err := parseSize(s); err == nil && n > 0 {
 			o.CacheBytes = n
@@ -411,4 +414,24 @@ func (e *env) printJSON(v any) error {
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// wakeFlag adds --wake-timeout to a command that reads (get, cat, mount,
+// dav).
+func (e *env) wakeFlag(c *cobra.Command) {
+	c.Flags().DurationVar(&e.wakeTimeout, "wake-timeout", director.DefaultWakeTimeout, "how long a read waits for a sleeping device that alone holds its data, which it wakes (Wake-on-LAN, through the device's wake proxy); negative: never wake a device")
+}
+
+// showWake shows on stderr how a wake a read asked for goes: "waking
+// desktop… 4 s", then whether it woke.
+func (e *env) showWake(node string, waited time.Duration, done bool, err error) {
+	if e.quiet {
+		return
+	}
+	switch {
+	case !done:
+		fmt.Fprintf(e.stderr, "waking %s… %d s\n", node, int(waited.Seconds()))
+	case err == nil:
+		fmt.Fprintf(e.stderr, "%s is awake (%.1f s)\n", node, waited.Seconds())
+	}
 }

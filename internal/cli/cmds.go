@@ -398,6 +398,7 @@ func (e *env) catCmd() *cobra.Command {
 		},
 	}
 	c.Flags().Uint64Var(&version, "version", 0, "version number to print")
+	e.wakeFlag(c)
 	c.Flags().BoolVar(&e.noCache, "no-cache", false, "read from the stores that hold the data, bypassing this device's chunk cache (to check the remote copies)")
 	return c
 }

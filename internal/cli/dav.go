@@ -71,6 +71,7 @@ PROPFIND of depth infinity is refused (403).`,
 			return e.serveDav(cmd.Context(), name, listen, plain, hostnames)
 		},
 	}
+	e.wakeFlag(c)
 	c.Flags().StringVar(&listen, "listen", defaultDavListen, "address to serve on, host:port (port 0: any free port)")
 	c.Flags().BoolVar(&plain, "http", false, "serve plain HTTP instead of HTTPS (only on a loopback address)")
 	c.Flags().StringArrayVar(&hostnames, "hostname", nil, "a name clients use to reach this machine, put in the certificate (repeatable)")

@@ -79,6 +79,7 @@ end, and get exits 0 for them (as rsync does: the rest is restored).`,
 	c.Flags().Uint64Var(&version, "version", 0, "version number of a file to get (see 'cairn versions')")
 	c.Flags().BoolVar(&e.noCache, "no-cache", false, "read from the stores that hold the data, bypassing this device's chunk cache (to check the remote copies)")
 	c.Flags().IntVar(&workers, "workers", 0, "files read in parallel (default 2 per core)")
+	e.wakeFlag(c)
 	return c
 }
 

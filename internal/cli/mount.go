@@ -183,6 +183,7 @@ directory and logs where. A volume is mounted once per device.`,
 			return e.mountBackground(cmd.Context(), name, dir, o.Mode, attrTimeout, debug, extra)
 		},
 	}
+	e.wakeFlag(m)
 	m.Flags().BoolVar(&foreground, "foreground", false, "stay in the foreground; Ctrl-C or SIGTERM unmounts")
 	m.Flags().DurationVar(&attrTimeout, "attr-timeout", mount.DefaultAttrTimeout, "how long the kernel caches attributes and names (0: not at all)")
 	m.Flags().BoolVar(&debug, "debug", false, "log every FUSE request (to the log, or stderr with --foreground)")

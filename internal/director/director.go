@@ -80,6 +80,14 @@ type Options struct {
 	PolicyDir string
 	// Decide, if set, replaces DefaultDecide.
 	Decide Decider
+	// Wake, if set, wakes a node for a read that Decide said to wake
+	// (wake.go); nil: such a read fails, saying no waker exists.
+	Wake WakeFunc
+	// WakeTimeout bounds the wait for a woken node (default
+	// DefaultWakeTimeout).
+	WakeTimeout time.Duration
+	// OnWake, if set, is told how a wake goes (see WakeProgress).
+	OnWake WakeProgress
 	Logger *slog.Logger
 }
 
@@ -115,8 +123,9 @@ const (
 	// UseOther skips the node and uses another copy; when none is left
 	// the operation fails naming the node and its state.
 	UseOther Decision = iota
-	// Wake wakes the node and waits for it (issue 17: no waker exists
-	// yet, so it fails as Fail does, saying so).
+	// Wake wakes the node and waits for it, for a read once no awake
+	// copy answered (Options.Wake, wake.go); elsewhere, or with no
+	// Options.Wake, it fails as Fail does, saying so.
 	Wake
 	// Offload writes elsewhere and records the move for later (issue 17:
 	// not implemented, fails as Fail does, saying so).
@@ -174,6 +183,12 @@ type Director struct {
 	polMu     sync.Mutex
 	polClosed bool
 	pol       map[string]*PolicyStore // by canonical policy string
+
+	// Wakes in progress, by node name (wake.go).
+	wmu      sync.Mutex
+	waking   map[string]*wakeCall
+	wakeCtx  context.Context // ends at Close: waits in progress end
+	wakeStop context.CancelFunc
 }
 
 // New returns a director over env. It opens nothing until first need.
@@ -184,7 +199,9 @@ func New(env Env, opts Options) *Director {
 	if opts.Decide == nil {
 		opts.Decide = DefaultDecide
 	}
-	return &Director{env: env, opts: opts, log: opts.Logger}
+	d := &Director{env: env, opts: opts, log: opts.Logger}
+	d.wakeCtx, d.wakeStop = context.WithCancel(context.Background())
+	return d
 }
 
 // errClosed is returned by a director after Close.
@@ -196,6 +213,7 @@ var errClosed = cairn.E("fetch", cairn.Canceled, "", errors.New("the realm is cl
 // realm owns (Env.Local, Env.Store) stay open. Close the volumes writing
 // through the director first.
 func (d *Director) Close() error {
+	d.wakeStop()
 	d.polMu.Lock()
 	if !d.polClosed {
 		d.polClosed = true

@@ -78,11 +78,42 @@ func (rt *router) Close() error {
 }
 
 // Get fetches id from the nodes that may hold it, in order (see order),
-// and returns the first copy; the cache in front verifies it.
+// and returns the first copy; the cache in front verifies it. When none
+// of them has it and the version names nodes that sleep and that the
+// director was told to wake (Decision Wake), it wakes the first, waits for
+// it (shared with every other read that needs it meanwhile) and asks
+// again: a node is never woken while an awake copy answers.
 func (rt *router) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
-	cands, skipped, err := rt.order(ctx, store.Sources(ctx))
+	woken := map[string]bool{}
+	for {
+		data, sleepers, err := rt.get(ctx, id)
+		if err == nil || len(sleepers) == 0 || ctx.Err() != nil {
+			return data, err
+		}
+		i := slices.IndexFunc(sleepers, func(n meta.NodeStatus) bool { return !woken[n.Name] })
+		if i < 0 {
+			return nil, err
+		}
+		n := sleepers[i]
+		woken[n.Name] = true
+		if werr := rt.d.wakeWait(ctx, n); werr != nil {
+			if ctx.Err() != nil {
+				return nil, store.CtxErr(ctx, "get", id.String())
+			}
+			return nil, errNoAwakeStore(id, n, werr)
+		}
+		rt.mu.Lock()
+		rt.listed = nil // read the registry again: the node is awake
+		rt.mu.Unlock()
+	}
+}
+
+// get is one pass of Get over the nodes awake now; sleepers are the
+// nodes to wake if it fails.
+func (rt *router) get(ctx context.Context, id cairn.ID) ([]byte, []meta.NodeStatus, error) {
+	cands, skipped, sleepers, err := rt.order(ctx, store.Sources(ctx))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// tried: nodes that answered they do not have it; failed: the
 	// others, each with its error, so that a failure names its cause
@@ -94,10 +125,10 @@ func (rt *router) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 		data, err := p.st.Get(ctx, id)
 		if err == nil {
 			rt.observe(p, time.Since(t0), nil)
-			return data, nil
+			return data, nil, nil
 		}
 		if ctx.Err() != nil {
-			return nil, store.CtxErr(ctx, "get", id.String())
+			return nil, nil, store.CtxErr(ctx, "get", id.String())
 		}
 		// Any other error, Permission included (one node's word, maybe
 		// on a stale list: this device learns it was removed from its
@@ -129,7 +160,7 @@ func (rt *router) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	if len(skipped) > 0 {
 		why = append(why, "held by "+strings.Join(skipped, ", "))
 	}
-	return nil, cairn.E("fetch", kind, id.String(), errors.New(strings.Join(why, "; ")))
+	return nil, sleepers, cairn.E("fetch", kind, id.String(), errors.New(strings.Join(why, "; ")))
 }
 
 // observe records a request's outcome: a round-trip sample, or a failure.
@@ -158,10 +189,10 @@ func (rt *router) observe(p *peer, d time.Duration, err error) {
 // skipped names hinted nodes that are not awake, "NAME (STATE)", for which
 // Options.Decide said UseOther, and hinted
 // stores that could not be opened, "NAME (why)".
-func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skipped []string, err error) {
+func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skipped []string, sleepers []meta.NodeStatus, err error) {
 	nodes, err := rt.registry(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	self := rt.d.self(ctx)
 	hinted := map[string]bool{}
@@ -186,7 +217,7 @@ func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skip
 		p, err := rt.storePeer(ctx, name)
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, nil, ctx.Err()
+				return nil, nil, nil, ctx.Err()
 			}
 			rt.d.log.Warn("opening a store the version names", "store", name, "err", err)
 			skipped = append(skipped, name+" ("+err.Error()+")")
@@ -215,9 +246,12 @@ func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skip
 				continue
 			}
 			// A node the version names is not awake: what to do is
-			// the director's decision (UseOther by default).
-			if err := rt.d.decide(ctx, "fetch", n, ForRead); err != nil {
-				return nil, nil, err
+			// the director's decision (UseOther by default). Wake
+			// waits until the awake copies were asked (Get).
+			if rt.d.opts.Wake != nil && rt.d.opts.Decide(ctx, n, ForRead) == Wake {
+				sleepers = append(sleepers, n)
+			} else if err := rt.d.decide(ctx, "fetch", n, ForRead); err != nil {
+				return nil, nil, nil, err
 			}
 			state := n.State
 			if state == meta.NodeOnline {
@@ -228,7 +262,7 @@ func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skip
 		}
 		p, err := rt.peer(ctx, n.Name, n.Addr)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		cs = append(cs, cand{p: p, rate: n.Rate})
 	}
@@ -262,7 +296,7 @@ func (rt *router) order(ctx context.Context, hint []string) (cands []*peer, skip
 	for _, c := range cs {
 		cands = append(cands, c.p)
 	}
-	return append(stores, cands...), skipped, nil
+	return append(stores, cands...), skipped, sleepers, nil
 }
 
 // probe measures the round trip to each node not measured yet, all at

@@ -61,6 +61,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"node registry records":                           fmt.Sprint(meta.NodeRecordFormat),
 		"node control socket":                             fmt.Sprint(realm.ControlVersion),
 		"web JSON API (`cairn web`)":                      fmt.Sprint(apitypes.Version),
+		"wake request (`POST /v1/wake` of the node wire)": fmt.Sprint(wire.WakeVersion),
 		"node wire protocol, join token, revocation and token lists, registrar state": one(t, "node wire protocol",
 			wire.Version, pki.JoinFormat, pki.TokenListFormat, pki.RevocationFormat, realm.RegistrarFormat),
 		"erasure-coded shards and shard maps, repair queue, shard-map cache": fmt.Sprint(ecstore.Version),

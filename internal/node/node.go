@@ -50,6 +50,9 @@ type Config struct {
 	// only) with where the realm's metadata service is now: its gateways'
 	// addresses (host:port).
 	MetaService func(ctx context.Context) ([]string, error)
+	// Waker, if set, makes this node a wake proxy: it sends Wake-on-LAN
+	// magic packets for the realm's devices at wire.PathWake (see Waker).
+	Waker Waker
 	// Logger receives refusals and failures. nil discards.
 	Logger *slog.Logger
 
@@ -110,6 +113,8 @@ const (
 	OpRegister Op = "register"
 	// OpMetaService asks where the realm's metadata service is.
 	OpMetaService Op = "metaservice"
+	// OpWake asks a wake proxy to send a magic packet for a node.
+	OpWake Op = "wake"
 )
 
 // Allowed reports whether a client of role may make op. In protocol version
@@ -122,7 +127,7 @@ const (
 // directly in the metadata service, so it has no use for one).
 func Allowed(role pki.Role, op Op) bool {
 	switch op {
-	case OpHas, OpPut, OpGet, OpDelete, OpList, OpStats, OpMetaService:
+	case OpHas, OpPut, OpGet, OpDelete, OpList, OpStats, OpMetaService, OpWake:
 		return role == pki.Device
 	case OpRegister:
 		return role == pki.Benefactor || role == pki.Surrogate
@@ -228,6 +233,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, cairn.E("route", cairn.Invalid, p, errors.New("this node does not know the metadata service")))
 		return
 	}
+	if op == OpWake && h.cfg.Waker == nil {
+		h.fail(w, r, http.StatusNotFound, cairn.E("route", cairn.Invalid, p, errors.New("this node is no wake proxy")))
+		return
+	}
 	if !Allowed(id.Role, op) {
 		h.log.Warn("request refused by role", "node", id.Name, "role", id.Role, "op", op)
 		h.fail(w, r, http.StatusForbidden, cairn.E(string(op), cairn.Permission, id.Name, fmt.Errorf("a %s may not %s", id.Role, op)))
@@ -262,6 +271,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.register(w, r, id)
 	case op == OpMetaService:
 		h.metaService(w, r)
+	case op == OpWake:
+		h.wake(w, r, id)
 	}
 }
 
@@ -279,6 +290,8 @@ var routes = map[string]struct {
 	wire.PathRegister: {http.MethodPost, OpRegister},
 	// Served only with MetaService: see ServeHTTP.
 	wire.PathMetaService: {http.MethodGet, OpMetaService},
+	// Served only with a Waker.
+	wire.PathWake: {http.MethodPost, OpWake},
 }
 
 // route maps a request to its operation and, for wire.PathObject, the ID

@@ -156,7 +156,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	registrar := newRegistrar(r.Meta, addr, r.log)
 	defer registrar.close()
-	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Registrar: registrar, MetaService: r.metaServiceGateways, Logger: r.log}, tlsConf)
+	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Registrar: registrar, MetaService: r.metaServiceGateways, Waker: waker{m: r.Meta}, Logger: r.log}, tlsConf)
 	if err != nil {
 		return err
 	}

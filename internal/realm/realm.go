@@ -116,7 +116,13 @@ type Options struct {
 	// CacheBytes bounds the chunk cache of data read from other nodes
 	// (default DefaultCacheBytes).
 	CacheBytes int64
-	Logger     *slog.Logger
+	// WakeTimeout bounds how long a read waits for a sleeping node that
+	// alone holds its data and that it woke (default
+	// director.DefaultWakeTimeout); negative: reads never wake a node.
+	WakeTimeout time.Duration
+	// OnWake, if set, is told how a wake goes (the CLI shows it).
+	OnWake director.WakeProgress
+	Logger *slog.Logger
 }
 
 // Realm is an open realm.

@@ -94,6 +94,7 @@ const (
 	Awake     Outcome = "awake"          // the host is awake: nothing to do
 	Pending   Outcome = "already waking" // a wake of the host is already scheduled
 	Scheduled Outcome = "wake scheduled" // the host wakes ResumeTime after At
+	Held      Outcome = "held asleep"    // the test holds the host asleep (Hold): a wake that never comes
 )
 
 // Event is one datagram the agent received.
@@ -124,6 +125,7 @@ type Rig struct {
 type hostState struct {
 	procs  []*os.Process
 	asleep bool
+	held   bool        // Hold: magic packets for it wake nothing
 	timer  *time.Timer // a scheduled wake; nil if none
 	woken  int         // wakes done by the agent
 	err    error       // the last wake by the agent that failed
@@ -339,6 +341,8 @@ func (r *Rig) listen() {
 				ev.Outcome = Unknown
 			case !h.asleep:
 				ev.Outcome = Awake
+			case h.held:
+				ev.Outcome = Held
 			case h.timer != nil:
 				ev.Outcome = Pending
 			case !r.closed:
@@ -375,6 +379,15 @@ func (r *Rig) agentWake(host int) {
 		return
 	}
 	h.woken++
+}
+
+// Hold makes the agent ignore magic packets for host while hold is set (a
+// machine whose Wake-on-LAN does not work): they are recorded with Outcome
+// Held and wake nothing. Wake and cleanup still wake it.
+func (r *Rig) Hold(host int, hold bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hosts[host].held = hold
 }
 
 // cleanup stops the agent and wakes every host still asleep.

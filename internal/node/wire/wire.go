@@ -41,6 +41,9 @@ const (
 	// devices only: how a device that lost every gateway it knew finds
 	// the metadata service again (DESIGN decision 13)
 	PathMetaService = "/v1/metaservice"
+	// POST WakeRequest (JSON) → WakeReply (JSON); devices only, on a
+	// node that serves as a wake proxy (wake.go)
+	PathWake = "/v1/wake"
 )
 
 // Headers and media types.

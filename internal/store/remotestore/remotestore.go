@@ -531,3 +531,30 @@ func (s *Store) Health(ctx context.Context) error {
 	resp.Body.Close()
 	return nil
 }
+
+// Wake asks the node, a wake proxy, to send Wake-on-LAN magic packets for
+// node (wire.PathWake). The proxy reads the node's wake method from the
+// realm's metadata; the reply says what it sent.
+func (s *Store) Wake(ctx context.Context, node string) (wire.WakeReply, error) {
+	if err := s.begin(ctx, "wake", node); err != nil {
+		return wire.WakeReply{}, err
+	}
+	body, err := wire.EncodeJSON(wire.WakeRequest{V: wire.WakeVersion, Node: node})
+	if err != nil {
+		return wire.WakeReply{}, cairn.E("wake", cairn.Invalid, node, err)
+	}
+	resp, err := s.do(ctx, "wake", node, http.MethodPost, wire.PathWake, body,
+		map[string]string{"Content-Type": wire.TypeJSON, "Content-Encoding": wire.Zstd}, http.StatusOK)
+	if err != nil {
+		return wire.WakeReply{}, err
+	}
+	b, err := s.readBody(ctx, "wake", node, resp, wire.MaxWake)
+	if err != nil {
+		return wire.WakeReply{}, err
+	}
+	var r wire.WakeReply
+	if err := wire.DecodeJSON(b, &r); err != nil {
+		return wire.WakeReply{}, s.wrap("wake", node, err)
+	}
+	return r, nil
+}
