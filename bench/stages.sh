@@ -6,7 +6,9 @@
 # LARGE_MIB=2048 by hand). Prints one table per data set: each stage's throughput and the bound
 # it sets, the whole put, and its overhead over the slowest stage. CPU profiles of the two whole
 # puts go to bench/profiles/put-{small,large}.prof (gitignored) with their
-# `go tool pprof -top` (20 nodes) beside them as .top.txt (kept in the repository).
+# `go tool pprof -top` (20 nodes) beside them as .top.txt and `-top -cum` (40 nodes) as .cum.txt
+# (both kept in the repository). The profiles are the command's own (cairn's --cpuprofile):
+# the put alone, not the data's generation; the realm's etcd daemon is another process.
 #
 # Usage: [COUNT=1] [LARGE_MIB=256] [BENCH_TMP=/var/tmp] bench/stages.sh
 # COUNT runs each benchmark that many times (medians). Records nothing by itself: copy the
@@ -36,6 +38,7 @@ for set in small large; do
 	run -test.bench "^BenchmarkPut\$/^$set\$"
 	unset CAIRN_BENCH_PUT_CPUPROFILE
 	$GO tool pprof -top -nodecount=20 "$BIN" "$PROF/put-$set.prof" >"$PROF/put-$set.top.txt" 2>/dev/null
+	$GO tool pprof -top -cum -nodecount=40 "$BIN" "$PROF/put-$set.prof" >"$PROF/put-$set.cum.txt" 2>/dev/null
 done
 echo "# load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 
