@@ -119,6 +119,10 @@ type dataset struct {
 	chunkFile []int
 }
 
+// seq names what each pass creates afresh (stores, directories, realms):
+// benchmarks run again under -count, and every pass must start empty.
+var seq atomic.Int64
+
 var (
 	setsMu sync.Mutex
 	sets   = map[string]*dataset{}
@@ -232,7 +236,7 @@ func cpuTime() time.Duration {
 
 // measure runs one pass of a stage per iteration (setup untimed) and
 // reports MB/s of file data, files/s and MB/cpu-s.
-func measure(b *testing.B, ds *dataset, setup func(iter int), pass func(iter int) error) {
+func measure(b *testing.B, ds *dataset, setup func(), pass func() error) {
 	b.SetBytes(ds.bytes)
 	b.ReportAllocs()
 	var cpu time.Duration
@@ -241,11 +245,11 @@ func measure(b *testing.B, ds *dataset, setup func(iter int), pass func(iter int
 	for b.Loop() {
 		if setup != nil {
 			b.StopTimer()
-			setup(iter)
+			setup()
 			b.StartTimer()
 		}
 		c0 := cpuTime()
-		if err := pass(iter); err != nil {
+		if err := pass(); err != nil {
 			b.Fatal(err)
 		}
 		cpu += cpuTime() - c0
@@ -384,7 +388,7 @@ func benchStages(b *testing.B, name string) {
 			w = ioWorkers()
 		}
 		bufs := sync.Pool{New: func() any { return make([]byte, 1<<20) }}
-		measure(b, ds, nil, func(int) error {
+		measure(b, ds, nil, func() error {
 			return parallel(w, len(ds.paths), func(i int) error {
 				f, err := os.Open(ds.paths[i])
 				if err != nil {
@@ -412,7 +416,7 @@ func benchStages(b *testing.B, name string) {
 	})
 	b.Run("chunk", func(b *testing.B) {
 		cut := newCutter(b)
-		measure(b, ds, nil, func(int) error {
+		measure(b, ds, nil, func() error {
 			return parallel(cpuWorkers(), len(ds.data), func(i int) error {
 				for d := ds.data[i]; len(d) > 0; {
 					d = d[cut.Cut(d):]
@@ -422,33 +426,36 @@ func benchStages(b *testing.B, name string) {
 		})
 	})
 	b.Run("key", func(b *testing.B) {
-		measure(b, ds, nil, func(int) error { return parallel(cpuWorkers(), nc, key) })
+		measure(b, ds, nil, func() error { return parallel(cpuWorkers(), nc, key) })
 	})
 	_ = parallel(cpuWorkers(), nc, key)
 	b.Run("compress", func(b *testing.B) {
-		measure(b, ds, nil, func(int) error { return parallel(cpuWorkers(), nc, doCompress) })
+		measure(b, ds, nil, func() error { return parallel(cpuWorkers(), nc, doCompress) })
 	})
 	// seal works in place: each pass starts from a fresh inner message.
-	sealSetup := func(int) { _ = parallel(cpuWorkers(), nc, doCompress) }
+	sealSetup := func() { _ = parallel(cpuWorkers(), nc, doCompress) }
 	b.Run("seal", func(b *testing.B) {
-		measure(b, ds, sealSetup, func(int) error {
+		measure(b, ds, sealSetup, func() error {
 			return parallel(cpuWorkers(), nc, func(i int) error {
 				stored[i] = seal(&keys[i], inner[i])
 				return nil
 			})
 		})
 	})
-	sealSetup(0)
+	// The stored chunks and their IDs, afresh whatever stages ran (-bench
+	// may pick some): the hash stage's input, the store's, and the check.
+	sealSetup()
 	_ = parallel(cpuWorkers(), nc, func(i int) error { stored[i] = seal(&keys[i], inner[i]); return nil })
-	b.Run("hash", func(b *testing.B) {
-		measure(b, ds, nil, func(int) error {
-			return parallel(cpuWorkers(), nc, func(i int) error { ids[i] = blake3.Sum256(stored[i]); return nil })
-		})
-	})
+	_ = parallel(cpuWorkers(), nc, func(i int) error { ids[i] = blake3.Sum256(stored[i]); return nil })
 	// The stages must add up to the real encoding.
 	if ref, real := pipeline.EncodeChunk(conv, ds.chunks[0]); ref.ID != ids[0] || !bytes.Equal(real, stored[0]) {
 		b.Fatalf("the stages do not reproduce pipeline.EncodeChunk (id %s, want %s)", ids[0].Short(), ref.ID.Short())
 	}
+	b.Run("hash", func(b *testing.B) {
+		measure(b, ds, nil, func() error {
+			return parallel(cpuWorkers(), nc, func(i int) error { ids[i] = blake3.Sum256(stored[i]); return nil })
+		})
+	})
 	b.Run("store", func(b *testing.B) {
 		ctx := context.Background()
 		var st *localstore.Store
@@ -456,16 +463,16 @@ func benchStages(b *testing.B, name string) {
 		if len(ds.data) > 1 {
 			w = ioWorkers()
 		}
-		measure(b, ds, func(iter int) {
+		measure(b, ds, func() {
 			if st != nil {
 				st.Close()
 			}
 			var err error
-			dir := filepath.Join(ds.dir, fmt.Sprintf("store-%d", iter))
+			dir := filepath.Join(ds.dir, fmt.Sprintf("store-%d", seq.Add(1)))
 			if st, err = localstore.Open(ctx, dir, localstore.Options{TrustIDs: true}); err != nil {
 				b.Fatal(err)
 			}
-		}, func(int) error {
+		}, func() error {
 			return parallel(w, nc, func(i int) error { return st.Put(ctx, ids[i], stored[i]) })
 		})
 		st.Close()
@@ -477,7 +484,7 @@ func benchStages(b *testing.B, name string) {
 // data is stored.
 func benchMeta(b *testing.B, ds *dataset) {
 	ctx := context.Background()
-	srv, err := etcdsvc.StartEmbedded(ctx, filepath.Join(ds.dir, "etcd"), etcdsvc.Options{})
+	srv, err := etcdsvc.StartEmbedded(ctx, filepath.Join(ds.dir, fmt.Sprintf("etcd-%d", seq.Add(1))), etcdsvc.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -510,12 +517,13 @@ func benchMeta(b *testing.B, ds *dataset) {
 	if len(ds.data) > 1 {
 		w = ioWorkers()
 	}
-	measure(b, ds, func(iter int) {
+	measure(b, ds, func() {
+		pass := seq.Add(1)
 		made := map[string]*meta.Entry{}
 		for i, p := range ds.paths {
 			rel, _ := filepath.Rel(src, filepath.Dir(p))
 			if made[rel] == nil {
-				parts := []string{fmt.Sprintf("pass%d", iter)}
+				parts := []string{fmt.Sprintf("pass%d", pass)}
 				if rel != "." {
 					parts = append(parts, rel)
 				}
@@ -525,7 +533,7 @@ func benchMeta(b *testing.B, ds *dataset) {
 			}
 			dirOf[i] = made[rel]
 		}
-	}, func(int) error {
+	}, func() error {
 		// fs reads the GC generation once and keeps it (fs.Volume.writeGen).
 		gen, err := svc.WriteGen(ctx)
 		if err != nil {
@@ -578,14 +586,14 @@ func benchPut(b *testing.B, name string) {
 		}
 	}
 	defer stop()
-	measure(b, ds, func(iter int) {
+	measure(b, ds, func() {
 		stop()
-		realm = filepath.Join(ds.dir, fmt.Sprintf("realm-%d", iter))
+		realm = filepath.Join(ds.dir, fmt.Sprintf("realm-%d", seq.Add(1)))
 		b.Setenv("CAIRN_HOME", realm)
 		if out, code := runCLI(b, "init", "--no-passphrase"); code != 0 {
 			b.Fatalf("cairn init: exit %d: %s", code, out)
 		}
-	}, func(int) error {
+	}, func() error {
 		args := []string{"put", "--json", filepath.Join(ds.dir, "src"), "home:/"}
 		if prof := os.Getenv("CAIRN_BENCH_PUT_CPUPROFILE"); prof != "" {
 			// The command's own CPU profile: the put alone, not the
