@@ -81,6 +81,7 @@ var layer = map[string]int{
 	"internal/layers": 11,
 	"internal/docs":   11, // tests that doc/ matches the code
 	"bench":           11,
+	"bench/stages":    11, // benchmarks only (bench/stages.sh): each stage of put, and the whole put
 }
 
 func TestLayers(t *testing.T) {
