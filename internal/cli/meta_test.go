@@ -75,20 +75,24 @@ func TestMetaMoveCommand(t *testing.T) {
 // is SIGKILLed while two devices write: no write fails, and every device
 // works on.
 func TestMetaAddThreeMembers(t *testing.T) {
+	// Leases of 6 s: a membership change can hold etcd's writes for a
+	// few seconds on a loaded machine, and a lease that lapses meanwhile
+	// makes the next 'meta add' refuse a device that reads offline.
 	a := newRealm(t, "--no-passphrase", "--name", "desk")
-	a.serve("2s")
+	a.serve("6s")
 	a.waitState("desk", "awake", 5*time.Second)
 	join := func(name, listen string) (*realmT, *server) {
 		tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", name))
 		r := joiner(t)
 		r.ok("join", tok, "--no-passphrase")
-		s := r.serveOn(listen, "2s")
+		s := r.serveOn(listen, "6s")
 		a.waitState(name, "awake", 5*time.Second)
 		return r, s
 	}
 	b, _ := join("laptop", "127.0.0.2:0")
 	c, cs := join("nas", "127.0.0.3:0")
 	a.ok("meta", "add", "laptop")
+	a.waitState("nas", "awake", 15*time.Second)
 	if out := a.ok("meta", "add", "nas"); !strings.Contains(out, "nas now serves the metadata too") {
 		t.Fatalf("meta add: %q", out)
 	}
