@@ -59,6 +59,9 @@ type Config struct {
 	GatewayNode string `json:"gateway_node,omitempty"`
 	// StorePath is the local store's directory, relative to the home.
 	StorePath string `json:"store_path"`
+	// User is the user this device belongs to (users.go); empty on a
+	// device of a realm made before users, which is its owner's.
+	User string `json:"user,omitempty"`
 }
 
 // DefaultHome returns $CAIRN_HOME, else $XDG_DATA_HOME/cairn, else
