@@ -80,20 +80,35 @@ func (r *Realm) AddUser(ctx context.Context, name string) (*meta.UserRecord, err
 	if err != nil {
 		return nil, err
 	}
+	for _, u := range users {
+		if u.Name == name {
+			return nil, cairn.E(op, cairn.Exist, name, errors.New("the realm already has a user of this name"))
+		}
+	}
 	priv, pub := userkey.Generate()
 	rec := meta.UserRecord{Name: name, Public: pub[:], Owner: len(users) == 0, Added: time.Now().UnixNano(), AddedBy: r.deviceName(ctx)}
 	if rec.Owner && r.Config.User != "" {
 		return nil, cairn.E(op, cairn.Invalid, name, fmt.Errorf("this device names user %s, who is not in the realm", r.Config.User))
 	}
 	// Kept before it is recorded: a crash in between leaves an unused
-	// key, never a user whose key no device holds.
+	// key, never a user whose key no device holds. A refused record puts
+	// back the key it replaced (a user of that name added meanwhile, here
+	// or by another owner's device).
+	old, oldErr := kr.Key(userKeyID(name), name)
+	undo := func() {
+		if oldErr == nil {
+			kr.Add(userKeyID(name), old)
+		} else {
+			kr.Remove(userKeyID(name))
+		}
+	}
 	kr.Add(userKeyID(name), volkey.Master(priv))
 	if err := kr.Save(); err != nil {
-		kr.Remove(userKeyID(name))
+		undo()
 		return nil, err
 	}
 	if err := r.Meta.AddUser(ctx, rec); err != nil {
-		kr.Remove(userKeyID(name))
+		undo()
 		if serr := kr.Save(); serr != nil {
 			r.log.Warn("drop an unused user key", "err", serr)
 		}
