@@ -70,7 +70,7 @@ joins with a token from 'cairn invite --role device --user NAME'.`,
 	}
 	rm := &cobra.Command{
 		Use:   "remove NAME",
-		Short: "Remove a user and every share they had (their devices stay: 'cairn node remove')",
+		Short: "Remove a user, unsharing (and rotating) every volume shared with them; their devices stay ('cairn node remove')",
 		Args:  exactArgs(1, "a user name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := e.open(cmd.Context())
@@ -125,10 +125,13 @@ with no other device awake. --read or --write records the access asked for
 func (e *env) unshareCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "unshare VOLUME USER",
-		Short: "Take a volume back from a user (the key is not rotated yet)",
-		Long: `Remove USER's grant of VOLUME: cairn on the user's devices can no longer open
-it. The volume's key is not rotated yet, so a device that kept a copy of the key
-can still decrypt the volume, also what is written afterwards (doc/threat-model.md).`,
+		Short: "Take a volume back from a user, rotating its key for later data",
+		Long: `Remove USER's grant of VOLUME and rotate the volume's key for what is written
+from now on, re-wrapping it for the remaining members: cairn on the user's
+devices can no longer open the volume, and a device that kept the old keys
+cannot decrypt what is written afterwards. What was written before stays
+readable to whoever could read it (doc/threat-model.md). A mount or WebDAV
+gateway already running keeps the old key until restarted.`,
 		Args: exactArgs(2, "a volume and a user"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := e.open(cmd.Context())
@@ -138,7 +141,7 @@ can still decrypt the volume, also what is written afterwards (doc/threat-model.
 			if err := r.Unshare(cmd.Context(), args[0], args[1]); err != nil {
 				return err
 			}
-			fmt.Fprintf(e.stdout, "unshared volume %s from user %s (the volume key is not rotated)\n", args[0], args[1])
+			fmt.Fprintf(e.stdout, "unshared volume %s from user %s; its key is rotated for data written from now on\n", args[0], args[1])
 			return nil
 		},
 	}

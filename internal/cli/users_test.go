@@ -1,19 +1,25 @@
 package cli_test
 
 import (
+	"bytes"
+	"context"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/cli"
+	"cairn.dev/cairn/internal/realm"
 )
 
 // Two users on one realm: the owner shares one volume with bob, read-only;
 // bob's device, which joined with no volume key, reads the shared volume
 // through its grant (the owner's device serves the data, and only the data),
 // cannot open a volume not shared with him, and loses the shared one when
-// it is unshared.
+// it is unshared: the volume's key is rotated, so what is written after
+// does not open even with the keys bob had, while carol, still a member,
+// reads old and new.
 func TestUsersShareVolume(t *testing.T) {
 	a := newRealm(t, "--no-passphrase", "--name", "desk")
 	a.serve("2s")
@@ -54,13 +60,63 @@ func TestUsersShareVolume(t *testing.T) {
 	b.fails(cli.ExitPermission, "user", "add", "mallory")
 	b.fails(cli.ExitPermission, "share", "home", "bob", "--read")
 
+	// carol, a second member, keeps the volume through bob's unshare.
+	a.ok("user", "add", "carol")
+	a.ok("share", "family", "carol", "--read")
+	tok = strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "carolpc", "--user", "carol"))
+	c := joiner(t)
+	c.ok("join", tok, "--no-passphrase")
+
+	// A bob who keeps the keys his grant gave him (here: a volume opened
+	// in this process before the unshare, holding them in memory).
+	ctx := context.Background()
+	br, err := realm.Open(ctx, b.home, realm.Options{NoPassphrase: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	kept, err := br.Volume(ctx, "family")
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	a.ok("unshare", "family", "bob")
 	a.fails(cli.ExitNotFound, "unshare", "family", "bob")
 	if res := b.fails(cli.ExitPermission, "cat", "family:/f.txt"); !strings.Contains(res.stderr, "not shared with user bob") {
 		t.Fatalf("bob reads an unshared volume: %s", res.stderr)
 	}
+	after := filepath.Join(t.TempDir(), "after.txt")
+	writeFile(t, after, []byte("written after bob left\n"), 0o644)
+	putJSON(t, a, after, "family:/")
+	if got := c.ok("cat", "family:/after.txt"); got != "written after bob left\n" {
+		t.Fatalf("carol reads what was written after the rotation: %q", got)
+	}
+	if got := c.ok("cat", "family:/f.txt"); got != "for the family\n" {
+		t.Fatalf("carol reads what was written before the rotation: %q", got)
+	}
+	if got := a.ok("cat", "family:/after.txt"); got != "written after bob left\n" {
+		t.Fatalf("alice reads after the rotation: %q", got)
+	}
+	// With the old keys: what was written before opens, what was written
+	// after does not.
+	readKept := func(name string) (string, error) {
+		e, err := kept.Meta.Lookup(ctx, []string{name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		err = kept.ReadFile(ctx, e, nil, &buf)
+		return buf.String(), err
+	}
+	if got, err := readKept("f.txt"); err != nil || got != "for the family\n" {
+		t.Fatalf("old data with the old keys: %q %v", got, err)
+	}
+	if got, err := readKept("after.txt"); err == nil || cairn.KindOf(err) != cairn.Permission {
+		t.Fatalf("new data with the old keys: %q %v (want a permission error)", got, err)
+	}
+
 	a.ok("share", "family", "bob", "--write")
-	if got := b.ok("cat", "family:/f.txt"); got != "for the family\n" {
+	if got := b.ok("cat", "family:/after.txt"); got != "written after bob left\n" {
 		t.Fatalf("bob reads the volume shared again: %q", got)
 	}
 	a.fails(cli.ExitPermission, "user", "remove", "alice")

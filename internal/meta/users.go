@@ -49,11 +49,12 @@ type GrantRecord struct {
 	Format int    `json:"format"`
 	User   string `json:"user"`
 	Access Access `json:"access"`
-	// Stanza is the volume's master key wrapped to the user's public key
-	// (doc/format.md, "Key stanza").
-	Stanza    []byte `json:"stanza"`
-	Granted   int64  `json:"granted"`
-	GrantedBy string `json:"granted_by,omitempty"`
+	// Stanzas wrap the volume's keys to the user's public key
+	// (doc/format.md, "Key stanza"), one per key epoch: Stanzas[0] the
+	// master key, Stanzas[i] the key of epoch i.
+	Stanzas   [][]byte `json:"stanzas"`
+	Granted   int64    `json:"granted"`
+	GrantedBy string   `json:"granted_by,omitempty"`
 }
 
 var userNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
@@ -156,9 +157,11 @@ func (s *Service) RemoveUser(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if u, err := s.User(ctx, name); err != nil {
+	u, err := s.User(ctx, name)
+	if err != nil {
 		return err
-	} else if u.Owner {
+	}
+	if u.Owner {
 		return cairn.E(op, cairn.Permission, name, errors.New("the realm's owner cannot be removed"))
 	}
 	k := s.key("user", name)
@@ -212,6 +215,9 @@ func DecodeGrant(b []byte) (*GrantRecord, error) {
 	if g.Access != Read && g.Access != Write {
 		return nil, cairn.E("grant", cairn.Corrupt, g.User, fmt.Errorf("access %q", g.Access))
 	}
+	if len(g.Stanzas) == 0 {
+		return nil, cairn.E("grant", cairn.Corrupt, g.User, errors.New("no key stanza"))
+	}
 	return &g, nil
 }
 
@@ -261,4 +267,91 @@ func (s *Service) DeleteGrant(ctx context.Context, volID, user string) error {
 		return cairn.E("unshare volume", cairn.NotFound, user, errors.New("the volume is not shared with this user"))
 	}
 	return nil
+}
+
+// epochKey is where key epoch n (1, 2, ...) of volume volID is recorded.
+func (s *Service) epochKey(volID string, n int) string {
+	return s.key("keyepoch", volID, fmt.Sprintf("%08x", n))
+}
+
+// EpochKeys returns the sealed keys of volume volID's epochs 1..n, in order
+// (none: the volume was never rotated).
+func (s *Service) EpochKeys(ctx context.Context, volID string) ([][]byte, error) {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	p := s.key("keyepoch", volID) + "/"
+	resp, err := s.cli.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	if err != nil {
+		return nil, etcdErr("key epochs", volID, err)
+	}
+	out := make([][]byte, 0, len(resp.Kvs))
+	for i, kv := range resp.Kvs {
+		if want := s.epochKey(volID, i+1); string(kv.Key) != want {
+			return nil, cairn.E("key epochs", cairn.Corrupt, volID, fmt.Errorf("key epoch %s where %s was expected", kv.Key, want))
+		}
+		out = append(out, kv.Value)
+	}
+	return out, nil
+}
+
+// Rotate records key epoch n of volume volID (sealed for the owner's
+// devices), deletes the grant of the user removed, and replaces the grants
+// of the remaining members (each with a stanza for every epoch up to n), in
+// one transaction: only if epoch n is not recorded yet, the removed grant
+// exists, and no remaining grant changed since it was read (Conflict
+// otherwise: read again and retry).
+func (s *Service) Rotate(ctx context.Context, volID, removed string, n int, sealed []byte, keep []GrantRecord, keepRevs []int64) error {
+	const op = "rotate volume key"
+	if err := s.UseFormat(ctx, 3); err != nil {
+		return err
+	}
+	conds := []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(s.epochKey(volID, n)), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(s.key("grant", volID, removed)), ">", 0),
+	}
+	if n > 1 {
+		conds = append(conds, clientv3.Compare(clientv3.CreateRevision(s.epochKey(volID, n-1)), ">", 0))
+	}
+	ops := []clientv3.Op{clientv3.OpPut(s.epochKey(volID, n), string(sealed)), clientv3.OpDelete(s.key("grant", volID, removed))}
+	for i, g := range keep {
+		g.Format = UserRecordFormat
+		if len(g.Stanzas) != n+1 {
+			return cairn.E(op, cairn.Invalid, g.User, fmt.Errorf("%d stanzas for %d epochs", len(g.Stanzas), n+1))
+		}
+		b, _ := json.Marshal(g)
+		k := s.key("grant", volID, g.User)
+		conds = append(conds, clientv3.Compare(clientv3.ModRevision(k), "=", keepRevs[i]))
+		ops = append(ops, clientv3.OpPut(k, string(b)))
+	}
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	resp, err := s.cli.Txn(ctx).If(conds...).Then(ops...).Commit()
+	if err != nil {
+		return etcdErr(op, volID, err)
+	}
+	if !resp.Succeeded {
+		return cairn.E(op, cairn.Conflict, removed, errors.New("the volume's grants or keys changed meanwhile (or it is not shared with this user): try again"))
+	}
+	return nil
+}
+
+// GrantsRev lists the grants of volume volID with each record's
+// ModRevision (for Rotate).
+func (s *Service) GrantsRev(ctx context.Context, volID string) ([]GrantRecord, []int64, error) {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	resp, err := s.cli.Get(ctx, s.key("grant", volID)+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	if err != nil {
+		return nil, nil, etcdErr("list grants", volID, err)
+	}
+	var gs []GrantRecord
+	var revs []int64
+	for _, kv := range resp.Kvs {
+		g, err := DecodeGrant(kv.Value)
+		if err != nil {
+			return nil, nil, err
+		}
+		gs, revs = append(gs, *g), append(revs, kv.ModRevision)
+	}
+	return gs, revs, nil
 }

@@ -111,7 +111,7 @@ func (r *Realm) Invite(ctx context.Context, o InviteOptions) (string, error) {
 		if o.User == "" {
 			o.User = r.Config.User
 		}
-		if err := r.ownerDevice(ctx, op); err != nil {
+		if err = r.ownerDevice(ctx, op); err != nil {
 			return "", err
 		}
 		p := devicePayload{Format: devicePayloadFormat, RealmID: r.Config.RealmID, Etcd: r.Config.Etcd,

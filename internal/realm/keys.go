@@ -138,10 +138,6 @@ func (r *Realm) learnKey(ctx context.Context, v *meta.Volume) (volkey.Master, er
 		return volkey.Master{}, err
 	}
 	dk, err := kr.Key(deviceKeyID, "realm device key")
-	if err != nil && r.Config.User != "" {
-		// A member's device: its user's grant, if any.
-		return r.learnGrantedKey(ctx, v)
-	}
 	if err != nil {
 		return dk, cairn.E("volume key", cairn.Permission, v.Name, errors.New("this device holds no key for the volume, and no realm device key to learn it with (join again with a new invitation)"))
 	}

@@ -21,6 +21,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/fs"
+	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/userkey"
 	"cairn.dev/cairn/internal/volkey"
@@ -133,14 +134,35 @@ func (r *Realm) Users(ctx context.Context) ([]meta.UserRecord, error) {
 	return r.Meta.Users(ctx)
 }
 
-// RemoveUser deletes user name and its grants, and forgets its private
-// key here. Its devices are not removed ('cairn node remove' does that),
-// and what they learned stays learned: see doc/threat-model.md.
+// RemoveUser unshares every volume shared with user name (rotating each
+// one's key), deletes the user, and forgets its private key here. Its
+// devices are not removed ('cairn node remove' does that), and what they
+// learned stays learned: see doc/threat-model.md.
 func (r *Realm) RemoveUser(ctx context.Context, name string) error {
 	if err := r.ownerDevice(ctx, "remove user"); err != nil {
 		return err
 	}
-	if err := r.Meta.RemoveUser(ctx, name); err != nil {
+	u, err := r.Meta.User(ctx, name)
+	if err != nil {
+		return err
+	}
+	if u.Owner {
+		return cairn.E("remove user", cairn.Permission, name, errors.New("the realm's owner cannot be removed"))
+	}
+	vols, err := r.Meta.Volumes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, v := range vols {
+		if _, gerr := r.Meta.Grant(ctx, v.ID, name); gerr == nil {
+			if err = r.Unshare(ctx, v.Name, name); err != nil {
+				return err
+			}
+		} else if !errors.Is(gerr, cairn.ErrNotFound) {
+			return gerr
+		}
+	}
+	if err = r.Meta.RemoveUser(ctx, name); err != nil {
 		return err
 	}
 	kr, err := r.Keyring()
@@ -152,21 +174,83 @@ func (r *Realm) RemoveUser(ctx context.Context, name string) error {
 	return kr.Save()
 }
 
-// volumeKey returns the master key of a volume this device can open.
-func (r *Realm) volumeKey(ctx context.Context, name string) (*meta.Volume, volkey.Master, error) {
-	mv, err := r.Meta.Open(ctx, name)
-	if err != nil {
-		return nil, volkey.Master{}, err
+// epochID names key epoch n of volume volID in the AD of its sealed key.
+func epochID(volID string, n int) string { return fmt.Sprintf("%s/epoch/%d", volID, n) }
+
+// member reports whether this device is a member's: it names a user and
+// holds no device key (the owner's devices hold it).
+func (r *Realm) member() (bool, error) {
+	if r.Config.User == "" {
+		return false, nil
 	}
 	kr, err := r.Keyring()
 	if err != nil {
-		return nil, volkey.Master{}, err
+		return false, err
 	}
-	m, err := kr.Key(mv.V.ID, name)
+	_, err = kr.Key(deviceKeyID, "realm device key")
+	return err != nil, nil
+}
+
+// volumeKeys returns volume v's master key and the keys of its later
+// epochs, oldest first (doc/format.md, "Key epochs"): on an owner's device
+// from the keyring and the records sealed with the device key, on a
+// member's from the member's grant.
+func (r *Realm) volumeKeys(ctx context.Context, v *meta.Volume) (volkey.Master, []volkey.Master, error) {
+	if m, err := r.member(); err != nil {
+		return volkey.Master{}, nil, err
+	} else if m {
+		return r.learnGrantedKey(ctx, v)
+	}
+	kr, err := r.Keyring()
 	if err != nil {
-		m, err = r.learnKey(ctx, &mv.V)
+		return volkey.Master{}, nil, err
 	}
-	return &mv.V, m, err
+	master, err := kr.Key(v.ID, v.Name)
+	if err != nil {
+		if master, err = r.learnKey(ctx, v); err != nil {
+			return master, nil, err
+		}
+	}
+	sealed, err := r.Meta.EpochKeys(ctx, v.ID)
+	if err != nil || len(sealed) == 0 {
+		return master, nil, err
+	}
+	dk, err := kr.Key(deviceKeyID, "realm device key")
+	if err != nil {
+		return master, nil, cairn.E("volume key", cairn.Permission, v.Name, errors.New("the volume's key was rotated and this device holds no realm device key to open the new one (join again with a new invitation)"))
+	}
+	epochs := make([]volkey.Master, len(sealed))
+	for i, b := range sealed {
+		if epochs[i], err = openVolumeKey(dk, r.Config.RealmID, epochID(v.ID, i+1), b); err != nil {
+			return master, nil, err
+		}
+	}
+	return master, epochs, nil
+}
+
+// volumeKeysByName opens volume name's record and returns it with its keys.
+func (r *Realm) volumeKeysByName(ctx context.Context, name string) (*meta.Volume, []volkey.Master, error) {
+	mv, err := r.Meta.Open(ctx, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	master, epochs, err := r.volumeKeys(ctx, &mv.V)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &mv.V, append([]volkey.Master{master}, epochs...), nil
+}
+
+// stanzas wraps every key of keys to public key pub.
+func (r *Realm) stanzas(pub []byte, volID string, keys []volkey.Master) ([][]byte, error) {
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		var err error
+		if out[i], err = userkey.Seal(userkey.Public(pub), r.Config.RealmID, volID, k); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // Share wraps volume volName's key to user's public key and records the
@@ -176,7 +260,7 @@ func (r *Realm) Share(ctx context.Context, volName, user string, access meta.Acc
 	if err := r.ownerDevice(ctx, op); err != nil {
 		return err
 	}
-	v, m, err := r.volumeKey(ctx, volName)
+	v, keys, err := r.volumeKeysByName(ctx, volName)
 	if err != nil {
 		return err
 	}
@@ -184,11 +268,11 @@ func (r *Realm) Share(ctx context.Context, volName, user string, access meta.Acc
 	if err != nil {
 		return err
 	}
-	stanza, err := userkey.Seal(userkey.Public(u.Public), r.Config.RealmID, v.ID, m)
+	stanzas, err := r.stanzas(u.Public, v.ID, keys)
 	if err != nil {
 		return err
 	}
-	g := meta.GrantRecord{User: user, Access: access, Stanza: stanza, Granted: time.Now().UnixNano(), GrantedBy: r.deviceName(ctx)}
+	g := meta.GrantRecord{User: user, Access: access, Stanzas: stanzas, Granted: time.Now().UnixNano(), GrantedBy: r.deviceName(ctx)}
 	if err := r.Meta.PutGrant(ctx, v.ID, g); err != nil {
 		return err
 	}
@@ -196,23 +280,57 @@ func (r *Realm) Share(ctx context.Context, volName, user string, access meta.Acc
 	return nil
 }
 
-// Unshare removes user's grant of volume volName. The volume's key is not
-// rotated (yet): a device of the user that kept the key can still read
-// what is written afterwards. cairn itself keeps no key learned from a
-// grant, so an unmodified cairn on the user's devices loses access at once.
+// Unshare removes user's grant of volume volName and rotates the volume's
+// key for what is written afterwards: a new key epoch, sealed for the
+// owner's devices and wrapped to each remaining member, all in one
+// transaction. Manifests written from then on are wrapped with the new
+// epoch's key, which the removed user never had; what was written before
+// stays readable with the keys they had (doc/threat-model.md).
 func (r *Realm) Unshare(ctx context.Context, volName, user string) error {
 	const op = "unshare volume"
 	if err := r.ownerDevice(ctx, op); err != nil {
 		return err
 	}
-	mv, err := r.Meta.Open(ctx, volName)
+	v, keys, err := r.volumeKeysByName(ctx, volName)
 	if err != nil {
 		return err
 	}
-	if err := r.Meta.DeleteGrant(ctx, mv.V.ID, user); err != nil {
+	dk, err := r.deviceKey(ctx)
+	if err != nil {
 		return err
 	}
-	r.log.Info("volume unshared", "volume", volName, "user", user, "device", r.deviceName(ctx))
+	grants, revs, err := r.Meta.GrantsRev(ctx, v.ID)
+	if err != nil {
+		return err
+	}
+	next := keyring.NewMaster()
+	keys = append(keys, next)
+	n := len(keys) - 1
+	var keep []meta.GrantRecord
+	var keepRevs []int64
+	found := false
+	for i, g := range grants {
+		if g.User == user {
+			found = true
+			continue
+		}
+		u, err := r.Meta.User(ctx, g.User)
+		if err != nil {
+			return err
+		}
+		if g.Stanzas, err = r.stanzas(u.Public, v.ID, keys); err != nil {
+			return err
+		}
+		keep, keepRevs = append(keep, g), append(keepRevs, revs[i])
+	}
+	if !found {
+		return cairn.E(op, cairn.NotFound, user, fmt.Errorf("volume %s is not shared with user %s (see 'cairn share ls %s')", volName, user, volName))
+	}
+	sealed := sealVolumeKey(dk, r.Config.RealmID, epochID(v.ID, n), next)
+	if err := r.Meta.Rotate(ctx, v.ID, user, n, sealed, keep, keepRevs); err != nil {
+		return err
+	}
+	r.log.Info("volume unshared, key rotated", "volume", volName, "user", user, "epoch", n, "members", len(keep), "device", r.deviceName(ctx))
 	return nil
 }
 
@@ -225,33 +343,35 @@ func (r *Realm) Grants(ctx context.Context, volName string) ([]meta.GrantRecord,
 	return r.Meta.Grants(ctx, mv.V.ID)
 }
 
-// learnGrantedKey opens volume v's key through this device's user's grant.
-// The key is not kept in the keyring: each open reads the grant again, so
-// an unshare takes effect at this device's next command.
-func (r *Realm) learnGrantedKey(ctx context.Context, v *meta.Volume) (volkey.Master, error) {
+// learnGrantedKey opens volume v's keys through this device's user's
+// grant. They are not kept in the keyring: each open reads the grant again,
+// so an unshare takes effect at this device's next command.
+func (r *Realm) learnGrantedKey(ctx context.Context, v *meta.Volume) (volkey.Master, []volkey.Master, error) {
 	const op = "volume key"
 	user := r.Config.User
 	kr, err := r.Keyring()
 	if err != nil {
-		return volkey.Master{}, err
+		return volkey.Master{}, nil, err
 	}
 	priv, err := kr.Key(userKeyID(user), "user "+user)
 	if err != nil {
-		return priv, cairn.E(op, cairn.Permission, v.Name, fmt.Errorf("this device belongs to user %s but holds no key of theirs (join again with a new invitation)", user))
+		return priv, nil, cairn.E(op, cairn.Permission, v.Name, fmt.Errorf("this device belongs to user %s but holds no key of theirs (join again with a new invitation)", user))
 	}
 	g, err := r.Meta.Grant(ctx, v.ID, user)
 	if err != nil {
 		if errors.Is(err, cairn.ErrNotFound) {
-			return volkey.Master{}, cairn.E(op, cairn.Permission, v.Name, fmt.Errorf("volume %s is not shared with user %s (its owner can run 'cairn share %s %s --read')", v.Name, user, v.Name, user))
+			return volkey.Master{}, nil, cairn.E(op, cairn.Permission, v.Name, fmt.Errorf("volume %s is not shared with user %s (its owner can run 'cairn share %s %s --read')", v.Name, user, v.Name, user))
 		}
-		return volkey.Master{}, err
+		return volkey.Master{}, nil, err
 	}
-	m, err := userkey.Open(userkey.Private(priv), r.Config.RealmID, v.ID, g.Stanza)
-	if err != nil {
-		return m, err
+	keys := make([]volkey.Master, len(g.Stanzas))
+	for i, st := range g.Stanzas {
+		if keys[i], err = userkey.Open(userkey.Private(priv), r.Config.RealmID, v.ID, st); err != nil {
+			return volkey.Master{}, nil, err
+		}
 	}
-	if v.KeyCheck != "" && v.KeyCheck != fs.KeyCheck(m) {
-		return m, cairn.E(op, cairn.Permission, v.Name, errors.New("the shared key does not open the volume"))
+	if v.KeyCheck != "" && v.KeyCheck != fs.KeyCheck(keys[0]) {
+		return keys[0], nil, cairn.E(op, cairn.Permission, v.Name, errors.New("the shared key does not open the volume"))
 	}
-	return m, nil
+	return keys[0], keys[1:], nil
 }
