@@ -92,7 +92,9 @@ configuration and volume keys, kept in a keyring sealed with a passphrase
 			if err != nil {
 				return err
 			}
-			if creds.Identity.Role == pki.Device {
+			if u := realm.HomeUser(e.home); creds.Identity.Role == pki.Device && u != "" {
+				fmt.Fprintf(e.stdout, "this device belongs to user %s: if they own the realm, it holds every volume key; else it opens what is shared with them ('cairn share')\n", u)
+			} else if creds.Identity.Role == pki.Device {
 				fmt.Fprintf(e.stdout, "this device holds the realm's volume keys: try 'cairn ls home:/'\n")
 				if noPass {
 					fmt.Fprintf(e.stdout, "warning: volume keys are NOT protected by a passphrase; anyone who can read %s/keyring can read your files\n", e.home)

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -56,14 +57,22 @@ joins with a token from 'cairn invite --role device --user NAME'.`,
 			if err != nil {
 				return err
 			}
+			devs, err := r.UserDevices(cmd.Context())
+			if err != nil {
+				return err
+			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "USER\tROLE\tADDED\tPUBLIC KEY")
+			fmt.Fprintln(tw, "USER\tROLE\tADDED\tDEVICES\tPUBLIC KEY")
 			for _, u := range users {
 				role := "member"
 				if u.Owner {
 					role = "owner"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%x\n", u.Name, role, time.Unix(0, u.Added).Format(time.DateTime), u.Public)
+				d := strings.Join(devs[u.Name], ",")
+				if d == "" {
+					d = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%x\n", u.Name, role, time.Unix(0, u.Added).Format(time.DateTime), d, u.Public)
 			}
 			return tw.Flush()
 		},

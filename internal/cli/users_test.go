@@ -48,9 +48,21 @@ func TestUsersShareVolume(t *testing.T) {
 
 	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "bobphone", "--user", "bob"))
 	b := joiner(t)
-	b.ok("join", tok, "--no-passphrase")
+	if out := b.ok("join", tok, "--no-passphrase"); !strings.Contains(out, "belongs to user bob") {
+		t.Fatalf("join as bob's device: %s", out)
+	}
 	if got := b.ok("cat", "family:/f.txt"); got != "for the family\n" {
 		t.Fatalf("bob reads the shared volume: %q", got)
+	}
+	ls = a.ok("user", "ls")
+	rows := map[string][]string{}
+	for _, l := range strings.Split(strings.TrimSpace(ls), "\n")[1:] {
+		f := strings.Fields(l)
+		rows[f[0]] = f
+	}
+	// USER ROLE ADDED(date time) DEVICES KEY
+	if len(rows["alice"]) != 6 || rows["alice"][4] != "desk" || len(rows["bob"]) != 6 || rows["bob"][4] != "bobphone" {
+		t.Fatalf("user ls: each user's devices:\n%s", ls)
 	}
 	res := b.fails(cli.ExitPermission, "cat", "home:/mine.txt")
 	if !strings.Contains(res.stderr, "not shared with user bob") {

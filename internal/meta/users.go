@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	json "github.com/goccy/go-json"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -354,4 +355,45 @@ func (s *Service) GrantsRev(ctx context.Context, volID string) ([]GrantRecord, [
 		gs, revs = append(gs, *g), append(revs, kv.ModRevision)
 	}
 	return gs, revs, nil
+}
+
+// DeviceUser is the record at userdev/<device>: which user a device
+// belongs to. A device with none is the owner's (a realm made before
+// users).
+type DeviceUser struct {
+	Format int    `json:"format"`
+	User   string `json:"user"`
+	Since  int64  `json:"since"`
+}
+
+// PutDeviceUser records that device belongs to user.
+func (s *Service) PutDeviceUser(ctx context.Context, device, user string) error {
+	b, _ := json.Marshal(DeviceUser{Format: UserRecordFormat, User: user, Since: time.Now().UnixNano()})
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	if _, err := s.cli.Put(ctx, s.key("userdev", device), string(b)); err != nil {
+		return etcdErr("record device user", device, err)
+	}
+	return nil
+}
+
+// DeviceUsers maps each device that records a user to that user.
+func (s *Service) DeviceUsers(ctx context.Context) (map[string]string, error) {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	p := s.key("userdev") + "/"
+	resp, err := s.cli.Get(ctx, p, clientv3.WithPrefix())
+	if err != nil {
+		return nil, etcdErr("device users", "", err)
+	}
+	out := make(map[string]string, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var d DeviceUser
+		dev := strings.TrimPrefix(string(kv.Key), p)
+		if err := json.Unmarshal(kv.Value, &d); err != nil {
+			return nil, cairn.E("device users", cairn.Corrupt, dev, err)
+		}
+		out[dev] = d.User
+	}
+	return out, nil
 }

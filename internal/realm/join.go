@@ -307,6 +307,11 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 	if _, err := r.Store(ctx); err != nil {
 		return creds, err
 	}
+	if p.User != "" {
+		if err := r.Meta.PutDeviceUser(ctx, creds.Identity.Name, p.User); err != nil {
+			return creds, err
+		}
+	}
 	return creds, nil
 }
 

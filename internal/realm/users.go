@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -23,6 +24,7 @@ import (
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/userkey"
 	"cairn.dev/cairn/internal/volkey"
 )
@@ -120,6 +122,11 @@ func (r *Realm) AddUser(ctx context.Context, name string) (*meta.UserRecord, err
 		if err := r.saveConfig(); err != nil {
 			return &rec, err
 		}
+		if dev := r.deviceName(ctx); dev != "" {
+			if err := r.Meta.PutDeviceUser(ctx, dev, name); err != nil {
+				return &rec, err
+			}
+		}
 		// The owner's devices hold the device key: make sure it exists.
 		if _, err := r.deviceKey(ctx); err != nil {
 			return &rec, err
@@ -132,6 +139,41 @@ func (r *Realm) AddUser(ctx context.Context, name string) (*meta.UserRecord, err
 // Users lists the realm's users.
 func (r *Realm) Users(ctx context.Context) ([]meta.UserRecord, error) {
 	return r.Meta.Users(ctx)
+}
+
+// UserDevices maps each user to the devices (not removed) that belong to
+// them, by name; a device that records no user is the owner's.
+func (r *Realm) UserDevices(ctx context.Context) (map[string][]string, error) {
+	owner := ""
+	users, err := r.Meta.Users(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, u := range users {
+		if u.Owner {
+			owner = u.Name
+		}
+	}
+	du, err := r.Meta.DeviceUsers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := r.Meta.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]string{}
+	for _, n := range nodes {
+		if n.Role != string(pki.Device) || n.Removed != 0 {
+			continue
+		}
+		u, ok := du[n.Name]
+		if !ok {
+			u = owner
+		}
+		out[u] = append(out[u], n.Name)
+	}
+	return out, nil
 }
 
 // RemoveUser unshares every volume shared with user name (rotating each
@@ -324,7 +366,7 @@ func (r *Realm) Unshare(ctx context.Context, volName, user string) error {
 		keep, keepRevs = append(keep, g), append(keepRevs, revs[i])
 	}
 	if !found {
-		return cairn.E(op, cairn.NotFound, user, fmt.Errorf("volume %s is not shared with user %s (see 'cairn share ls %s')", volName, user, volName))
+		return cairn.E(op, cairn.NotFound, user, fmt.Errorf("volume %s is not shared with user %s", volName, user))
 	}
 	sealed := sealVolumeKey(dk, r.Config.RealmID, epochID(v.ID, n), next)
 	if err := r.Meta.Rotate(ctx, v.ID, user, n, sealed, keep, keepRevs); err != nil {
@@ -374,4 +416,18 @@ func (r *Realm) learnGrantedKey(ctx context.Context, v *meta.Volume) (volkey.Mas
 		return keys[0], nil, cairn.E(op, cairn.Permission, v.Name, errors.New("the shared key does not open the volume"))
 	}
 	return keys[0], keys[1:], nil
+}
+
+// HomeUser returns the user the device in home belongs to ("" if it
+// names none, or has no readable realm.json).
+func HomeUser(home string) string {
+	b, err := os.ReadFile(configPath(home))
+	if err != nil {
+		return ""
+	}
+	var cfg Config
+	if json.Unmarshal(b, &cfg) != nil {
+		return ""
+	}
+	return cfg.User
 }
