@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -47,9 +48,18 @@ func TestUsersShareVolume(t *testing.T) {
 	a.ok("share", "family", "bob", "--read")
 
 	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "bobphone", "--user", "bob"))
+	// Bob's keyring is sealed by his passphrase: his private key is not
+	// on his disk in the clear.
 	b := joiner(t)
-	if out := b.ok("join", tok, "--no-passphrase"); !strings.Contains(out, "belongs to user bob") {
+	b.env = append(b.env, "CAIRN_PASSPHRASE=bob's passphrase")
+	if out := b.ok("join", tok); !strings.Contains(out, "belongs to user bob") {
 		t.Fatalf("join as bob's device: %s", out)
+	}
+	if kr, err := os.ReadFile(filepath.Join(b.home, "keyring")); err != nil || !strings.Contains(string(kr), `"protection": "passphrase"`) || strings.Contains(string(kr), "user:bob") {
+		t.Fatalf("bob's keyring: %s %v", kr, err)
+	}
+	if res := b.runEnv([]string{"CAIRN_PASSPHRASE=wrong"}, "cat", "family:/f.txt"); res.code != cli.ExitPermission {
+		t.Fatalf("bob's device with a wrong passphrase: %+v", res)
 	}
 	if got := b.ok("cat", "family:/f.txt"); got != "for the family\n" {
 		t.Fatalf("bob reads the shared volume: %q", got)
@@ -82,7 +92,7 @@ func TestUsersShareVolume(t *testing.T) {
 	// A bob who keeps the keys his grant gave him (here: a volume opened
 	// in this process before the unshare, holding them in memory).
 	ctx := context.Background()
-	br, err := realm.Open(ctx, b.home, realm.Options{NoPassphrase: true})
+	br, err := realm.Open(ctx, b.home, realm.Options{Passphrase: func() ([]byte, error) { return []byte("bob's passphrase"), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
