@@ -81,6 +81,9 @@ func TestUsersShareVolume(t *testing.T) {
 	// A member's device administers nothing.
 	b.fails(cli.ExitPermission, "user", "add", "mallory")
 	b.fails(cli.ExitPermission, "share", "home", "bob", "--read")
+	if res := b.fails(cli.ExitPermission, "volume", "create", "bobs"); !strings.Contains(res.stderr, "does not own the realm") {
+		t.Fatalf("a member's device makes a volume: %s", res.stderr)
+	}
 
 	// carol, a second member, keeps the volume through bob's unshare.
 	a.ok("user", "add", "carol")
