@@ -90,3 +90,23 @@ func TestUsersGrantsRotate(t *testing.T) {
 		t.Fatalf("grants of a removed user remain: %+v", gs)
 	}
 }
+
+// FuzzDecodeGrant: a grant record from the metadata never panics the
+// decoder, and what it accepts has a known access and a stanza.
+func FuzzDecodeGrant(f *testing.F) {
+	f.Add([]byte(`{"format":1,"user":"bob","access":"read","stanzas":["AQID"],"granted":1}`))
+	f.Add([]byte(`{"format":2}`))
+	f.Add([]byte(`{"format":1,"access":"write","stanzas":[]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		g, err := meta.DecodeGrant(b)
+		if err != nil {
+			if k := cairn.KindOf(err); k != cairn.Corrupt {
+				t.Fatalf("kind %v: %v", k, err)
+			}
+			return
+		}
+		if (g.Access != meta.Read && g.Access != meta.Write) || len(g.Stanzas) == 0 || g.Format != meta.UserRecordFormat {
+			t.Fatalf("accepted %+v", g)
+		}
+	})
+}
