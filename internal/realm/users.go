@@ -53,6 +53,9 @@ func (r *Realm) ownerDevice(ctx context.Context, op string) error {
 		return nil
 	}
 	u, err := r.Meta.User(ctx, r.Config.User)
+	if errors.Is(err, cairn.ErrNotFound) {
+		return cairn.E(op, cairn.Permission, r.Config.User, fmt.Errorf("this device belongs to user %s, who is no longer in the realm", r.Config.User))
+	}
 	if err != nil {
 		return err
 	}
