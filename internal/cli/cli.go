@@ -215,6 +215,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 	root.AddCommand(e.webCmd())
 	root.AddCommand(e.storeCmd())
 	root.AddCommand(e.policyCmd(), e.repairCmd())
+	root.AddCommand(e.userCmd(), e.shareCmd(), e.unshareCmd())
 	root.AddCommand(e.queueCmd())
 	root.AddCommand(e.metaCmd())
 	return root

@@ -16,10 +16,10 @@ import (
 )
 
 func (e *env) inviteCmd() *cobra.Command {
-	var role, name string
+	var role, name, user string
 	var ttl time.Duration
 	c := &cobra.Command{
-		Use:   "invite --role device|benefactor|surrogate [--name N] [--ttl 1h]",
+		Use:   "invite --role device|benefactor|surrogate [--name N] [--user U] [--ttl 1h]",
 		Short: "Print a one-time token with which another machine joins the realm",
 		Long: `Print a one-time, expiring join token; on the new machine run 'cairn join TOKEN'.
 It works on the device holding the realm CA, while 'cairn node serve' runs
@@ -28,7 +28,9 @@ there (it serves the join endpoint the token points to).
 A device (your own machine) receives with its certificate the realm's
 configuration and the volume keys, sealed end to end under the token: treat
 the token like a password. A benefactor (donated space) or a surrogate (a
-nearby untrusted machine) receives a certificate only: no key, no metadata.`,
+nearby untrusted machine) receives a certificate only: no key, no metadata.
+A device of --user U (see 'cairn user') receives U's private key; unless U owns
+the realm, no volume key: it opens the volumes shared with U.`,
 		Args: exactArgs(0, "no arguments (--role is a flag)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if role == "" {
@@ -42,7 +44,7 @@ nearby untrusted machine) receives a certificate only: no key, no metadata.`,
 			if err != nil {
 				return err
 			}
-			tok, err := r.Invite(cmd.Context(), realm.InviteOptions{Role: ro, Name: name, TTL: ttl})
+			tok, err := r.Invite(cmd.Context(), realm.InviteOptions{Role: ro, Name: name, TTL: ttl, User: user})
 			if err != nil {
 				return err
 			}
@@ -58,6 +60,7 @@ nearby untrusted machine) receives a certificate only: no key, no metadata.`,
 	c.Flags().StringVar(&role, "role", "", "device, benefactor or surrogate")
 	c.Flags().StringVar(&name, "name", "", "the new node's name (default: the joiner proposes its host name)")
 	c.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the token stays valid (at most 720h)")
+	c.Flags().StringVar(&user, "user", "", "the user a device belongs to (default: this device's)")
 	return c
 }
 
@@ -89,7 +92,9 @@ configuration and volume keys, kept in a keyring sealed with a passphrase
 			if err != nil {
 				return err
 			}
-			if creds.Identity.Role == pki.Device {
+			if u := realm.HomeUser(e.home); creds.Identity.Role == pki.Device && u != "" {
+				fmt.Fprintf(e.stdout, "this device belongs to user %s: if they own the realm, it holds every volume key; else it opens what is shared with them ('cairn share')\n", u)
+			} else if creds.Identity.Role == pki.Device {
 				fmt.Fprintf(e.stdout, "this device holds the realm's volume keys: try 'cairn ls home:/'\n")
 				if noPass {
 					fmt.Fprintf(e.stdout, "warning: volume keys are NOT protected by a passphrase; anyone who can read %s/keyring can read your files\n", e.home)

@@ -24,6 +24,7 @@ import (
 	"cairn.dev/cairn/internal/store/localstore"
 	"cairn.dev/cairn/internal/store/objstore"
 	"cairn.dev/cairn/internal/store/packstore"
+	"cairn.dev/cairn/internal/userkey"
 )
 
 // one is the version shared by formats that one row of the table lists
@@ -59,6 +60,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"realm config":                                    one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
 		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),
 		"node registry records":                           fmt.Sprint(meta.NodeRecordFormat),
+		"users, volume grants and key stanzas":            one(t, "users", meta.UserRecordFormat, userkey.StanzaFormat),
 		"node control socket":                             fmt.Sprint(realm.ControlVersion),
 		"web JSON API (`cairn web`)":                      fmt.Sprint(apitypes.Version),
 		"wake request (`POST /v1/wake` of the node wire)": fmt.Sprint(wire.WakeVersion),

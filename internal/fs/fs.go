@@ -45,6 +45,9 @@ type Volume struct {
 	store cairn.Store
 	eng   *pipeline.Engine
 	wrap  [32]byte
+	// oldWraps are the wrap keys of earlier key epochs, newest first
+	// (Options.Epochs): manifests written before a rotation open with them.
+	oldWraps [][32]byte
 	// digesters are BLAKE3 hashers keyed for content digests (see digest);
 	// pooled because building a keyed hasher allocates 10 KiB.
 	digesters sync.Pool
@@ -77,7 +80,13 @@ type Options struct {
 	// fetches ahead; 0: Readahead. A cloud bucket's packs need more in
 	// flight than a node.
 	ReadaheadFor func(stores []string) int
-	Logger       *slog.Logger
+	// Epochs are the volume's later key epochs, oldest first (a rotation
+	// after an unshare adds one, doc/format.md "Key epochs"): new
+	// manifests are wrapped with the last one's ManifestWrap, and a
+	// manifest opens with any. The master key passed to Open (epoch 0)
+	// keeps the chunker's gear, the convergence and digest keys.
+	Epochs []volkey.Master
+	Logger *slog.Logger
 }
 
 // Open joins a volume's namespace handle with its master key and a store.
@@ -111,6 +120,13 @@ func Open(svc *meta.Service, mv *meta.Vol, master volkey.Master, st cairn.Store,
 		return nil, err
 	}
 	v := &Volume{Meta: mv, svc: svc, store: st, eng: eng, wrap: master.ManifestWrap(), storeName: opts.StoreName, readaheadFor: opts.ReadaheadFor, log: opts.Logger}
+	if n := len(opts.Epochs); n > 0 {
+		v.wrap = opts.Epochs[n-1].ManifestWrap()
+		for i := n - 2; i >= 0; i-- {
+			v.oldWraps = append(v.oldWraps, opts.Epochs[i].ManifestWrap())
+		}
+		v.oldWraps = append(v.oldWraps, master.ManifestWrap())
+	}
 	var dk [32]byte
 	blake3.DeriveKey("cairn v1 content digest", master[:], dk[:])
 	v.digesters.New = func() any {
@@ -571,13 +587,26 @@ func (v *Volume) putManifest(ctx context.Context, refs []manifest.Ref, size int6
 	return id, int64(len(stored)), nil
 }
 
+// openManifest opens a manifest with the current epoch's wrap key, else
+// with an earlier epoch's (a manifest written before a rotation).
+func (v *Volume) openManifest(stored []byte, id cairn.ID) (*manifest.Manifest, error) {
+	m, err := manifest.Open(stored, id, v.wrap)
+	for _, w := range v.oldWraps {
+		if err == nil || cairn.KindOf(err) != cairn.Permission {
+			break
+		}
+		m, err = manifest.Open(stored, id, w)
+	}
+	return m, err
+}
+
 // Manifest fetches and opens a version's manifest.
 func (v *Volume) Manifest(ctx context.Context, ver *meta.Version) (*manifest.Manifest, error) {
 	stored, err := v.store.Get(store.WithSources(ctx, ver.Stores), ver.Manifest)
 	if err != nil {
 		return nil, fmt.Errorf("manifest of version %d: %w", ver.N, err)
 	}
-	m, err := manifest.Open(stored, ver.Manifest, v.wrap)
+	m, err := v.openManifest(stored, ver.Manifest)
 	if err != nil {
 		return nil, fmt.Errorf("manifest of version %d: %w", ver.N, err)
 	}

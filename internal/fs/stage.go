@@ -17,7 +17,6 @@ import (
 	"sync/atomic"
 
 	"cairn.dev/cairn/internal/cairn"
-	"cairn.dev/cairn/internal/manifest"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/store"
 )
@@ -203,7 +202,7 @@ func stagedObjects(ctx context.Context, v *Volume, src cairn.Store, mid cairn.ID
 	if err != nil {
 		return nil, fmt.Errorf("staged manifest %s: %w", mid.Short(), err)
 	}
-	m, err := manifest.Open(stored, mid, v.wrap)
+	m, err := v.openManifest(stored, mid)
 	if err != nil {
 		return nil, fmt.Errorf("staged manifest %s: %w", mid.Short(), err)
 	}

@@ -27,6 +27,7 @@ var layer = map[string]int{
 	"internal/store":    2, // optional store abilities and helpers
 	"internal/manifest": 2,
 	"internal/pki":      2, // realm CA, join tokens, revocation, TLS configs
+	"internal/userkey":  2, // users' X25519 keys and the stanzas that wrap volume keys to them
 	"internal/logind":   1, // systemd-logind's sleep inhibitor and PrepareForSleep, over D-Bus
 
 	"internal/store/storeset": 2, // members, health, quorum writes, repair queue: shared by replicastore and ecstore

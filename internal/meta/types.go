@@ -27,8 +27,12 @@ const FormatVersion = 1
 // the new format is written, and a binary whose RecordFormat is lower
 // refuses the realm (realm.Open) rather than rewrite records it does not
 // understand. Records of format 1 are records of format 2 without those
-// fields, so no existing record is rewritten.
-const RecordFormat = 2
+// fields, so no existing record is rewritten. Format 3 adds key epochs
+// (keyepoch/<volID>/<n>, users.go): manifests written after a volume's key
+// was rotated are wrapped with a key an older binary does not know, so it
+// must not read (it would see "wrong key") nor write (with the old key,
+// which a removed member holds) such a volume. No record changed.
+const RecordFormat = 3
 
 // Type is the type of a namespace entry.
 type Type string

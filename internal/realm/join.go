@@ -14,6 +14,7 @@ import (
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/pki"
+	"cairn.dev/cairn/internal/userkey"
 	"cairn.dev/cairn/internal/volkey"
 )
 
@@ -38,6 +39,11 @@ type devicePayload struct {
 	// DeviceKey is the realm's device key (keys.go): with it the device
 	// learns the keys of volumes made after it joined.
 	DeviceKey []byte `json:"device_key,omitempty"`
+	// User is the user the device belongs to, UserKey that user's X25519
+	// private key (users.go). A device of a user other than the owner
+	// gets no Keys and no DeviceKey: it opens what is shared with its user.
+	User    string `json:"user,omitempty"`
+	UserKey []byte `json:"user_key,omitempty"`
 }
 
 // InviteOptions tune Invite.
@@ -51,6 +57,8 @@ type InviteOptions struct {
 	// node address from the registry (it must be serving: 'cairn node
 	// serve' serves the join endpoint).
 	Addr string
+	// User is the user a device belongs to (default: this device's).
+	User string
 }
 
 // Invite returns a one-time join token for a new node. A device's token
@@ -96,7 +104,16 @@ func (r *Realm) Invite(ctx context.Context, o InviteOptions) (string, error) {
 		o.Addr = st.Addr
 	}
 	var payload []byte
+	if o.User != "" && o.Role != pki.Device {
+		return "", cairn.E(op, cairn.Invalid, o.User, fmt.Errorf("a %s belongs to no user: --user is for devices", o.Role))
+	}
 	if o.Role == pki.Device {
+		if o.User == "" {
+			o.User = r.Config.User
+		}
+		if err = r.ownerDevice(ctx, op); err != nil {
+			return "", err
+		}
 		p := devicePayload{Format: devicePayloadFormat, RealmID: r.Config.RealmID, Etcd: r.Config.Etcd,
 			Gateway: r.Config.Gateway, GatewayNode: r.Config.GatewayNode, Keys: map[string][]byte{}}
 		if len(p.Etcd) == 0 && len(p.Gateway) == 0 {
@@ -112,22 +129,26 @@ func (r *Realm) Invite(ctx context.Context, o InviteOptions) (string, error) {
 		if perr != nil {
 			return "", perr
 		}
-		dk, perr := r.deviceKey(ctx)
-		if perr != nil {
-			return "", perr
-		}
-		p.DeviceKey = dk[:]
-		vols, perr := r.Meta.Volumes(ctx)
-		if perr != nil {
-			return "", perr
-		}
-		for _, v := range vols {
-			k, kerr := kr.Key(v.ID, v.Name)
-			if kerr != nil {
-				r.log.Warn("invite: this device holds no key for a volume; the new device will not either", "volume", v.Name)
-				continue
+		member := false
+		if o.User != "" {
+			u, uerr := r.Meta.User(ctx, o.User)
+			if uerr != nil {
+				return "", uerr
 			}
-			p.Keys[v.ID] = k[:]
+			priv, kerr := kr.Key(userKeyID(o.User), "user "+o.User)
+			if kerr != nil {
+				return "", cairn.E(op, cairn.Permission, o.User, errors.New("this device does not hold the user's private key (invite from the device that added the user)"))
+			}
+			p.User, p.UserKey, member = o.User, priv[:], !u.Owner
+		}
+		if !member {
+			if perr = r.ownerPayload(ctx, &p); perr != nil {
+				return "", perr
+			}
+		} else {
+			// What is shared with the user reaches the device
+			// through the grants: no volume key, no device key.
+			r.log.Info("invite a member's device", "user", o.User, "name", o.Name)
 		}
 		if payload, perr = json.Marshal(p); perr != nil {
 			return "", cairn.E(op, cairn.Other, "", perr)
@@ -139,6 +160,33 @@ func (r *Realm) Invite(ctx context.Context, o InviteOptions) (string, error) {
 	}
 	auth := &pki.Authority{CA: ca, Tokens: tokens, Addr: o.Addr, Logger: r.log}
 	return auth.NewToken(ctx, o.Role, o.Name, o.TTL, payload)
+}
+
+// ownerPayload adds to an owner's device's payload the device key and
+// every volume key this device holds.
+func (r *Realm) ownerPayload(ctx context.Context, p *devicePayload) error {
+	kr, err := r.Keyring()
+	if err != nil {
+		return err
+	}
+	dk, err := r.deviceKey(ctx)
+	if err != nil {
+		return err
+	}
+	p.DeviceKey = dk[:]
+	vols, err := r.Meta.Volumes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, v := range vols {
+		k, kerr := kr.Key(v.ID, v.Name)
+		if kerr != nil {
+			r.log.Warn("invite: this device holds no key for a volume; the new device will not either", "volume", v.Name)
+			continue
+		}
+		p.Keys[v.ID] = k[:]
+	}
+	return nil
 }
 
 // JoinOptions tune Join.
@@ -235,10 +283,16 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 		}
 		kr.Add(deviceKeyID, volkey.Master(p.DeviceKey))
 	}
+	if p.User != "" {
+		if len(p.UserKey) != userkey.Size {
+			return nil, cairn.E(op, cairn.Corrupt, p.User, fmt.Errorf("user key of %d bytes", len(p.UserKey)))
+		}
+		kr.Add(userKeyID(p.User), volkey.Master(p.UserKey))
+	}
 	if err = kr.Save(); err != nil {
 		return nil, err
 	}
-	cfg := Config{Format: ConfigVersion, RealmID: p.RealmID, Created: time.Now().UTC(), Etcd: p.Etcd, Gateway: p.Gateway, GatewayNode: p.GatewayNode, StorePath: "store"}
+	cfg := Config{Format: ConfigVersion, RealmID: p.RealmID, Created: time.Now().UTC(), Etcd: p.Etcd, Gateway: p.Gateway, GatewayNode: p.GatewayNode, StorePath: "store", User: p.User}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
 	if err = durable.ReplaceFile(configPath(home), b, 0o600); err != nil {
 		return nil, err
@@ -252,6 +306,11 @@ func Join(ctx context.Context, home, token string, o JoinOptions) (*pki.Credenti
 	defer r.Close()
 	if _, err := r.Store(ctx); err != nil {
 		return creds, err
+	}
+	if p.User != "" {
+		if err := r.Meta.PutDeviceUser(ctx, creds.Identity.Name, p.User); err != nil {
+			return creds, err
+		}
 	}
 	return creds, nil
 }

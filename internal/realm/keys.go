@@ -87,6 +87,12 @@ func (r *Realm) deviceKey(ctx context.Context) (volkey.Master, error) {
 		}
 		return dk, perr
 	}
+	if r.Config.User != "" {
+		// A device of a user: only the owner's hold the device key.
+		if u, uerr := r.Meta.User(ctx, r.Config.User); uerr == nil && !u.Owner {
+			return volkey.Master{}, cairn.E("device key", cairn.Permission, r.Config.User, fmt.Errorf("this device belongs to user %s, who does not own the realm: only the owner's devices make volumes and share them", r.Config.User))
+		}
+	}
 	// Saved before it is recorded: a crash in between leaves an unused
 	// key here, never a realm that records a key no device holds.
 	dk := keyring.NewMaster()

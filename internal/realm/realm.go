@@ -67,6 +67,9 @@ type Config struct {
 	Nodes []string `json:"nodes,omitempty"`
 	// StorePath is the local store's directory, relative to the home.
 	StorePath string `json:"store_path"`
+	// User is the user this device belongs to (users.go); empty on a
+	// device of a realm made before users, which is its owner's.
+	User string `json:"user,omitempty"`
 }
 
 // DefaultHome returns $CAIRN_HOME, else $XDG_DATA_HOME/cairn, else
@@ -446,21 +449,15 @@ func (r *Realm) Volume(ctx context.Context, name string) (*fs.Volume, error) {
 	if err != nil {
 		return nil, err
 	}
-	kr, err := r.Keyring()
+	master, epochs, err := r.volumeKeys(ctx, &mv.V)
 	if err != nil {
 		return nil, err
-	}
-	master, err := kr.Key(mv.V.ID, name)
-	if err != nil {
-		if master, err = r.learnKey(ctx, &mv.V); err != nil {
-			return nil, err
-		}
 	}
 	w, err := r.dir().ForWrite(ctx, "")
 	if err != nil {
 		return nil, err
 	}
-	v, err := fs.OpenFor(r.Meta, mv, master, w, fs.Options{Workers: r.opts.Workers, Readahead: readahead, ReadaheadFor: r.readaheadFor, Logger: r.log})
+	v, err := fs.OpenFor(r.Meta, mv, master, w, fs.Options{Workers: r.opts.Workers, Readahead: readahead, ReadaheadFor: r.readaheadFor, Epochs: epochs, Logger: r.log})
 	if err != nil {
 		return nil, err
 	}
