@@ -158,3 +158,99 @@ func TestMetaAddThreeMembers(t *testing.T) {
 	}
 	t.Logf("%d + %d writes, none failed, with one of three members killed", oa.n, ob.n)
 }
+
+// `cairn node standby` on the device that hosts the metadata service
+// hands it to an awake device first, while another device writes: no
+// write fails, every write is there afterwards, and the old host's node,
+// which keeps running, follows the service to its new gateway: it reads
+// standby, then awake again after `cairn node resume`, with no restart.
+func TestStandbyHandsMetaAway(t *testing.T) {
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	as := a.serve("2s")
+	a.waitState("desk", "awake", 5*time.Second)
+	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "laptop"))
+	b := joiner(t)
+	b.ok("join", tok, "--no-passphrase")
+	b.serveOn("127.0.0.2:0", "2s")
+	a.waitState("laptop", "awake", 5*time.Second)
+
+	src := filepath.Join(t.TempDir(), "f.txt")
+	writeFile(t, src, []byte("written while desk goes to sleep\n"), 0o644)
+	type outcome struct {
+		n       int
+		fail    []string
+		longest time.Duration
+	}
+	stop := make(chan struct{})
+	var made atomic.Int64
+	res := make(chan outcome, 1)
+	go func() {
+		var o outcome
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				res <- o
+				return
+			default:
+			}
+			t0 := time.Now()
+			if r := b.run("put", src, fmt.Sprintf("home:/w%03d", i)); r.code != 0 {
+				o.fail = append(o.fail, r.stderr)
+			}
+			o.longest = max(o.longest, time.Since(t0))
+			o.n++
+			made.Add(1)
+		}
+	}()
+	waitWrites := func(n int64) {
+		t.Helper()
+		target := made.Load() + n
+		deadline := time.Now().Add(2 * time.Minute)
+		for made.Load() < target {
+			if time.Now().After(deadline) {
+				close(stop)
+				t.Fatalf("laptop made %d writes, want %d", made.Load(), target)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitWrites(3)
+	out := a.ok("node", "standby")
+	if !strings.Contains(out, "handed the metadata service to laptop") || !strings.Contains(out, "desk is in standby") {
+		t.Fatalf("node standby: %q", out)
+	}
+	waitWrites(3)
+	close(stop)
+	o := <-res
+	if len(o.fail) > 0 {
+		t.Fatalf("%d of %d writes failed while the metadata moved: %q", len(o.fail), o.n, o.fail)
+	}
+	ls := b.ok("ls", "home:/")
+	for i := range o.n {
+		if !strings.Contains(ls, fmt.Sprintf("w%03d/\n", i)) {
+			t.Fatalf("write %d missing after the handoff: %s", i, ls)
+		}
+	}
+	for _, r := range []*realmT{a, b} {
+		if out := r.ok("devices"); !strings.Contains(out, "metadata: laptop (leader, gateway 127.0.0.2:") {
+			t.Fatalf("devices after the handoff: %s", out)
+		}
+	}
+	a.waitState("desk", "standby", 10*time.Second)
+	// desk's node was not restarted: it follows the metadata service to
+	// laptop's gateway and registers there, awake.
+	if out := a.ok("node", "resume"); !strings.Contains(out, "desk is awake") {
+		t.Fatalf("node resume: %q", out)
+	}
+	b.waitState("desk", "awake", 10*time.Second)
+	select {
+	case err := <-as.done:
+		as.done <- err
+		t.Fatalf("desk's node ended: %v\n%s", err, as.errb)
+	default:
+	}
+	if got := a.ok("cat", "home:/w000/f.txt"); got != "written while desk goes to sleep\n" {
+		t.Fatalf("cat on desk after the resume: %q", got)
+	}
+	t.Logf("%d writes of laptop during desk's standby, none failed; longest write %v", o.n, o.longest.Round(time.Millisecond))
+}
