@@ -40,12 +40,8 @@ func TestMetaMoveCommand(t *testing.T) {
 	if out := a.ok("meta", "move", "--to", "laptop"); !strings.Contains(out, "moved the metadata service to laptop") {
 		t.Fatalf("meta move: %q", out)
 	}
-	// The old host's node lost its connection with its member: it is
-	// restarted (as the help says), and reaches the metadata through
-	// laptop's gateway like the others.
-	as.cmd.Process.Kill()
-	as.done <- <-as.done // (for the cleanup's wait)
-	a.serve("2s")
+	// The old host's node, not restarted, follows its member to laptop's
+	// gateway: it reports there, awake, and keeps running.
 	a.waitState("desk", "awake", 10*time.Second)
 	var cfg struct {
 		Etcd    []string `json:"etcd"`
@@ -68,6 +64,21 @@ func TestMetaMoveCommand(t *testing.T) {
 	putJSON(t, b, src, "home:/after")
 	if out := a.ok("ls", "home:/"); out != "after/\nbefore/\n" {
 		t.Fatalf("ls on desk after the move: %q", out)
+	}
+	// Its node still reports: its record's last report moves on.
+	seen := a.waitState("desk", "awake", 10*time.Second)["last_seen"]
+	deadline := time.Now().Add(30 * time.Second)
+	for a.waitState("desk", "awake", 10*time.Second)["last_seen"] == seen {
+		if time.Now().After(deadline) {
+			t.Fatalf("desk's node stopped reporting after the move (last seen %v)", seen)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	select {
+	case err := <-as.done:
+		as.done <- err
+		t.Fatalf("desk's node ended after the move: %v\n%s", err, as.errb)
+	default:
 	}
 }
 
