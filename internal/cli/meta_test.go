@@ -226,9 +226,8 @@ func TestStandbyHandsMetaAway(t *testing.T) {
 		}
 	}
 	waitWrites(3)
-	out := a.ok("node", "standby")
-	if !strings.Contains(out, "handed the metadata service to laptop") || !strings.Contains(out, "desk is in standby") {
-		t.Fatalf("node standby: %q", out)
+	if r := a.run("node", "standby"); r.code != 0 || !strings.Contains(r.stdout, "handed the metadata service to laptop") || !strings.Contains(r.stdout, "desk is in standby") {
+		t.Fatalf("node standby: %+v", r)
 	}
 	waitWrites(3)
 	close(stop)

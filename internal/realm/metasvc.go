@@ -257,7 +257,7 @@ func (r *Realm) followMetaService() {
 	r.stopFollow = cancel
 	cli := r.conn.Client()
 	go r.Meta.WatchMetaService(ctx, func(rec *meta.MetaServiceRecord) {
-		if gws := rec.Gateways(); len(gws) > 0 {
+		if gws := rec.Gateways(); len(gws) > 0 && !slices.Equal(gws, cli.Endpoints()) {
 			r.log.Info("metadata service moved", "gateways", gws)
 			cli.SetEndpoints(gws...)
 		}
