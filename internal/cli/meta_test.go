@@ -227,7 +227,11 @@ func TestStandbyHandsMetaAway(t *testing.T) {
 	}
 	waitWrites(3)
 	if r := a.run("node", "standby"); r.code != 0 || !strings.Contains(r.stdout, "handed the metadata service to laptop") || !strings.Contains(r.stdout, "desk is in standby") {
-		t.Fatalf("node standby: %+v", r)
+		close(stop)
+		as.cmd.Process.Kill()
+		err := <-as.done
+		as.done <- err
+		t.Fatalf("node standby: %+v\ndesk's node: %s", r, as.errb)
 	}
 	waitWrites(3)
 	close(stop)
