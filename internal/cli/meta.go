@@ -37,8 +37,10 @@ meanwhile on other devices pause (for about a second) rather than fail.
 
 Afterwards this device reaches the metadata through DEVICE's gateway, like
 the others, and keeps its old etcd data as etcd.moved-<time> in its realm
-directory. Restart 'cairn node serve' here after the move. DEVICE's node
-must keep running: it now hosts the metadata.
+directory; its running node ('cairn node serve') follows the metadata to
+DEVICE's gateway by itself. DEVICE's node must keep running: it now hosts
+the metadata. ('cairn node standby' on the device that hosts it moves it to
+an awake device the same way.)
 
 If this device's etcd server started before its node first served, it is
 restarted first (a pause of about a second, in which requests in flight

@@ -40,12 +40,8 @@ func TestMetaMoveCommand(t *testing.T) {
 	if out := a.ok("meta", "move", "--to", "laptop"); !strings.Contains(out, "moved the metadata service to laptop") {
 		t.Fatalf("meta move: %q", out)
 	}
-	// The old host's node lost its connection with its member: it is
-	// restarted (as the help says), and reaches the metadata through
-	// laptop's gateway like the others.
-	as.cmd.Process.Kill()
-	as.done <- <-as.done // (for the cleanup's wait)
-	a.serve("2s")
+	// The old host's node, not restarted, follows its member to laptop's
+	// gateway: it reports there, awake, and keeps running.
 	a.waitState("desk", "awake", 10*time.Second)
 	var cfg struct {
 		Etcd    []string `json:"etcd"`
@@ -68,6 +64,21 @@ func TestMetaMoveCommand(t *testing.T) {
 	putJSON(t, b, src, "home:/after")
 	if out := a.ok("ls", "home:/"); out != "after/\nbefore/\n" {
 		t.Fatalf("ls on desk after the move: %q", out)
+	}
+	// Its node still reports: its record's last report moves on.
+	seen := a.waitState("desk", "awake", 10*time.Second)["last_seen"]
+	deadline := time.Now().Add(30 * time.Second)
+	for a.waitState("desk", "awake", 10*time.Second)["last_seen"] == seen {
+		if time.Now().After(deadline) {
+			t.Fatalf("desk's node stopped reporting after the move (last seen %v)", seen)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	select {
+	case err := <-as.done:
+		as.done <- err
+		t.Fatalf("desk's node ended after the move: %v\n%s", err, as.errb)
+	default:
 	}
 }
 
@@ -161,4 +172,103 @@ func TestMetaAddThreeMembers(t *testing.T) {
 		r.ok("ls", "home:/")
 	}
 	t.Logf("%d + %d writes, none failed, with one of three members killed", oa.n, ob.n)
+}
+
+// `cairn node standby` on the device that hosts the metadata service
+// hands it to an awake device first, while another device writes: no
+// write fails, every write is there afterwards, and the old host's node,
+// which keeps running, follows the service to its new gateway: it reads
+// standby, then awake again after `cairn node resume`, with no restart.
+func TestStandbyHandsMetaAway(t *testing.T) {
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	as := a.serve("2s")
+	a.waitState("desk", "awake", 5*time.Second)
+	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "laptop"))
+	b := joiner(t)
+	b.ok("join", tok, "--no-passphrase")
+	b.serveOn("127.0.0.2:0", "2s")
+	a.waitState("laptop", "awake", 5*time.Second)
+
+	src := filepath.Join(t.TempDir(), "f.txt")
+	writeFile(t, src, []byte("written while desk goes to sleep\n"), 0o644)
+	type outcome struct {
+		n       int
+		fail    []string
+		longest time.Duration
+	}
+	stop := make(chan struct{})
+	var made atomic.Int64
+	res := make(chan outcome, 1)
+	go func() {
+		var o outcome
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				res <- o
+				return
+			default:
+			}
+			t0 := time.Now()
+			if r := b.run("put", src, fmt.Sprintf("home:/w%03d", i)); r.code != 0 {
+				o.fail = append(o.fail, r.stderr)
+			}
+			o.longest = max(o.longest, time.Since(t0))
+			o.n++
+			made.Add(1)
+		}
+	}()
+	waitWrites := func(n int64) {
+		t.Helper()
+		target := made.Load() + n
+		deadline := time.Now().Add(2 * time.Minute)
+		for made.Load() < target {
+			if time.Now().After(deadline) {
+				close(stop)
+				t.Fatalf("laptop made %d writes, want %d", made.Load(), target)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitWrites(3)
+	if r := a.run("node", "standby"); r.code != 0 || !strings.Contains(r.stdout, "handed the metadata service to laptop") || !strings.Contains(r.stdout, "desk is in standby") {
+		close(stop)
+		as.cmd.Process.Kill()
+		err := <-as.done
+		as.done <- err
+		t.Fatalf("node standby: %+v\ndesk's node: %s", r, as.errb)
+	}
+	waitWrites(3)
+	close(stop)
+	o := <-res
+	if len(o.fail) > 0 {
+		t.Fatalf("%d of %d writes failed while the metadata moved: %q", len(o.fail), o.n, o.fail)
+	}
+	ls := b.ok("ls", "home:/")
+	for i := range o.n {
+		if !strings.Contains(ls, fmt.Sprintf("w%03d/\n", i)) {
+			t.Fatalf("write %d missing after the handoff: %s", i, ls)
+		}
+	}
+	for _, r := range []*realmT{a, b} {
+		if out := r.ok("devices"); !strings.Contains(out, "metadata: laptop (leader, gateway 127.0.0.2:") {
+			t.Fatalf("devices after the handoff: %s", out)
+		}
+	}
+	a.waitState("desk", "standby", 10*time.Second)
+	// desk's node was not restarted: it follows the metadata service to
+	// laptop's gateway and registers there, awake.
+	if out := a.ok("node", "resume"); !strings.Contains(out, "desk is awake") {
+		t.Fatalf("node resume: %q", out)
+	}
+	b.waitState("desk", "awake", 10*time.Second)
+	select {
+	case err := <-as.done:
+		as.done <- err
+		t.Fatalf("desk's node ended: %v\n%s", err, as.errb)
+	default:
+	}
+	if got := a.ok("cat", "home:/w000/f.txt"); got != "written while desk goes to sleep\n" {
+		t.Fatalf("cat on desk after the resume: %q", got)
+	}
+	t.Logf("%d writes of laptop during desk's standby, none failed; longest write %v", o.n, o.longest.Round(time.Millisecond))
 }

@@ -341,7 +341,10 @@ it registers to other devices, records in the realm that it is in standby,
 since when and how it can be woken (Wake-on-LAN: the MAC and broadcast
 address of the interface that carries its address), and ends its heartbeat
 lease cleanly, so that the other devices read it as asleep, not offline,
-and leave it alone. It keeps running: 'cairn node resume' (or a suspend and
+and leave it alone. A device that hosts the realm's metadata service hands
+it to an awake device first (as 'cairn meta move' does); if none can take
+it, the standby warns that the metadata service sleeps with this device.
+It keeps running: 'cairn node resume' (or a suspend and
 resume of the machine, which the node notices) makes it awake again.
 
 On Linux with systemd the node announces a real suspend by itself (see
@@ -359,7 +362,13 @@ On Linux with systemd the node announces a real suspend by itself (see
 				fmt.Fprintf(e.stdout, "%s is awake (since %s)\n", rep.Node, since)
 				return nil
 			}
+			if rep.MetaMovedTo != "" {
+				fmt.Fprintf(e.stdout, "handed the metadata service to %s\n", rep.MetaMovedTo)
+			}
 			fmt.Fprintf(e.stdout, "%s is in standby since %s; %s\n", rep.Node, since, wakeMethod(rep.Wake))
+			if rep.MetaSleeps != "" {
+				fmt.Fprintf(e.stderr, "warning: the realm's metadata service sleeps with %s (%s): the other devices cannot reach it until it is awake\n", rep.Node, rep.MetaSleeps)
+			}
 			if rep.Unfinished > 0 {
 				fmt.Fprintf(e.stderr, "warning: %d chunk requests were still in flight after the drain bound\n", rep.Unfinished)
 			}

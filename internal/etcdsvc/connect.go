@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -68,6 +70,9 @@ type ConnectOptions struct {
 	// refused: etcd's client would drop TLS for it). Connect, which talks
 	// to the realm's own server over its unix socket, ignores it.
 	TLS *tls.Config
+
+	// sw is Connect's dialer, which Conn.Redirect turns to gateways.
+	sw *switchDialer
 }
 
 func (o *ConnectOptions) fill() {
@@ -86,9 +91,73 @@ func (o *ConnectOptions) fill() {
 type Conn struct {
 	cli       *clientv3.Client
 	endpoints []string
-	dir       string   // $home/etcd for a local server, "" for external
-	clients   *os.File // shared lock on clients.lock, nil for external
+	dir       string        // $home/etcd for a local server, "" for external
+	clients   *os.File      // shared lock on clients.lock, nil for external
+	sw        *switchDialer // a local server's dialer, nil for external
 }
+
+// switchDialer dials the client's connections: the local server at addr,
+// until Redirect sends them to metadata gateways over TLS.
+type switchDialer struct {
+	timeout time.Duration
+	mu      sync.Mutex
+	addr    string
+	to      atomic.Pointer[redirect]
+}
+
+type redirect struct {
+	endpoints []string
+	tls       *tls.Config
+}
+
+func (d *switchDialer) setAddr(addr string) {
+	d.mu.Lock()
+	d.addr = addr
+	d.mu.Unlock()
+}
+
+func (d *switchDialer) dial(ctx context.Context, _ string) (net.Conn, error) {
+	rd := d.to.Load()
+	if rd == nil {
+		d.mu.Lock()
+		addr := d.addr
+		d.mu.Unlock()
+		return DialEndpoint(ctx, addr, d.timeout)
+	}
+	var errs []error
+	for _, ep := range rd.endpoints {
+		td := tls.Dialer{NetDialer: &net.Dialer{Timeout: d.timeout}, Config: rd.tls}
+		c, err := td.DialContext(ctx, "tcp", strings.TrimPrefix(ep, "https://"))
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+// Redirect sends a local server's client to the realm's metadata
+// gateways at endpoints (host:port), over TLS with tlsConf (a device's
+// pki.ClientTLS), once its server is gone: the realm's etcd member moved
+// to another device (cairn meta move). The connections open now stay
+// until they break (the server stops); the client's new ones, its watches
+// and leases included, go to the gateways, tried in order. Called again,
+// it replaces the gateways. Invalid on a connection to an external
+// cluster or a gateway (ConnectExternal): its endpoints are set with the
+// client's SetEndpoints.
+func (c *Conn) Redirect(endpoints []string, tlsConf *tls.Config) error {
+	if c.sw == nil {
+		return cairn.E("redirect etcd", cairn.Invalid, strings.Join(endpoints, ","), errors.New("not a connection to the realm's own server"))
+	}
+	if len(endpoints) == 0 || tlsConf == nil {
+		return cairn.E("redirect etcd", cairn.Invalid, "", errors.New("want endpoints and a TLS configuration"))
+	}
+	c.sw.to.Store(&redirect{endpoints: append([]string(nil), endpoints...), tls: tlsConf})
+	return nil
+}
+
+// Redirected says whether Redirect sent the client to gateways.
+func (c *Conn) Redirected() bool { return c.sw != nil && c.sw.to.Load() != nil }
 
 // Client returns the etcd client. It stays valid until Close.
 func (c *Conn) Client() *clientv3.Client { return c.cli }
@@ -165,11 +234,12 @@ func Connect(ctx context.Context, home string, opts ConnectOptions) (*Conn, erro
 	if err = lockWait(wctx, clients, syscall.LOCK_SH); err != nil {
 		return fail(err)
 	}
+	opts.sw = &switchDialer{timeout: opts.DialTimeout}
 	cli, ep, err := findOrStart(wctx, dir, opts)
 	if err != nil {
 		return fail(err)
 	}
-	return &Conn{cli: cli, endpoints: []string{ep.addr}, dir: dir, clients: clients}, nil
+	return &Conn{cli: cli, endpoints: []string{ep.addr}, dir: dir, clients: clients, sw: opts.sw}, nil
 }
 
 // findOrStart connects to the running server or starts one and waits for
@@ -278,6 +348,9 @@ func dialLocal(ctx context.Context, ep endpoint, opts ConnectOptions) (*clientv3
 		return nil, err
 	}
 	nc.Close()
+	if opts.sw != nil {
+		opts.sw.setAddr(ep.addr)
+	}
 	cli, err := newClient([]string{ep.addr}, opts, nil)
 	if err != nil {
 		return nil, err
@@ -297,6 +370,11 @@ func dialLocal(ctx context.Context, ep endpoint, opts ConnectOptions) (*clientv3
 }
 
 func newClient(endpoints []string, opts ConnectOptions, tlsConf *tls.Config) (*clientv3.Client, error) {
+	dopts := []grpc.DialOption{grpc.WithChainUnaryInterceptor(retryLeaderChange)}
+	if opts.sw != nil {
+		// Set after clientv3's own dialer: this one wins.
+		dopts = append(dopts, grpc.WithContextDialer(opts.sw.dial))
+	}
 	return clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
 		TLS:         tlsConf,
@@ -308,7 +386,7 @@ func newClient(endpoints []string, opts ConnectOptions, tlsConf *tls.Config) (*c
 		DialKeepAliveTimeout: opts.DialTimeout,
 		// A leader change (cairn meta move) fails the requests in
 		// flight; they are repeated.
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(retryLeaderChange)},
+		DialOptions: dopts,
 	})
 }
 

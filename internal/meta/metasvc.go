@@ -136,22 +136,51 @@ func (s *Service) SetMetaMember(ctx context.Context, m MetaMember) error {
 	})
 }
 
-// WatchMetaService calls f with the record each time it changes, until ctx
-// ends. (A device reaching the metadata through gateways follows the
-// service with it: realm.) Errors of the watch end it quietly; f is not
-// called for a record it cannot read.
+// WatchMetaService calls f with the record as it is, then each time it
+// changes, until ctx ends. (A device reaching the metadata through
+// gateways follows the service with it: realm.) It misses no change: a
+// watch that ends (no leader for a moment, a connection that moved) is
+// taken up again after the last revision it saw, and the record is read
+// again if that revision was compacted. Errors end a watch quietly; f is
+// not called for a record it cannot read.
 func (s *Service) WatchMetaService(ctx context.Context, f func(*MetaServiceRecord)) {
+	k := s.metaSvcKey()
+	call := func(v []byte) {
+		var rec MetaServiceRecord
+		if json.Unmarshal(v, &rec) == nil {
+			f(&rec)
+		}
+	}
+	var rev int64 // the last revision seen; 0: read the record first
 	for ctx.Err() == nil {
-		for ev := range s.cli.Watch(clientv3.WithRequireLeader(ctx), s.metaSvcKey()) {
-			for _, e := range ev.Events {
-				var rec MetaServiceRecord
-				if e.Type == clientv3.EventTypePut && json.Unmarshal(e.Kv.Value, &rec) == nil {
-					f(&rec)
+		if rev == 0 {
+			octx, cancel := s.opCtx(ctx)
+			resp, err := s.cli.Get(octx, k)
+			cancel()
+			if err == nil {
+				rev = resp.Header.Revision
+				if len(resp.Kvs) == 1 {
+					call(resp.Kvs[0].Value)
 				}
 			}
 		}
-		// The watch ended (no leader for a moment, the client closed):
-		// watch again.
+		if rev != 0 {
+			wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+			for ev := range s.cli.Watch(wctx, k, clientv3.WithRev(rev+1)) {
+				if ev.CompactRevision != 0 {
+					rev = 0 // changes lost: read the record again
+					break
+				}
+				for _, e := range ev.Events {
+					rev = e.Kv.ModRevision
+					if e.Type == clientv3.EventTypePut {
+						call(e.Kv.Value)
+					}
+				}
+			}
+			wcancel()
+		}
+		// The watch ended: watch again.
 		select {
 		case <-ctx.Done():
 		case <-time.After(200 * time.Millisecond):

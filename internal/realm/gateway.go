@@ -16,9 +16,11 @@ import (
 // servesGateway reports whether this device can serve the metadata
 // gateway: it runs the realm's embedded etcd (a realm on an external
 // cluster gives devices that cluster's endpoints; a device that itself
-// reaches the metadata through a gateway does not relay it).
+// reaches the metadata through a gateway does not relay it, nor does one
+// whose member moved away while it ran: redirectMeta).
 func (r *Realm) servesGateway() bool {
-	return len(r.Config.Etcd) == 0 && len(r.Config.Gateway) == 0 && len(r.opts.Etcd) == 0
+	return len(r.Config.Etcd) == 0 && len(r.Config.Gateway) == 0 && len(r.opts.Etcd) == 0 &&
+		(r.conn == nil || !r.conn.Redirected())
 }
 
 // gateway makes the metadata gateway of this device: the realm's etcd,

@@ -313,8 +313,9 @@ func (r *Realm) AddMeta(ctx context.Context, to string, o MoveMetaOptions) error
 // endpoints change), and after metaDrain this member is removed (asked of
 // the new one). This device then reaches the metadata through to's gateway
 // (its realm.json says so) and keeps its old data dir as etcd.moved-<unix
-// seconds>; its running node keeps a dead connection and must be
-// restarted. No committed write is lost; the requests that the leadership
+// seconds>; this process's connection, and that of its running node
+// (which follows the record: followMovedMember), go through to's gateway
+// too. No committed write is lost; the requests that the leadership
 // handover drops are repeated by the client (etcdsvc's retry of leader
 // changes), so devices see a pause, not a failure.
 func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) error {
@@ -349,6 +350,10 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 		return err
 	}
 	_ = r.Meta.DeleteMetaJoin(tctx, to)
+	// This process's own connection follows too, before its member goes.
+	if err = r.redirectMeta([]string{gwTo}); err != nil {
+		return err
+	}
 	select {
 	case <-time.After(metaDrain):
 	case <-tctx.Done():

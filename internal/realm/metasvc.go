@@ -34,7 +34,32 @@ import (
 // service may move to any device (cairn meta move), and a benefactor's or
 // surrogate's certificate is refused. It returns the gateways it connected
 // through.
+//
+// A metadata service that is restarting or moving (its daemon restarted
+// to take peers, its member handed away: cairn meta move, a standby)
+// leaves its gateways without an upstream for a few seconds, and the
+// devices may not know the new gateways yet: an Unavailable connection is
+// tried again, for gatewayPatience at most.
 func connectGateways(ctx context.Context, home string, cfg Config) (*etcdsvc.Conn, []string, error) {
+	deadline := time.Now().Add(gatewayPatience)
+	for {
+		conn, gws, err := connectGateways1(ctx, home, cfg)
+		if err == nil || cairn.KindOf(err) != cairn.Unavailable || time.Now().After(deadline) {
+			return conn, gws, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, err
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+// gatewayPatience is how long connectGateways tries an unavailable
+// metadata service again.
+const gatewayPatience = 15 * time.Second
+
+func connectGateways1(ctx context.Context, home string, cfg Config) (*etcdsvc.Conn, []string, error) {
 	creds, err := pki.LoadCredentials(CredentialsDir(home))
 	if err != nil {
 		return nil, nil, err
@@ -232,9 +257,47 @@ func (r *Realm) followMetaService() {
 	r.stopFollow = cancel
 	cli := r.conn.Client()
 	go r.Meta.WatchMetaService(ctx, func(rec *meta.MetaServiceRecord) {
-		if gws := rec.Gateways(); len(gws) > 0 {
+		if gws := rec.Gateways(); len(gws) > 0 && !slices.Equal(gws, cli.Endpoints()) {
 			r.log.Info("metadata service moved", "gateways", gws)
 			cli.SetEndpoints(gws...)
 		}
+	})
+}
+
+// redirectMeta sends this process's connection to the member of the
+// realm's etcd that this device hosted to the gateways gws instead: the
+// member moved away (cairn meta move, or a standby's handoff) and its
+// server stops. Requests, watches and leases carry on through gws, as on
+// any device that reaches the metadata through gateways.
+func (r *Realm) redirectMeta(gws []string) error {
+	creds, err := pki.LoadCredentials(CredentialsDir(r.Home))
+	if err != nil {
+		return err
+	}
+	tlsConf, err := pki.ClientTLS(creds, pki.TLSOptions{Revocations: pki.NoRevocations{}, Peer: pki.RequireRole(pki.Device)})
+	if err != nil {
+		return err
+	}
+	return r.conn.Redirect(gws, tlsConf)
+}
+
+// followMovedMember is followMetaService for the node of the device that
+// hosts the realm's embedded etcd (self): once the realm's record of its
+// metadata service no longer names self (the member moved away, perhaps
+// by a 'cairn meta move' in another process), this process's connection
+// follows the recorded gateways (redirectMeta), now and at each later
+// change, and moved is told them. Until ctx ends.
+func (r *Realm) followMovedMember(ctx context.Context, self string, moved func(gws []string)) {
+	r.Meta.WatchMetaService(ctx, func(rec *meta.MetaServiceRecord) {
+		gws := rec.Gateways()
+		if len(gws) == 0 || slices.ContainsFunc(rec.Members, func(m meta.MetaMember) bool { return m.Node == self }) {
+			return
+		}
+		if err := r.redirectMeta(gws); err != nil {
+			r.log.Warn("follow the metadata service that moved away", "gateways", gws, "err", err)
+			return
+		}
+		r.log.Info("metadata service moved away from this device: following it", "gateways", gws)
+		moved(gws)
 	})
 }

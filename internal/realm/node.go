@@ -229,6 +229,18 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			go r.hostJoinedMember(pctx, creds, name, peerAddr)
 		}
 	}
+	// The member hosted here may move away (cairn meta move, in this
+	// process or another): the connection follows it, and the loop stops
+	// advertising this device's gateway.
+	movedAway := make(chan struct{}, 1)
+	if gw != nil {
+		go r.followMovedMember(pctx, name, func([]string) {
+			select {
+			case movedAway <- struct{}{}:
+			default:
+			}
+		})
+	}
 	served := make(chan error, 2)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()
 	if gw != nil {
@@ -266,6 +278,14 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		if asleep {
 			rep.State, rep.Since = meta.NodeStandby, since.UnixNano()
 			return rep
+		}
+		// The metadata service stays awake: the member hosted here goes
+		// to an awake device first.
+		if gwAddr != "" && r.servesGateway() {
+			rep.MetaMovedTo, rep.MetaSleeps = r.handMetaAway(ctx, name)
+			if rep.MetaMovedTo != "" {
+				gwAddr = ""
+			}
 		}
 		registrar.pause()
 		dctx, cancel := context.WithTimeout(ctx, o.DrainTimeout)
@@ -321,6 +341,8 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			return stop(nil)
 		case err := <-served:
 			return stop(cairn.E(op, cairn.IO, addr, err))
+		case <-movedAway:
+			gwAddr = "" // its member is gone: not a gateway any more
 		case pr := <-powerReqs:
 			rep := resume
 			if pr.standby {

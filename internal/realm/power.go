@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"cairn.dev/cairn/internal/logind"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/node/wire"
+	"cairn.dev/cairn/internal/pki"
 )
 
 // DefaultDrainTimeout is how long a node that announces standby waits for
@@ -204,8 +206,14 @@ type ControlReply struct {
 	Wake  *meta.WakeInfo `json:"wake,omitempty"`
 	// Unfinished is how many chunk-service requests were still in flight
 	// when the standby's drain bound ran out.
-	Unfinished int    `json:"unfinished,omitempty"`
-	Error      string `json:"error,omitempty"`
+	Unfinished int `json:"unfinished,omitempty"`
+	// MetaMovedTo names the device to which the standby handed the
+	// realm's metadata service (the embedded etcd member this device
+	// hosted); MetaSleeps, if set, says why no device took it: the
+	// metadata service sleeps with this one.
+	MetaMovedTo string `json:"meta_moved_to,omitempty"`
+	MetaSleeps  string `json:"meta_sleeps,omitempty"`
+	Error       string `json:"error,omitempty"`
 }
 
 // Control asks the node running in home to go to standby or resume (op),
@@ -404,4 +412,50 @@ func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq
 		}
 	}()
 	return w
+}
+
+// handMetaAway moves the realm's embedded etcd member, hosted by this
+// device (self), to an awake device before this one sleeps (MoveMeta):
+// one marked always-on would come first, but the node record has no such
+// mark yet, so it tries the awake devices with a node address, by name.
+// It returns the device that took it, or why none did: the metadata
+// service then sleeps with this device, which it logs.
+func (r *Realm) handMetaAway(ctx context.Context, self string) (to, sleeps string) {
+	nodes, err := r.Meta.Nodes(ctx)
+	if err != nil {
+		sleeps = "cannot list the devices: " + err.Error()
+		r.log.Warn("standby: the metadata service sleeps with this device", "node", self, "why", sleeps)
+		return "", sleeps
+	}
+	var cands []string
+	for _, n := range nodes {
+		if n.Name != self && n.Role == string(pki.Device) && n.State == meta.NodeOnline && n.Addr != "" {
+			cands = append(cands, n.Name)
+		}
+	}
+	slices.Sort(cands)
+	if len(cands) == 0 {
+		sleeps = "no other device is awake to take it"
+	}
+	var errs []error
+	for _, c := range cands {
+		r.log.Info("standby: handing the metadata service to an awake device", "node", self, "to", c)
+		err := r.MoveMeta(ctx, c, MoveMetaOptions{Timeout: time.Minute, Progress: func(step string) {
+			r.log.Info("standby: metadata move", "step", step)
+		}})
+		if err == nil {
+			r.log.Info("standby: the metadata service moved", "node", self, "to", c)
+			return c, ""
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", c, err))
+		if !r.servesGateway() {
+			// Too far to try another: the member left already.
+			break
+		}
+	}
+	if len(errs) > 0 {
+		sleeps = "no awake device took it: " + errors.Join(errs...).Error()
+	}
+	r.log.Warn("standby: the metadata service sleeps with this device", "node", self, "why", sleeps)
+	return "", sleeps
 }
