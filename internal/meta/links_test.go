@@ -233,7 +233,7 @@ func TestRenameLinks(t *testing.T) {
 	}
 	h, _ := v.Get(ctx, d.Ino, "h")
 	ff, _ := v.Get(ctx, root.Ino, "f")
-	if err = v.RenameKnown(ctx, d, "h", h, root, "f", "/f", meta.KnownEntry(ff)); err != nil {
+	if _, err = v.RenameKnown(ctx, d, "h", h, root, "f", "/f", meta.KnownEntry(ff)); err != nil {
 		t.Fatal(err)
 	}
 	sameInode(t, v, names...)

@@ -477,7 +477,7 @@ func TestRenameFollowsPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := mustLookup(t, v, "p")
-	if err := v.RenamePending(ctx, root, "p", p, root, "f", "home:/f", nil); err != nil {
+	if _, err := v.RenamePending(ctx, root, "p", p, root, "f", "home:/f", nil); err != nil {
 		t.Fatal(err)
 	}
 	if e = mustLookup(t, v, "f"); e.Ino != p.Ino || e.Size != 6 || len(e.Versions) != 4 {
@@ -508,7 +508,7 @@ func TestRenameKnown(t *testing.T) {
 		src *meta.Entry
 		dst *meta.Known
 	}{{&old, meta.KnownEntry(b)}, {nil, meta.KnownEntry(nil)}, {nil, meta.KnownEntry(&meta.Entry{Name: "b", Parent: 1, Ino: b.Ino, Type: meta.TypeFile, Rev: b.Rev - 1})}} {
-		if err := v.RenameKnown(ctx, root, "a", try.src, root, "b", "home:/b", try.dst); !errors.Is(err, cairn.ErrConflict) {
+		if _, err := v.RenameKnown(ctx, root, "a", try.src, root, "b", "home:/b", try.dst); !errors.Is(err, cairn.ErrConflict) {
 			t.Fatalf("rename %d with a stale entry: %v, want Conflict", i, err)
 		}
 	}
@@ -516,7 +516,7 @@ func TestRenameKnown(t *testing.T) {
 		t.Fatalf("b changed: %+v", got)
 	}
 	cur := mustLookup(t, v, "a")
-	if err := v.RenameKnown(ctx, root, "a", cur, root, "b", "home:/b", meta.KnownEntry(b)); err != nil {
+	if _, err := v.RenameKnown(ctx, root, "a", cur, root, "b", "home:/b", meta.KnownEntry(b)); err != nil {
 		t.Fatal(err)
 	}
 	if got := mustLookup(t, v, "b"); got.Ino != cur.Ino || got.Size != 3 {
@@ -535,7 +535,7 @@ func TestRenameNoReplace(t *testing.T) {
 	s, v, root := newVolRoot(t, 10)
 	a := commit(t, s, v, root, "a", 1, 1)
 	b := commit(t, s, v, root, "b", 2, 2)
-	if err := v.RenameNoReplace(ctx, root, "a", a, root, "b", "home:/b"); !errors.Is(err, cairn.ErrExist) {
+	if _, err := v.RenameNoReplace(ctx, root, "a", a, root, "b", "home:/b"); !errors.Is(err, cairn.ErrExist) {
 		t.Fatalf("rename a over b without replacing: %v, want Exist", err)
 	}
 	if got := mustLookup(t, v, "b"); got.Ino != b.Ino || got.Size != 2 {
@@ -544,10 +544,10 @@ func TestRenameNoReplace(t *testing.T) {
 	mustLookup(t, v, "a")
 	old := *a
 	commit(t, s, v, root, "a", 3, 3)
-	if err := v.RenameNoReplace(ctx, root, "a", &old, root, "c", "home:/c"); !errors.Is(err, cairn.ErrConflict) {
+	if _, err := v.RenameNoReplace(ctx, root, "a", &old, root, "c", "home:/c"); !errors.Is(err, cairn.ErrConflict) {
 		t.Fatalf("rename with a stale source: %v, want Conflict", err)
 	}
-	if err := v.RenameNoReplace(ctx, root, "a", nil, root, "c", "home:/c"); err != nil {
+	if _, err := v.RenameNoReplace(ctx, root, "a", nil, root, "c", "home:/c"); err != nil {
 		t.Fatal(err)
 	}
 	if got := mustLookup(t, v, "c"); got.Ino != a.Ino || got.Size != 3 {
@@ -677,7 +677,7 @@ func TestRenameKnownStaleSameIno(t *testing.T) {
 	}
 	a := mustLookup(t, v, "a")
 	// This mount: a -> b, b's entry from its (stale) cache.
-	if err := v.RenameKnown(ctx, root, "a", a, root, "b", "home:/b", meta.KnownEntry(&staleB)); err != nil {
+	if _, err := v.RenameKnown(ctx, root, "a", a, root, "b", "home:/b", meta.KnownEntry(&staleB)); err != nil {
 		t.Fatalf("rename: %v", err)
 	}
 	if _, err := v.Get(ctx, 1, "b"); err != nil {

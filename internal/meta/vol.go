@@ -859,7 +859,8 @@ func (v *Vol) deleteSubtree(ctx context.Context, ino uint64) error {
 // with its own history; a source with other names replacing a file of
 // one name sends that file to the trash.
 func (v *Vol) Rename(ctx context.Context, srcParent *Entry, srcName string, dstParent *Entry, dstName, dstPath string) error {
-	return v.RenameKnown(ctx, srcParent, srcName, nil, dstParent, dstName, dstPath, nil)
+	_, err := v.RenameKnown(ctx, srcParent, srcName, nil, dstParent, dstName, dstPath, nil)
+	return err
 }
 
 // RenamePending is RenameKnown for a source file whose content the caller
@@ -868,7 +869,7 @@ func (v *Vol) Rename(ctx context.Context, srcParent *Entry, srcName string, dstP
 // too, so that its commit, which lands under the new name, is the next
 // version of it. Until then the name's current version is the
 // destination's.
-func (v *Vol) RenamePending(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known) error {
+func (v *Vol) RenamePending(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known) (*Entry, error) {
 	return v.rename(ctx, srcParent, srcName, src, dstParent, dstName, dstPath, known, renameOpts{pending: true})
 }
 
@@ -877,7 +878,11 @@ func (v *Vol) RenamePending(ctx context.Context, srcParent *Entry, srcName strin
 // from a cache kept current by a watch, saving their reads; nil: read
 // them. The rename compares both with what is current: a stale one
 // fails it with Conflict, and the caller tries again without.
-func (v *Vol) RenameKnown(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known) error {
+//
+// It returns the entry the destination name holds after the rename, with
+// the rename's revision (a cache keeps it: the mount's entry cache), or
+// nil when the rename did nothing (onto another name of the same inode).
+func (v *Vol) RenameKnown(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known) (*Entry, error) {
 	return v.rename(ctx, srcParent, srcName, src, dstParent, dstName, dstPath, known, renameOpts{})
 }
 
@@ -886,7 +891,7 @@ func (v *Vol) RenameKnown(ctx context.Context, srcParent *Entry, srcName string,
 // compare-and-swap, so a name made meanwhile by anyone is never replaced.
 // A destination present fails it with Kind Exist; a stale src with
 // Conflict.
-func (v *Vol) RenameNoReplace(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string) error {
+func (v *Vol) RenameNoReplace(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string) (*Entry, error) {
 	return v.rename(ctx, srcParent, srcName, src, dstParent, dstName, dstPath, KnownEntry(nil), renameOpts{noReplace: true})
 }
 
@@ -927,15 +932,15 @@ func appendHistory(older, newer []Version, keep int) []Version {
 	return out
 }
 
-func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known, o renameOpts) error {
+func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known, o renameOpts) (*Entry, error) {
 	noReplace := o.noReplace
 	if !dstParent.IsDir() {
-		return cairn.E("rename", cairn.NotDir, dstPath, nil)
+		return nil, cairn.E("rename", cairn.NotDir, dstPath, nil)
 	}
 	var err error
 	if src == nil || src.Parent != srcParent.Ino || src.Name != srcName {
 		if src, err = v.Get(ctx, srcParent.Ino, srcName); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	var dst *Entry
@@ -950,13 +955,13 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	}
 	if known == nil {
 		if dst, err = v.Get(ctx, dstParent.Ino, dstName); err != nil && !errors.Is(err, cairn.ErrNotFound) {
-			return err
+			return nil, err
 		}
 	}
 	if dst != nil && dst.Ino == src.Ino {
 		// Onto itself, or onto another name of its inode: POSIX says
 		// rename then does nothing.
-		return nil
+		return nil, nil
 	}
 	now := time.Now().UnixNano()
 	n := *src
@@ -965,7 +970,7 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	if src.Nlink() > 1 {
 		// The moved name changes in every copy's Links.
 		if srcOthers, err = v.copies(ctx, "rename", src); err != nil {
-			return relabel(err, dstPath)
+			return nil, relabel(err, dstPath)
 		}
 		n.Links = make([]Link, 0, len(src.Links))
 		for _, l := range src.Links {
@@ -978,7 +983,7 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	}
 	if dst != nil && dst.Nlink() > 1 {
 		if dstOthers, err = v.copies(ctx, "rename", dst); err != nil {
-			return relabel(err, dstPath)
+			return nil, relabel(err, dstPath)
 		}
 	}
 	follow := dst != nil && FollowsPath(src, dst, o.pending)
@@ -1000,9 +1005,9 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	} else {
 		switch {
 		case dst.IsDir() && !src.IsDir():
-			return cairn.E("rename", cairn.IsDir, dstPath, nil)
+			return nil, cairn.E("rename", cairn.IsDir, dstPath, nil)
 		case !dst.IsDir() && src.IsDir():
-			return cairn.E("rename", cairn.NotDir, dstPath, nil)
+			return nil, cairn.E("rename", cairn.NotDir, dstPath, nil)
 		case dst.IsDir():
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(v.dirPrefix(dst.Ino)), "=", 0).WithPrefix())
 		}
@@ -1035,23 +1040,24 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	defer cancel()
 	resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
-		return etcdErr("rename", dstPath, err)
+		return nil, etcdErr("rename", dstPath, err)
 	}
 	if !resp.Succeeded {
 		if dst != nil && dst.IsDir() {
 			if kids, err := v.ReadDir(ctx, dst.Ino); err == nil && len(kids) > 0 {
-				return cairn.E("rename", cairn.NotEmpty, dstPath, nil)
+				return nil, cairn.E("rename", cairn.NotEmpty, dstPath, nil)
 			}
 		}
 		if noReplace {
 			if _, err := v.Get(ctx, dstParent.Ino, dstName); err == nil {
-				return cairn.E("rename", cairn.Exist, dstPath, nil)
+				return nil, cairn.E("rename", cairn.Exist, dstPath, nil)
 			}
 		}
-		return cairn.E("rename", cairn.Conflict, dstPath, errors.New("changed concurrently; try again"))
+		return nil, cairn.E("rename", cairn.Conflict, dstPath, errors.New("changed concurrently; try again"))
 	}
 	touchedDirs(resp, at, touched)
-	return nil
+	n.Rev = resp.Header.Revision
+	return &n, nil
 }
 
 // ---- walking everything (gc, stats, fsck) ----

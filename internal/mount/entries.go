@@ -370,6 +370,42 @@ func (c *entryCache) removed(parent uint64, name string) {
 	}
 }
 
+// renamed ends a rename begun by writing: the name srcName in directory
+// srcParent moved to e's name (e: the entry the rename wrote there, with
+// its revision). Each directory complete stays so, its listing changed in
+// place: the old name dropped, the new one added or replaced. Without
+// that, each rename into a directory (git's index.lock, a package
+// manager's temporary files) made the next stat of it (its link count)
+// list it whole from etcd again. A change of either name the watch
+// reported newer than the rename (another device's) is kept, as wrote
+// keeps it. e nil (the rename failed, or did nothing): both names are
+// forgotten and both directories are read from etcd again.
+func (c *entryCache) renamed(epoch uint64, srcParent uint64, srcName string, dstParent uint64, dstName string, e *meta.Entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer c.doneReadLocked()
+	sk, dk := ekey{srcParent, srcName}, ekey{dstParent, dstName}
+	if e == nil {
+		for _, k := range []ekey{sk, dk} {
+			c.delLocked(k)
+			delete(c.complete, k.parent)
+			c.tombs[k] = math.MaxInt64
+		}
+		return
+	}
+	if old := c.ents[sk]; old != nil && old.Rev <= e.Rev {
+		c.delLocked(sk)
+	}
+	c.tombs[sk] = max(c.tombs[sk], e.Rev)
+	c.keepWrittenLocked(epoch, e, false)
+	if c.ents[dk] == nil {
+		// Not kept (a change of the name seen since, or one of this
+		// mount's removals of it whose revision is unknown): only etcd
+		// can say what the directory holds.
+		delete(c.complete, dstParent)
+	}
+}
+
 func (c *entryCache) resetLocked() {
 	c.ents = map[ekey]*meta.Entry{}
 	c.complete = map[uint64]int64{}

@@ -1138,7 +1138,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			}
 			if ino, ok := wb.dropDeferred(np.ino, newName); ok {
 				replacedIno = ino
-				n.m.ents.forget(np.ino, newName)
+				n.m.ents.removed(np.ino, newName)
 				if replaced != nil && replaced != moving {
 					replaced.setMoved(&movedTo{fromParent: np, fromName: newName, gone: true})
 					replaced.dropLock(ctx)
@@ -1170,7 +1170,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			}
 		}
 	}
+	// The entry the rename wrote under the new name (nil: it failed, or
+	// did nothing), for the entry cache (entryCache.renamed).
+	var moved *meta.Entry
 	if !inMemory {
+		epoch := n.m.ents.writing()
 		renameErr = retryConflict(func() error {
 			se, err := n.m.ents.get(ctx, n.ino, name, fresh)
 			if err != nil {
@@ -1179,7 +1183,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			movedIno, replacedIno = se.Ino, 0
 			if noReplace {
 				fresh = true
-				return n.m.vol.Meta.RenameNoReplace(ctx, tsrc, name, se, tdst, newName, np.path(newName))
+				moved, err = n.m.vol.Meta.RenameNoReplace(ctx, tsrc, name, se, tdst, newName, np.path(newName))
+				return err
 			}
 			de, err := n.m.ents.get(ctx, np.ino, newName, fresh)
 			if err != nil && !errors.Is(err, cairn.ErrNotFound) {
@@ -1196,10 +1201,20 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			fresh = true
 			follows = de != nil && meta.FollowsPath(se, de, unsaved)
 			if unsaved {
-				return n.m.vol.Meta.RenamePending(ctx, tsrc, name, se, tdst, newName, np.path(newName), meta.KnownEntry(de))
+				moved, err = n.m.vol.Meta.RenamePending(ctx, tsrc, name, se, tdst, newName, np.path(newName), meta.KnownEntry(de))
+			} else {
+				moved, err = n.m.vol.Meta.RenameKnown(ctx, tsrc, name, se, tdst, newName, np.path(newName), meta.KnownEntry(de))
 			}
-			return n.m.vol.Meta.RenameKnown(ctx, tsrc, name, se, tdst, newName, np.path(newName), meta.KnownEntry(de))
+			return err
 		})
+		if renameErr != nil {
+			moved = nil
+		}
+		n.m.ents.renamed(epoch, n.ino, name, np.ino, newName, moved)
+	} else {
+		// Renamed in memory: the metadata has neither name.
+		n.m.ents.removed(n.ino, name)
+		n.m.ents.removed(np.ino, newName)
 	}
 	err := renameErr
 	if replacedLinked {
@@ -1209,8 +1224,6 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if err == nil && movedIno != 0 && n.m.queue != nil {
 		n.m.queue.moved(movedIno, dst, newName, volPath(np, newName), replacedIno)
 	}
-	n.m.ents.forget(n.ino, name)
-	n.m.ents.forget(np.ino, newName)
 	if err != nil {
 		return n.m.errno("rename", n.path(name), err)
 	}
