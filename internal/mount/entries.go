@@ -267,6 +267,13 @@ func (c *entryCache) keepLocked(epoch uint64, k ekey, e *meta.Entry) {
 		return
 	}
 	if t, ok := c.tombs[k]; ok && t > e.Rev {
+		if t == math.MaxInt64 && k != (ekey{}) {
+			// This mount removed or renamed the name while a read was in
+			// flight, and the name is back (a create after an unlink):
+			// its entry cannot be kept, so its directory's listing
+			// cannot say it is absent either. Ask etcd next time.
+			delete(c.complete, k.parent)
+		}
 		return
 	}
 	if len(c.ents) >= maxCachedEntries {

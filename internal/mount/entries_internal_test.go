@@ -111,3 +111,30 @@ func TestEntryCacheCompleteDuringWatch(t *testing.T) {
 		}
 	}
 }
+
+// TestEntryCacheRemovedThenMadeAgain: a name this mount removes while a
+// read is in flight, then makes again, cannot be kept (the read may
+// return the removed entry), so the directory's cached listing must not
+// answer that the name is absent: a lookup of a file just created would
+// fail with ENOENT until the watch reported it.
+func TestEntryCacheRemovedThenMadeAgain(t *testing.T) {
+	const dir = 7
+	c := newEntryCache(nil)
+	c.established(9)
+	c.listed(dir, []meta.Entry{*fileEnt(dir, "x", 101, 5), *fileEnt(dir, "y", 102, 5)}, 10)
+
+	other := c.writing() // another operation's read or write in flight
+	c.removed(dir, "x")  // unlink x
+	if e, known := c.known(dir, "x"); !known || e != nil {
+		t.Fatalf("after the unlink: x known %v, entry %v; want known absent", known, e)
+	}
+	ep := c.writing() // create x again
+	c.wrote(ep, fileEnt(dir, "x", 103, 12), false)
+	if e, known := c.known(dir, "x"); known && e == nil {
+		t.Fatal("x, made again after its unlink, reads as absent from the directory's cached listing")
+	}
+	c.wrote(other, nil, false)
+	if e, known := c.known(dir, "y"); known && (e == nil || e.Ino != 102) {
+		t.Fatalf("y: %+v", e)
+	}
+}
