@@ -185,6 +185,23 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		rec.Wake = wake
 		return rec
 	}
+	// Where a member of the realm's etcd hosted here takes its peers. This
+	// comes before the registration: the restart below must be over
+	// before the node reads awake and devices use its gateway.
+	credDir := CredentialsDir(r.Home)
+	if gw != nil {
+		if err := etcdsvc.WritePeerFile(r.Home, filepath.Join(credDir, pki.NodeCertFile), filepath.Join(credDir, pki.NodeKeyFile)); err != nil {
+			return err
+		}
+		// A daemon started before the node first served has no peer
+		// listener: restart it now, once, rather than at a move or a
+		// standby's handoff, when other devices' writes are in flight
+		// through this gateway (one failed with EOF in
+		// TestStandbyHandsMetaAway when the restart came at the move).
+		if err := r.EnableMetaPeers(ctx); err != nil {
+			r.log.Warn("the embedded etcd cannot take peers yet: 'cairn meta move' will restart it", "err", err)
+		}
+	}
 	reg, err := r.Meta.Register(ctx, awakeReport(), o.Lease)
 	if err != nil {
 		return err
@@ -202,22 +219,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	if sleepW := r.watchSleep(ctx, o.SleepBus, powerReqs, quit); sleepW != nil {
 		defer sleepW.Close()
 	}
-	// Where a member of the realm's etcd hosted here takes its peers,
-	// and where the other devices find the metadata service.
-	credDir := CredentialsDir(r.Home)
-	if gw != nil {
-		if err := etcdsvc.WritePeerFile(r.Home, filepath.Join(credDir, pki.NodeCertFile), filepath.Join(credDir, pki.NodeKeyFile)); err != nil {
-			return err
-		}
-		// A daemon started before the node first served has no peer
-		// listener: restart it now, once, rather than at a move or a
-		// standby's handoff, when other devices' writes are in flight
-		// through this gateway (one failed with EOF in
-		// TestStandbyHandsMetaAway when the restart came at the move).
-		if err := r.EnableMetaPeers(ctx); err != nil {
-			r.log.Warn("the embedded etcd cannot take peers yet: 'cairn meta move' will restart it", "err", err)
-		}
-	}
+	// Where the other devices find the metadata service.
 	pctx, pcancel := context.WithCancel(ctx)
 	defer pcancel()
 	if gw != nil || (len(r.Config.Gateway) > 0 && len(r.opts.Etcd) == 0) {
