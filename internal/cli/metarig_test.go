@@ -234,7 +234,7 @@ func TestMetaHandoffOnRig(t *testing.T) {
 			t0 := time.Now()
 			res := d.run(args...)
 			took := time.Since(t0)
-			if res.code != cli.ExitUnavailable || !strings.Contains(res.stderr, "metadata service") {
+			if res.code != cli.ExitUnavailable || !strings.HasPrefix(res.stderr, "cairn: reach the metadata service: ") {
 				t.Fatalf("%s on %s with the metadata host asleep: exit %d, want %d (unavailable) and an error naming the metadata service\n%s",
 					args[0], d.home, res.code, cli.ExitUnavailable, res.stderr)
 			}
