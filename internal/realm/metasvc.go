@@ -44,8 +44,13 @@ func connectGateways(ctx context.Context, home string, cfg Config) (*etcdsvc.Con
 	deadline := time.Now().Add(gatewayPatience)
 	for {
 		conn, gws, err := connectGateways1(ctx, home, cfg)
-		if err == nil || cairn.KindOf(err) != cairn.Unavailable || time.Now().After(deadline) {
+		if err == nil || cairn.KindOf(err) != cairn.Unavailable {
 			return conn, gws, err
+		}
+		if time.Now().After(deadline) {
+			// Say first what is missing: the causes below name etcd,
+			// gateways and nodes, which a user need not know.
+			return nil, nil, cairn.E("reach the metadata service", cairn.Unavailable, "", err)
 		}
 		select {
 		case <-ctx.Done():
