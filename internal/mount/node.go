@@ -882,6 +882,12 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	if errno := n.flushFor("link", name); errno != 0 {
 		return nil, errno
 	}
+	// git writes an object to a temporary file, closes it and links it
+	// to its name at once: the close's commit is queued at the kernel's
+	// release, which may come after the link. Recorded first, a link
+	// whose file's content is not yet in the journal leaves, after a
+	// kill, a name with no content (an empty git object).
+	tn.waitClosedWriters()
 	// A commit of the file in flight finishes first, and none starts
 	// under a name the link is about to rewrite until it is recorded.
 	unlockPlaces := lockPlaces(tn)
@@ -1109,6 +1115,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	// Commits of the moved file and of the one it replaces wait, and
 	// none starts under a stale name until the move is recorded.
 	moving, replaced := n.kid(name), np.kid(newName)
+	if moving != nil {
+		// As for a link: a file closed just before its rename (an
+		// editor's or a package manager's temporary file) has the
+		// close's commit queued before the rename is recorded.
+		moving.waitClosedWriters()
+	}
 	unlockPlaces := lockPlaces(moving, replaced)
 	defer unlockPlaces()
 	// Read with the places held: no commit of it lands meanwhile.
@@ -1259,6 +1271,43 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		}
 	}
 	return 0
+}
+
+// waitClosedWriters waits, in write-back mode and up to releaseWait, for
+// the releases of n's writers that were closed (a flush) but not yet
+// released, and for releases saving: write-back mode queues a file's
+// commit at its last writer's release, which the kernel sends after
+// close(2) returned. A namespace change of the file that follows a close
+// (link, rename) waits for it, so that the journal holds the file's
+// content before the change: a kill in between then never leaves the
+// change without the content. Writers never closed are not waited for;
+// one closed but still open through another descriptor (dup, fork) makes
+// the change wait the whole bound, as an fsync does (handle.waitReleases).
+func (n *node) waitClosedWriters() {
+	if n.m.mode != WriteBack || n.typ != meta.TypeFile {
+		return
+	}
+	deadline := time.Now().Add(releaseWait)
+	for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
+		n.mu.Lock()
+		c := n.content
+		n.mu.Unlock()
+		if c == nil {
+			return
+		}
+		c.mu.Lock()
+		busy := c.flushedWriters > 0 || c.releasing > 0
+		c.mu.Unlock()
+		if !busy {
+			return
+		}
+		if time.Now().After(deadline) {
+			n.m.releaseWaitsOut.Add(1)
+			n.m.log.Debug("a link or rename waited the whole bound for a release: a writer closed once is still open", "path", n.path(""))
+			return
+		}
+		time.Sleep(delay)
+	}
 }
 
 // unsaved reports whether this mount holds content of n that is still to
