@@ -370,7 +370,7 @@ func dialLocal(ctx context.Context, ep endpoint, opts ConnectOptions) (*clientv3
 }
 
 func newClient(endpoints []string, opts ConnectOptions, tlsConf *tls.Config) (*clientv3.Client, error) {
-	dopts := []grpc.DialOption{grpc.WithChainUnaryInterceptor(retryLeaderChange)}
+	dopts := []grpc.DialOption{RetryLeaderChanges()}
 	if opts.sw != nil {
 		// Set after clientv3's own dialer: this one wins.
 		dopts = append(dopts, grpc.WithContextDialer(opts.sw.dial))

@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"cairn.dev/cairn/internal/etcdsvc"
 	"cairn.dev/cairn/internal/metagw"
@@ -56,7 +57,11 @@ func peerGateway(t *testing.T, c *pki.Credentials, sock string) string {
 
 func testClient(t testing.TB, ep string) *clientv3.Client {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	// As every connection cairn makes: a request failed by the leader
+	// change of the move is repeated (under -race a write met "request
+	// timed out, possibly due to previous leader failure" in CI).
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{etcdsvc.RetryLeaderChanges()}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,13 @@ var leaderChangeErrors = []string{
 // leaderChangeRetries bounds the repeats of one request.
 const leaderChangeRetries = 5
 
+// RetryLeaderChanges is the dial option of every etcd connection cairn
+// makes: it repeats a request failed by a leader change
+// (retryLeaderChange). Tests that stand for a cairn client use it too.
+func RetryLeaderChanges() grpc.DialOption {
+	return grpc.WithChainUnaryInterceptor(retryLeaderChange)
+}
+
 // retryLeaderChange is a gRPC interceptor that repeats a unary request
 // that failed because of a leader change (leaderChangeErrors), after a
 // short pause, while its context lasts.
