@@ -190,16 +190,16 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	// before the node reads awake and devices use its gateway.
 	credDir := CredentialsDir(r.Home)
 	if gw != nil {
-		if err := etcdsvc.WritePeerFile(r.Home, filepath.Join(credDir, pki.NodeCertFile), filepath.Join(credDir, pki.NodeKeyFile)); err != nil {
-			return err
+		if werr := etcdsvc.WritePeerFile(r.Home, filepath.Join(credDir, pki.NodeCertFile), filepath.Join(credDir, pki.NodeKeyFile)); werr != nil {
+			return werr
 		}
 		// A daemon started before the node first served has no peer
 		// listener: restart it now, once, rather than at a move or a
 		// standby's handoff, when other devices' writes are in flight
 		// through this gateway (one failed with EOF in
 		// TestStandbyHandsMetaAway when the restart came at the move).
-		if err := r.EnableMetaPeers(ctx); err != nil {
-			r.log.Warn("the embedded etcd cannot take peers yet: 'cairn meta move' will restart it", "err", err)
+		if perr := r.EnableMetaPeers(ctx); perr != nil {
+			r.log.Warn("the embedded etcd cannot take peers yet: 'cairn meta move' will restart it", "err", perr)
 		}
 	}
 	reg, err := r.Meta.Register(ctx, awakeReport(), o.Lease)
