@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/realm"
@@ -74,17 +75,17 @@ would free and changes nothing.`,
 			if dry {
 				verb = "would free"
 			}
-			fmt.Fprintf(e.stdout, "%s %s in %d objects (%d live objects, %d versions kept", verb, human1024(rep.FreedBytes), rep.DeletedObjects, rep.LiveObjects, rep.Versions)
+			fmt.Fprintf(e.stdout, "%s %s in %d objects (%d live objects, %d versions kept", verb, apitypes.IBytes(rep.FreedBytes), rep.DeletedObjects, rep.LiveObjects, rep.Versions)
 			if !dry {
-				fmt.Fprintf(e.stdout, ", %d trash entries purged, %s of disk reclaimed", rep.TrashPurged, human1024(rep.CompactedBytes))
+				fmt.Fprintf(e.stdout, ", %d trash entries purged, %s of disk reclaimed", rep.TrashPurged, apitypes.IBytes(rep.CompactedBytes))
 			}
 			fmt.Fprintln(e.stdout, ")")
 			for _, s := range rep.Stores {
 				if s.Error != "" {
-					fmt.Fprintf(e.stdout, "  store %s: %s in %d objects, then failed: %s\n", s.Name, human1024(s.FreedBytes), s.DeletedObjects, s.Error)
+					fmt.Fprintf(e.stdout, "  store %s: %s in %d objects, then failed: %s\n", s.Name, apitypes.IBytes(s.FreedBytes), s.DeletedObjects, s.Error)
 					continue
 				}
-				fmt.Fprintf(e.stdout, "  store %s: %s in %d objects, %s repacked away\n", s.Name, human1024(s.FreedBytes), s.DeletedObjects, human1024(s.CompactedBytes))
+				fmt.Fprintf(e.stdout, "  store %s: %s in %d objects, %s repacked away\n", s.Name, apitypes.IBytes(s.FreedBytes), s.DeletedObjects, apitypes.IBytes(s.CompactedBytes))
 			}
 			return nil
 		},
@@ -157,7 +158,7 @@ are checked on those nodes and counted in the line fsck prints. With --json,
 				}
 				fmt.Fprintf(e.stdout, "checked %d files, %d versions, %d chunks", rep.Files, rep.Versions, rep.Chunks)
 				if readData {
-					fmt.Fprintf(e.stdout, ", read %s", human1024(rep.BytesRead))
+					fmt.Fprintf(e.stdout, ", read %s", apitypes.IBytes(rep.BytesRead))
 				}
 				if rep.Elsewhere > 0 {
 					fmt.Fprintf(e.stdout, " (%d versions whose data other nodes hold were not checked here)", rep.Elsewhere)
@@ -214,7 +215,7 @@ func (e *env) fsckRepair(ctx context.Context, r *realm.Realm, vols []*fs.Volume,
 		for _, s := range rep.Errors {
 			fmt.Fprintf(e.stdout, "ERROR %s\n", s)
 		}
-		fmt.Fprintf(e.stdout, "checked %d files, %d versions, %d chunks, read %s\n", rep.Found.Files, rep.Found.Versions, rep.Found.Chunks, human1024(rep.Found.BytesRead))
+		fmt.Fprintf(e.stdout, "checked %d files, %d versions, %d chunks, read %s\n", rep.Found.Files, rep.Found.Versions, rep.Found.Chunks, apitypes.IBytes(rep.Found.BytesRead))
 		if rep.Needed > 0 {
 			fmt.Fprintf(e.stdout, "%d damaged or missing objects: healed %d from other stores, %d from %d source files\n", rep.Needed, rep.FromStores, rep.FromSources, rep.SourceFiles)
 		}
@@ -263,10 +264,10 @@ func (e *env) statsCmd() *cobra.Command {
 			}
 			fmt.Fprintf(e.stdout, "volumes:            %d\n", s.Volumes)
 			fmt.Fprintf(e.stdout, "files:              %d (%d dirs, %d symlinks, %d FIFOs, sockets and devices, %d in trash)\n", s.Files, s.Dirs, s.Symlinks, s.Specials, s.TrashItems)
-			fmt.Fprintf(e.stdout, "logical bytes:      %s (current versions)\n", human1024(s.LogicalBytes))
-			fmt.Fprintf(e.stdout, "versions kept:      %d (%s)\n", s.Versions, human1024(s.VersionBytes))
-			fmt.Fprintf(e.stdout, "chunks:             %d (%s before compression)\n", s.Chunks, human1024(s.UniqueBytes))
-			fmt.Fprintf(e.stdout, "stored bytes:       %s in %d objects (%s on disk)\n", human1024(s.StoredBytes), s.StoreObjects, human1024(s.DiskBytes))
+			fmt.Fprintf(e.stdout, "logical bytes:      %s (current versions)\n", apitypes.IBytes(s.LogicalBytes))
+			fmt.Fprintf(e.stdout, "versions kept:      %d (%s)\n", s.Versions, apitypes.IBytes(s.VersionBytes))
+			fmt.Fprintf(e.stdout, "chunks:             %d (%s before compression)\n", s.Chunks, apitypes.IBytes(s.UniqueBytes))
+			fmt.Fprintf(e.stdout, "stored bytes:       %s in %d objects (%s on disk)\n", apitypes.IBytes(s.StoredBytes), s.StoreObjects, apitypes.IBytes(s.DiskBytes))
 			fmt.Fprintf(e.stdout, "dedup ratio:        %.2f\n", s.DedupRatio)
 			fmt.Fprintf(e.stdout, "compression ratio:  %.2f\n", s.CompressRatio)
 			if s.ManifestErrors > 0 {

@@ -88,7 +88,7 @@ started).`,
 				}
 				cap, used := "-", "-"
 				if d.Capacity > 0 {
-					cap, used = human1024(d.Capacity), human1024(d.Used)
+					cap, used = apitypes.IBytes(d.Capacity), apitypes.IBytes(d.Used)
 				}
 				addr := d.Addr
 				if addr == "" {

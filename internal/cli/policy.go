@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/realm"
@@ -118,7 +119,7 @@ repairs waiting ('cairn repair' makes them).`,
 					if rd == "" {
 						rd = "-"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", f.Path, human1024(f.Size), f.Version, strings.Join(f.Stores, " "), rd)
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", f.Path, apitypes.IBytes(f.Size), f.Version, strings.Join(f.Stores, " "), rd)
 				}
 				tw.Flush()
 			}

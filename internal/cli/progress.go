@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+
+	"cairn.dev/cairn/internal/apitypes"
 )
 
 // progress shows files, bytes, MB/s and bytes saved by dedup on a terminal.
@@ -44,7 +46,7 @@ func newProgress(w io.Writer, show bool, totalFiles, totalBytes int64) *progress
 }
 
 func (p *progress) desc() string {
-	return fmt.Sprintf("%d/%d files, dedup saved %s", p.files.Load(), p.totalFiles, human1024(p.saved.Load()))
+	return fmt.Sprintf("%d/%d files, dedup saved %s", p.files.Load(), p.totalFiles, apitypes.IBytes(p.saved.Load()))
 }
 
 // add records files finished, bytes read and bytes saved by dedup.
@@ -86,20 +88,6 @@ func (p *progress) finish() {
 		_ = p.bar.Clear()
 	}
 	p.done = true
-}
-
-// human1024 formats a byte count with binary units.
-func human1024(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // countBar counts items (versions checked, marked) once their total is

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
@@ -443,7 +444,7 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 	}
 	if human && sp != nil {
 		fmt.Fprintf(e.stderr, "stored %d files (%s) on this device, skipped %d unchanged, %d dirs, %d symlinks%s in %.2fs\n",
-			sum.Files, human1024(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, specialsNote(sum.Specials), sum.Seconds)
+			sum.Files, apitypes.IBytes(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, specialsNote(sum.Specials), sum.Seconds)
 		if sum.Files > 0 {
 			e.logQueued(int(sum.Files))
 		}
@@ -452,8 +453,8 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 			fmt.Fprint(e.stderr, "interrupted: ")
 		}
 		fmt.Fprintf(e.stderr, "stored %d files (%s), skipped %d unchanged, %d dirs, %d symlinks%s in %.2fs (%.1f MB/s, %.0f files/s)\n",
-			sum.Files, human1024(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, specialsNote(sum.Specials), sum.Seconds, sum.MBPerSec, sum.FilesPerSec)
-		fmt.Fprintf(e.stderr, "added %s to the store in %d new chunks; dedup saved %s\n", human1024(sum.NewBytes), sum.NewChunks, human1024(sum.DupBytes))
+			sum.Files, apitypes.IBytes(sum.Bytes), sum.Skipped, sum.Dirs, sum.Symlinks, specialsNote(sum.Specials), sum.Seconds, sum.MBPerSec, sum.FilesPerSec)
+		fmt.Fprintf(e.stderr, "added %s to the store in %d new chunks; dedup saved %s\n", apitypes.IBytes(sum.NewBytes), sum.NewChunks, apitypes.IBytes(sum.DupBytes))
 		if sum.HealedChunks > 0 {
 			fmt.Fprintf(e.stderr, "healed %d stored chunk(s) that failed verification (written afresh)\n", sum.HealedChunks)
 		}

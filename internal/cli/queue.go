@@ -25,6 +25,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/fs"
@@ -880,13 +881,13 @@ NAME.queued-conflict-YYYYMMDD-HHMMSS.`,
 				if it.Busy {
 					busy = "  (busy)"
 				}
-				fmt.Fprintf(e.stdout, "%s  %10s  %s%s\n", it.Queued.Format("2006-01-02 15:04:05"), human1024(it.Size), it.Path, busy)
+				fmt.Fprintf(e.stdout, "%s  %10s  %s%s\n", it.Queued.Format("2006-01-02 15:04:05"), apitypes.IBytes(it.Size), it.Path, busy)
 			}
 			state := ""
 			if ql.Draining {
 				state = fmt.Sprintf("; a drainer is running (pid %d)", ql.PID)
 			}
-			fmt.Fprintf(e.stderr, "%d file(s), %s waiting%s\n", ql.Files, human1024(ql.Bytes), state)
+			fmt.Fprintf(e.stderr, "%d file(s), %s waiting%s\n", ql.Files, apitypes.IBytes(ql.Bytes), state)
 			return nil
 		},
 	}
@@ -919,7 +920,7 @@ code is then 1, or 6 when a store or the metadata service is unreachable.`,
 				}
 			} else {
 				fmt.Fprintf(e.stderr, "committed %d file(s) (%d found committed already), uploaded %d object(s), %s, in %.2fs\n",
-					sum.Committed, sum.Already, sum.Uploaded, human1024(sum.UploadedBytes), sum.Seconds)
+					sum.Committed, sum.Already, sum.Uploaded, apitypes.IBytes(sum.UploadedBytes), sum.Seconds)
 				if sum.Busy > 0 {
 					fmt.Fprintf(e.stderr, "%d put(s) still queueing were left for later\n", sum.Busy)
 				}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/realm"
 )
 
@@ -101,7 +102,7 @@ standard class (stores at a custom endpoint, directories and nodes have none).`,
 				if s.Price != nil {
 					cost, rcost = fmt.Sprintf("$%.4f", s.MonthlyCost), fmt.Sprintf("$%.4f", s.RequestsCost)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n", s.Name, s.URL, health, s.Objects, human1024(s.Bytes), n, cost, rcost)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n", s.Name, s.URL, health, s.Objects, apitypes.IBytes(s.Bytes), n, cost, rcost)
 			}
 			return tw.Flush()
 		},
@@ -127,7 +128,7 @@ once you no longer want them.`,
 			}
 			rep, err := r.RemoveStore(cmd.Context(), args[0], to, nil)
 			fmt.Fprintf(e.stdout, "%d version(s) named %s; %d moved: %d object(s), %s copied\n",
-				rep.Versions, args[0], rep.Moved, rep.Objects, human1024(rep.Bytes))
+				rep.Versions, args[0], rep.Moved, rep.Objects, apitypes.IBytes(rep.Bytes))
 			if err != nil {
 				return err
 			}

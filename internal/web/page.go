@@ -59,20 +59,7 @@ func (h *Handler) serveAsset(name, ctype string) http.HandlerFunc {
 	}
 }
 
-// humanBytes is n in binary units, as the CLI shows sizes.
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
+// apitypes.IBytes is n in binary units, as the CLI shows sizes.
 func showTime(t any) string {
 	switch v := t.(type) {
 	case time.Time:
@@ -89,7 +76,7 @@ func showTime(t any) string {
 	return fmt.Sprint(t)
 }
 
-func showRate(r float64) string { return humanBytes(int64(r)) + "/s" }
+func showRate(r float64) string { return apitypes.IBytes(int64(r)) + "/s" }
 
 func sumRequests(m map[string]int64) int64 {
 	var n int64

@@ -99,7 +99,7 @@ func New(src Source, o Options) (*Handler, error) {
 	if o.SlowTTL <= 0 {
 		o.SlowTTL = time.Minute
 	}
-	page, err := template.New("page.html").Funcs(template.FuncMap{"bytes": humanBytes, "time": showTime, "rate": showRate, "requests": sumRequests}).ParseFS(assets, "assets/page.html")
+	page, err := template.New("page.html").Funcs(template.FuncMap{"bytes": apitypes.IBytes, "time": showTime, "rate": showRate, "requests": sumRequests}).ParseFS(assets, "assets/page.html")
 	if err != nil {
 		return nil, cairn.E("web", cairn.Other, "page.html", err)
 	}
