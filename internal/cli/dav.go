@@ -15,6 +15,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/dav"
+	"cairn.dev/cairn/internal/httpauth"
 	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/realm"
 	"cairn.dev/cairn/internal/vpath"
@@ -99,14 +100,9 @@ func (e *env) davUsers() (*dav.Users, error) {
 }
 
 func (e *env) serveDav(ctx context.Context, name, listen string, plain bool, hostnames []string) error {
-	users, err := e.davUsers()
+	users, err := e.gatewayUsers("dav")
 	if err != nil {
 		return err
-	}
-	if n, cerr := users.Count(); cerr != nil {
-		return cerr
-	} else if n == 0 {
-		return cairn.E("dav", cairn.NotFound, dav.UsersFile(e.home), errors.New("no WebDAV users yet: add one with 'cairn dav passwd add USER'"))
 	}
 	r, err := e.open(ctx)
 	if err != nil {
@@ -117,23 +113,57 @@ func (e *env) serveDav(ctx context.Context, name, listen string, plain bool, hos
 		return err
 	}
 	v.SetPlacement(r.Placement(name))
-	var tc *tls.Config
-	certNote := ""
-	if !plain {
-		cert, note, derr := e.davCertificate(ctx, r, listen, hostnames)
-		if derr != nil {
-			return derr
-		}
-		tc, certNote = dav.TLSConfig(cert), note
-	}
 	h, err := dav.New(v, dav.Options{Users: users, Realm: "cairn " + name, CacheDir: filepath.Join(e.home, "dav", "cache"), Logger: e.log})
 	if err != nil {
 		return err
 	}
 	defer h.Close()
+	ln, tc, url, err := e.listenGateway(ctx, "dav", r, listen, plain, hostnames)
+	if err != nil {
+		return err
+	}
+	// Last: scripts and tests wait for this line.
+	fmt.Fprintf(e.stdout, "serving %s over WebDAV at %s (pid %d)\n", name, url, os.Getpid())
+	if err := dav.Serve(ctx, ln, h, tc, e.log); err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, "stopped")
+	return nil
+}
+
+// gatewayUsers is the account file of the HTTP gateways (cairn dav,
+// cairn web), refused when it has no account yet: a gateway nobody can
+// log in to is a mistake, not a choice.
+func (e *env) gatewayUsers(op string) (*dav.Users, error) {
+	users, err := e.davUsers()
+	if err != nil {
+		return nil, err
+	}
+	if n, err := users.Count(); err != nil {
+		return nil, err
+	} else if n == 0 {
+		return nil, cairn.E(op, cairn.NotFound, httpauth.UsersFile(e.home), errors.New("no users yet: add one with 'cairn dav passwd add USER'"))
+	}
+	return users, nil
+}
+
+// listenGateway opens an HTTP gateway's listener: the certificate first
+// unless plain (printing what clients must trust), then the socket. It
+// returns the TLS configuration to serve with (nil for plain HTTP) and
+// the base URL clients use.
+func (e *env) listenGateway(ctx context.Context, op string, r *realm.Realm, listen string, plain bool, hostnames []string) (net.Listener, *tls.Config, string, error) {
+	var tc *tls.Config
+	certNote := ""
+	if !plain {
+		cert, note, err := e.davCertificate(ctx, r, listen, hostnames)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		tc, certNote = httpauth.TLSConfig(cert), note
+	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
-		return cairn.E("dav", cairn.Unavailable, listen, err)
+		return nil, nil, "", cairn.E(op, cairn.Unavailable, listen, err)
 	}
 	scheme := "https"
 	if plain {
@@ -142,13 +172,7 @@ func (e *env) serveDav(ctx context.Context, name, listen string, plain bool, hos
 	if certNote != "" {
 		fmt.Fprintln(e.stdout, certNote)
 	}
-	// Last: scripts and tests wait for this line.
-	fmt.Fprintf(e.stdout, "serving %s over WebDAV at %s://%s/ (pid %d)\n", name, scheme, ln.Addr(), os.Getpid())
-	if err := dav.Serve(ctx, ln, h, tc, e.log); err != nil {
-		return err
-	}
-	fmt.Fprintln(e.stdout, "stopped")
-	return nil
+	return ln, tc, fmt.Sprintf("%s://%s/", scheme, ln.Addr()), nil
 }
 
 // davCertificate returns the certificate the gateway presents and a line

@@ -2,10 +2,8 @@ package cli
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"time"
@@ -65,14 +63,9 @@ online, so it never wakes a sleeping device.`,
 }
 
 func (e *env) serveWeb(ctx context.Context, listen string, plain bool, hostnames []string) error {
-	users, err := e.davUsers()
+	users, err := e.gatewayUsers("web")
 	if err != nil {
 		return err
-	}
-	if n, cerr := users.Count(); cerr != nil {
-		return cerr
-	} else if n == 0 {
-		return cairn.E("web", cairn.NotFound, httpauth.UsersFile(e.home), errors.New("no users yet: add one with 'cairn dav passwd add USER'"))
 	}
 	r, err := e.open(ctx)
 	if err != nil {
@@ -82,32 +75,16 @@ func (e *env) serveWeb(ctx context.Context, listen string, plain bool, hostnames
 	if err != nil {
 		return err
 	}
-	var tc *tls.Config
-	certNote := ""
-	if !plain {
-		cert, note, derr := e.davCertificate(ctx, r, listen, hostnames)
-		if derr != nil {
-			return derr
-		}
-		tc, certNote = httpauth.TLSConfig(cert), note
-	}
 	h, err := web.New(&webSource{e: e, r: r, device: creds.Identity.Name}, web.Options{Users: users, Logger: e.log})
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", listen)
+	ln, tc, url, err := e.listenGateway(ctx, "web", r, listen, plain, hostnames)
 	if err != nil {
-		return cairn.E("web", cairn.Unavailable, listen, err)
-	}
-	scheme := "https"
-	if plain {
-		scheme = "http"
-	}
-	if certNote != "" {
-		fmt.Fprintln(e.stdout, certNote)
+		return err
 	}
 	// Last: scripts and tests wait for this line.
-	fmt.Fprintf(e.stdout, "serving the web page at %s://%s/ (pid %d)\n", scheme, ln.Addr(), os.Getpid())
+	fmt.Fprintf(e.stdout, "serving the web page at %s (pid %d)\n", url, os.Getpid())
 	if err := httpauth.Serve(ctx, ln, h, tc, e.log); err != nil {
 		return err
 	}
