@@ -66,6 +66,14 @@ say "compiling cairn ${version:+$version }with $gover (first time: a few minutes
 GOTOOLCHAIN=auto go build -trimpath ${version:+-ldflags "-X cairn.dev/cairn/internal/cli.version=$version"} -o "$bindir/cairn" ./cmd/cairn
 say "installed $bindir/cairn ($("$bindir/cairn" --version))"
 case ":$PATH:" in *":$bindir:"*) ;; *) echo "install: add $bindir to your PATH" ;; esac
+# Manual pages and bash completion, from the binary's own help text.
+if [[ $(id -u) -eq 0 && -z ${CAIRN_BINDIR:-} ]]; then
+	mandir=/usr/local/share/man/man1 compdir=/usr/share/bash-completion/completions
+else
+	mandir=${XDG_DATA_HOME:-$HOME/.local/share}/man/man1 compdir=${XDG_DATA_HOME:-$HOME/.local/share}/bash-completion/completions
+fi
+"$bindir/cairn" man "$mandir" >/dev/null && say "installed the manual pages in $mandir ('man cairn', 'man cairn-put')"
+mkdir -p "$compdir" && "$bindir/cairn" completion bash >"$compdir/cairn" && say "installed bash completion in $compdir/cairn (new shells; zsh and fish: 'cairn completion --help')"
 [[ ${1:-} == --no-demo ]] && exit 0
 
 demo=$(mktemp -d)

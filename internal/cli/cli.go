@@ -218,6 +218,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 	root.AddCommand(e.userCmd(), e.shareCmd(), e.unshareCmd())
 	root.AddCommand(e.queueCmd())
 	root.AddCommand(e.metaCmd())
+	root.AddCommand(e.manCmd())
 	return root
 }
 
