@@ -94,7 +94,11 @@ func TestPrimaryHandoff(t *testing.T) {
 	if err := r.Sleep(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	a.waitState("b", "standby", 10*time.Second)
+	// B can be woken (its wake method, set by hand, outlives the
+	// standby): a read that woke it would reach the agent.
+	if w, _ := a.waitState("b", "standby", 10*time.Second)["wake"].(map[string]any); w["mac"] != r.MAC(1).String() || w["proxy"] != "p" {
+		t.Fatalf("b in standby has no wake method through p: %v", w)
+	}
 
 	var worst, total time.Duration
 	n := 0
