@@ -117,8 +117,8 @@ func (r *Realm) handPrimaries(ctx context.Context, self string) ([]PrimaryHandof
 			if rec.Primary != self {
 				continue
 			}
-			pol, err := meta.ParsePolicy(rec.Policy)
-			if err != nil {
+			pol, perr := meta.ParsePolicy(rec.Policy)
+			if perr != nil {
 				continue // DecodePrimary checked it
 			}
 			var cands []meta.NodeStatus
