@@ -78,6 +78,9 @@ func (p *primaryFirst) primary(ctx context.Context, fresh bool) string {
 	p.ps.pmu.Lock()
 	p.ps.prim = primaryCache{name: name, at: time.Now()}
 	p.ps.pmu.Unlock()
+	if fresh && name != c.name {
+		p.d.log.Info("a policy's primary changed", "policy", p.ps.Policy.String(), "from", c.name, "to", name)
+	}
 	return name
 }
 
@@ -138,7 +141,7 @@ func (p *primaryFirst) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 		p.rs.Down(prim, cairn.E("get", cairn.Unavailable, prim, errors.New("the node is not awake")))
 	}
 	if gaveUp {
-		p.d.log.Info("gave up on a policy's primary; reading the record again", "policy", p.ps.Policy.String(), "primary", prim, "id", id.Short())
+		p.d.log.Debug("gave up on a policy's primary; reading the record again", "policy", p.ps.Policy.String(), "primary", prim, "id", id.Short())
 		if next := p.primary(ctx, true); next != "" && next != prim && p.awake(ctx, next, true) {
 			data, err := p.rs.GetFrom(ctx, next, id, PrimaryGiveUp)
 			if err == nil {

@@ -573,10 +573,10 @@ func (s *Store) GetFrom(ctx context.Context, name string, id cairn.ID, within ti
 	return data, err
 }
 
-// Down counts member name as down (err says why) until it answers again:
-// Get asks it last. The director calls it for a member it knows asleep.
+// Down counts member name, if up, as down (err says why) until it
+// answers again: Get asks it last. The director calls it for a member it knows asleep.
 func (s *Store) Down(name string, err error) {
-	if i := s.set.Index(name); i >= 0 {
+	if i := s.set.Index(name); i >= 0 && s.set.Up(i) {
 		s.set.Failed(i, err)
 	}
 }
