@@ -362,6 +362,16 @@ On Linux with systemd the node announces a real suspend by itself (see
 				fmt.Fprintf(e.stdout, "%s is awake (since %s)\n", rep.Node, since)
 				return nil
 			}
+			for _, h := range rep.Primaries {
+				if h.To != "" {
+					fmt.Fprintf(e.stdout, "handed the primary of %s to %s\n", h.Policy, h.To)
+				} else {
+					fmt.Fprintf(e.stderr, "warning: %s stays the primary of %s (%s): reads of it go to its other replicas' stores as they answer\n", rep.Node, h.Policy, h.Kept)
+				}
+			}
+			if rep.PrimariesError != "" {
+				fmt.Fprintf(e.stderr, "warning: the primary roles of %s were not handed over: %s\n", rep.Node, rep.PrimariesError)
+			}
 			if rep.MetaMovedTo != "" {
 				fmt.Fprintf(e.stdout, "handed the metadata service to %s\n", rep.MetaMovedTo)
 			}

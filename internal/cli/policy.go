@@ -42,26 +42,40 @@ overrides them); a running mount or gateway reads the policies again at most
 every 2 seconds. A file is placed by where it is when its version is
 committed (its last close).`,
 	}
+	var primary string
 	set := &cobra.Command{
-		Use:   "set VOLUME:/PATH POLICY",
+		Use:   "set [--primary DEVICE] VOLUME:/PATH POLICY",
 		Short: "Set the placement policy of a volume or a directory path",
 		Example: `  cairn policy set home:/ copies:2@laptop,s3
   cairn policy set home:/photos ec:2+2@s3a,s3b,gcs,az
-  cairn policy set home:/photos/scratch local`,
+  cairn policy set home:/photos/scratch local
+  cairn policy set --primary desktop home:/music copies:2@laptop,desktop`,
+		Long: `Set the placement policy of a volume or a directory path. A copies policy's
+replica set has a primary device, the copy other devices read first: the
+device given with --primary, else this device if the policy names it, else
+the first device the policy names. The primary is recorded per replica set
+(the policy string): every path set to the same copies policy shares it. A
+primary that announces standby ('cairn node standby', or a suspend) hands
+the role to an awake replica; it does not take it back when it wakes (set
+it again with --primary).`,
 		Args: exactArgs(2, "a VOLUME:/PATH and a policy"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, p, err := e.parseOpen(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			pol, err := r.SetPolicy(cmd.Context(), p.Volume, p.Slash(), args[1])
+			pol, err := r.SetPolicyPrimary(cmd.Context(), p.Volume, p.Slash(), args[1], primary)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(e.stdout, "%s: %s\n", p, pol)
+			if prims, err := r.Primaries(cmd.Context()); err == nil && prims[pol].Primary != "" {
+				fmt.Fprintf(e.stdout, "primary: %s\n", prims[pol].Primary)
+			}
 			return nil
 		},
 	}
+	set.Flags().StringVar(&primary, "primary", "", "copies policies: the device other devices read first (default: this device, if the policy names it)")
 	unset := &cobra.Command{
 		Use:   "unset VOLUME:/PATH",
 		Short: "Remove the policy set on a path (the one of its parent applies again)",
@@ -106,6 +120,9 @@ repairs waiting ('cairn repair' makes them).`,
 				from = "set on " + rep.From
 			}
 			fmt.Fprintf(e.stdout, "%s: %s (%s)\n", p, rep.InForce, from)
+			if rep.Primary != "" {
+				fmt.Fprintf(e.stdout, "primary: %s\n", rep.Primary)
+			}
 			for _, s := range rep.Set {
 				if s.Path != rep.From {
 					fmt.Fprintf(e.stdout, "  below: %s %s\n", s.Path, s.Policy)
@@ -146,17 +163,33 @@ repairs waiting ('cairn repair' makes them).`,
 			if err != nil {
 				return err
 			}
+			prims, err := r.Primaries(cmd.Context())
+			if err != nil {
+				return err
+			}
+			type listed struct {
+				meta.PolicyRecord
+				Primary string `json:"primary,omitempty"` // of a copies policy's replica set
+			}
+			out := make([]listed, len(recs))
+			for i, rec := range recs {
+				out[i] = listed{rec, prims[rec.Policy].Primary}
+			}
 			if lsJSON {
-				return e.printJSON(recs)
+				return e.printJSON(out)
 			}
 			if len(recs) == 0 {
 				fmt.Fprintf(e.stdout, "no policy set in %s: everything is local\n", vol)
 				return nil
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "PATH\tPOLICY\tSET\tBY")
-			for _, rec := range recs {
-				fmt.Fprintf(tw, "%s:%s\t%s\t%s\t%s\n", vol, rec.Path, rec.Policy, time.Unix(0, rec.Set).Format(time.DateTime), rec.SetBy)
+			fmt.Fprintln(tw, "PATH\tPOLICY\tPRIMARY\tSET\tBY")
+			for _, rec := range out {
+				prim := rec.Primary
+				if prim == "" {
+					prim = "-"
+				}
+				fmt.Fprintf(tw, "%s:%s\t%s\t%s\t%s\t%s\n", vol, rec.Path, rec.Policy, prim, time.Unix(0, rec.Set).Format(time.DateTime), rec.SetBy)
 			}
 			return tw.Flush()
 		},

@@ -48,6 +48,9 @@ type PolicyStore struct {
 	// beyond a bound per member (storeset: too many waiting), counting
 	// the member as down.
 	io cairn.Store
+
+	pmu  sync.Mutex
+	prim primaryCache // a copies policy's primary, as last read (primary.go)
 }
 
 // policyInFlight bounds the Puts and Gets under way through one policy's
@@ -151,7 +154,13 @@ func (d *Director) Policy(ctx context.Context, s string) (*PolicyStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	ps.io = &bounded{Store: ps.Store, sem: make(chan struct{}, policyInFlight)}
+	b := &bounded{Store: ps.Store, sem: make(chan struct{}, policyInFlight)}
+	ps.io = b
+	if rs, ok := ps.Store.(*replicastore.Store); ok {
+		if pe, ok := d.env.(Primaries); ok {
+			ps.io = &primaryFirst{bounded: b, d: d, ps: ps, rs: rs, pe: pe}
+		}
+	}
 	if d.pol == nil {
 		d.pol = map[string]*PolicyStore{}
 	}

@@ -289,6 +289,14 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			rep.State, rep.Since = meta.NodeStandby, since.UnixNano()
 			return rep
 		}
+		// Reads of the replica sets this device is the primary of go
+		// to an awake replica: the roles move first (no data moves).
+		if hs, herr := r.handPrimaries(ctx, name); herr != nil {
+			r.log.Warn("standby: primary roles not handed over", "node", name, "err", herr)
+			rep.PrimariesError = herr.Error()
+		} else {
+			rep.Primaries = hs
+		}
 		// The metadata service stays awake: the member hosted here goes
 		// to an awake device first.
 		if gwAddr != "" && r.servesGateway() {

@@ -87,7 +87,19 @@ func (r *Realm) CheckPolicy(ctx context.Context, s string) (meta.Policy, error) 
 // SetPolicy checks policy and sets it on path ("/" or "/a/b") of volume
 // vol. It returns the canonical form recorded.
 func (r *Realm) SetPolicy(ctx context.Context, vol, path, policy string) (string, error) {
+	return r.SetPolicyPrimary(ctx, vol, path, policy, "")
+}
+
+// SetPolicyPrimary is SetPolicy that also records the primary of a copies
+// policy's replica set (doc/director.md, "Primaries"): primary if given
+// (a device the policy names), else this device if the policy names it,
+// else the first device it names; none if it names no device.
+func (r *Realm) SetPolicyPrimary(ctx context.Context, vol, path, policy, primary string) (string, error) {
 	pol, err := r.CheckPolicy(ctx, policy)
+	if err != nil {
+		return "", err
+	}
+	prim, err := r.choosePrimary(ctx, pol, primary)
 	if err != nil {
 		return "", err
 	}
@@ -95,8 +107,17 @@ func (r *Realm) SetPolicy(ctx context.Context, vol, path, policy string) (string
 	if err != nil {
 		return "", err
 	}
-	rec := meta.PolicyRecord{Path: path, Policy: pol.String(), Set: time.Now().UnixNano(), SetBy: r.nodeName(ctx)}
-	return rec.Policy, v.Meta.SetPolicy(ctx, rec)
+	now, self := time.Now().UnixNano(), r.nodeName(ctx)
+	rec := meta.PolicyRecord{Path: path, Policy: pol.String(), Set: now, SetBy: self}
+	if err := v.Meta.SetPolicy(ctx, rec); err != nil {
+		return "", err
+	}
+	if prim != "" {
+		if err := r.Meta.SetPrimary(ctx, meta.PrimaryRecord{Policy: rec.Policy, Primary: prim, Set: now, SetBy: self, Why: "set"}); err != nil {
+			return "", err
+		}
+	}
+	return rec.Policy, nil
 }
 
 // policyStore returns the wrapper of policy s (copies or ec): the
@@ -289,6 +310,9 @@ type PolicyReport struct {
 	// ("" for the default, local).
 	InForce string `json:"policy"`
 	From    string `json:"from,omitempty"`
+	// Primary is the primary device of InForce, a copies policy ("" if
+	// none; doc/director.md, "Primaries").
+	Primary string `json:"primary,omitempty"`
 	// Set lists the policies set on Path and below it.
 	Set   []meta.PolicyRecord `json:"set"`
 	Files []FilePlacement     `json:"files"`
@@ -365,6 +389,9 @@ func (r *Realm) PolicyReport(ctx context.Context, vol string, parts []string) (*
 	rep := &PolicyReport{Volume: vol, Path: path, InForce: meta.PolicyLocal, Set: []meta.PolicyRecord{}, Health: map[string][]storeset.Health{}}
 	if rec := meta.PolicyFor(recs, path); rec != nil {
 		rep.InForce, rep.From = rec.Policy, rec.Path
+		if rep.Primary, err = (env{r}).Primary(ctx, rec.Policy); err != nil {
+			return nil, err
+		}
 	}
 	for _, rec := range recs {
 		if path == "/" || rec.Path == path || strings.HasPrefix(rec.Path, path+"/") {

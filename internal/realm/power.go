@@ -213,7 +213,12 @@ type ControlReply struct {
 	// metadata service sleeps with this one.
 	MetaMovedTo string `json:"meta_moved_to,omitempty"`
 	MetaSleeps  string `json:"meta_sleeps,omitempty"`
-	Error       string `json:"error,omitempty"`
+	// Primaries says, for each copies replica set this device was the
+	// primary of, the replica the standby handed the role to or why it
+	// kept it; PrimariesError why the handoff failed (the roles stay).
+	Primaries      []PrimaryHandoff `json:"primaries,omitempty"`
+	PrimariesError string           `json:"primaries_error,omitempty"`
+	Error          string           `json:"error,omitempty"`
 }
 
 // Control asks the node running in home to go to standby or resume (op),

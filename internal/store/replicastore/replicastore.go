@@ -534,3 +534,49 @@ func (s *Store) Close() error {
 	s.bgCancel()
 	return errors.Join(s.q.Close(), s.set.Close())
 }
+
+// GetFrom reads id from member name alone, verified against its ID, for a
+// caller that prefers one member (the director's primary). If within > 0
+// and the member does not answer within it, GetFrom gives up with Kind
+// Unavailable and counts the member as down, so that a Get that follows
+// asks it last. Kind NotFound if the member has no copy (or there is no
+// member of that name); the member's health is kept as for Get.
+func (s *Store) GetFrom(ctx context.Context, name string, id cairn.ID, within time.Duration) ([]byte, error) {
+	const op = "get"
+	ctx = store.WithoutLoans(ctx)
+	i := s.set.Index(name)
+	if i < 0 {
+		return nil, cairn.E(op, cairn.NotFound, id.String(), fmt.Errorf("no member %s", name))
+	}
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	if within > 0 {
+		cctx, cancel = context.WithTimeout(ctx, within)
+	}
+	defer cancel()
+	var data []byte
+	err := s.set.Call(cctx, i, func(ctx context.Context, st cairn.Store) error {
+		var err error
+		data, err = st.Get(ctx, id)
+		return err
+	})
+	if err == nil && cairn.ID(blake3.Sum256(data)) != id {
+		err = cairn.E(op, cairn.Corrupt, id.String(), errors.New("copy does not hash to its ID"))
+		s.set.Report(storeset.Fault{Store: name, ID: id, Stored: id, Kind: cairn.Corrupt, Err: err})
+	}
+	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+		err = cairn.E(op, cairn.Unavailable, id.String(), fmt.Errorf("%s did not answer within %v", name, within))
+		s.set.Failed(i, err)
+	}
+	if err != nil && ctx.Err() != nil {
+		return nil, store.CtxErr(ctx, op, id.String())
+	}
+	return data, err
+}
+
+// Down counts member name, if up, as down (err says why) until it
+// answers again: Get asks it last. The director calls it for a member it knows asleep.
+func (s *Store) Down(name string, err error) {
+	if i := s.set.Index(name); i >= 0 && s.set.Up(i) {
+		s.set.Failed(i, err)
+	}
+}

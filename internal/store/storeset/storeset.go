@@ -571,3 +571,8 @@ func (r RepairReport) String() string {
 	return fmt.Sprintf("%d objects checked, %d missing and %d damaged found, %d rebuilt, %d deletions done, %d failed, %d unrecoverable",
 		r.Objects, r.Missing, r.Corrupt, r.Rebuilt, r.Deleted, r.Failed, r.Unrecoverable)
 }
+
+// Failed counts err, a request to member i that got no answer in the time
+// its caller allowed, as a failure: the member is down until it answers
+// again (Call does not count a request whose context ended).
+func (s *Set) Failed(i int, err error) { s.failed(s.m[i], err) }
