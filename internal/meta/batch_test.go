@@ -173,10 +173,11 @@ func TestCommitVersions(t *testing.T) {
 	}
 
 	// Second versions, from the listing: f0 changed since (another
-	// writer committed), f1's lock is held by another process, and f2's
-	// directory entry was read before it existed.
+	// writer committed), f2's directory entry was read before it existed
+	// (both fail the first transaction), and the lock of f90 (in the
+	// last) is held by another process.
 	commit(t, s, ov, dir, "f0", 7, 7)
-	l, err := ov.Lock(ctx, dir.Ino, "f1")
+	l, err := ov.Lock(ctx, dir.Ino, "f90")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,9 +192,9 @@ func TestCommitVersions(t *testing.T) {
 			Commit: meta.Commit{Version: ver(2), Mode: 0o644, Gen: gen, Cur: cur, Unlocked: true}})
 	}
 	for i, r := range v.CommitVersions(ctx, cs) {
-		if i == 1 {
+		if i == 90 {
 			if !errors.Is(r.Err, meta.ErrLocked) {
-				t.Fatalf("f1, whose lock another writer holds: %+v, %v; want ErrLocked", r.Entry, r.Err)
+				t.Fatalf("f90, whose lock another writer holds: %+v, %v; want ErrLocked", r.Entry, r.Err)
 			}
 			continue
 		}
@@ -215,8 +216,8 @@ func TestCommitVersions(t *testing.T) {
 		}
 	}
 	l.Unlock(ctx)
-	if got, gerr := v.Get(ctx, dir.Ino, "f1"); gerr != nil || len(got.Versions) != 1 {
-		t.Fatalf("f1 after ErrLocked: %+v, %v; want its first version only", got, gerr)
+	if got, gerr := v.Get(ctx, dir.Ino, "f90"); gerr != nil || len(got.Versions) != 1 {
+		t.Fatalf("f90 after ErrLocked: %+v, %v; want its first version only", got, gerr)
 	}
 
 	// A stale GC generation fences every commit, batched or not.
