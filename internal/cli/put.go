@@ -262,7 +262,21 @@ func (st *putState) commitGroup(ctx context.Context, v *fs.Volume, items []group
 		ps[i] = it.p
 	}
 	var fatal error
-	for i, r := range v.CommitGroup(ctx, ps) {
+	res := v.CommitGroup(ctx, ps)
+	var interrupted context.Context // the checks' shared deadline
+	for i, r := range res {
+		if r.Err != nil && ctx.Err() != nil {
+			// Interrupted as the commit went through (its reply lost to
+			// the cancellation): the file is stored.
+			if interrupted == nil {
+				c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				interrupted = c
+			}
+			if st.committed(interrupted, items[i].j, sourceOf(items[i].j.info)) {
+				r.Err = nil
+			}
+		}
 		if r.Err != nil {
 			st.fail(items[i].j.dst, r.Err)
 			switch cairn.KindOf(r.Err) {
@@ -770,13 +784,11 @@ func (st *putState) putFile(ctx context.Context, j putJob) error {
 	return st.settle(ctx, j.dst, fs.WriteStats{}, err)
 }
 
-// committed reports whether j's file, whose write failed as the put was
+// committed reports whether j's file, whose commit failed as the put was
 // interrupted, was committed all the same (the commit reached the metadata
 // service before its reply was lost to the cancellation): the current
 // version is one committed since this put began, from j's source.
-func (st *putState) committed(j putJob, src meta.Source) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+func (st *putState) committed(ctx context.Context, j putJob, src meta.Source) bool {
 	e, err := st.v.Meta.Get(ctx, j.dir.Ino, j.name)
 	if err != nil {
 		return false
