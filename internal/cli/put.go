@@ -143,8 +143,11 @@ type putState struct {
 	prog   *progress
 	mu     sync.Mutex
 	// existing caches the entries of destination directories that existed
-	// before this put, for the unchanged-file check (one range read each).
+	// before this put, for the unchanged-file check (one range read each),
+	// and as each file's entry when it is written (fs.Attrs.Listed): each
+	// was read after the GC generation gen.
 	existing map[uint64]map[string]*meta.Entry
+	gen      int64
 	reads    singleflight.Group
 	// groups holds, per volume handle whose store buffers writes (a
 	// cloud store), the files prepared but not committed yet (see
@@ -172,18 +175,25 @@ type hardLink struct {
 	name, dst, src string
 }
 
-// Files written to a store that buffers (a cloud store's packs) are
-// committed in groups: each is prepared (its data and manifest handed to
-// the store deferred, its writer lock held), and a group of up to
-// groupFiles files or groupBytes bytes is made durable by one Flush of the
-// store and only then committed (fs.CommitGroup), so that its small files
-// share packs: about one PUT per group instead of one per few files. A
-// group older than groupLinger is committed even if not full (a worker may
-// be waiting for the writer lock of a file in it). A large file is
-// prepared the same way and fills its group by itself: its chunks then go
-// into full packs, several stored at once, while the file is read (written
-// with Puts that each wait for their pack, a 1 GiB file made ~1 MiB packs,
-// as many as the pipeline's window let wait at once: 0.44x rclone's put).
+// Files are committed in groups: each is prepared (its data and manifest
+// stored, deferred over a store that buffers, without a writer lock: the
+// commit succeeds only while nobody else holds it, and is otherwise made
+// again under it), and a group of up to groupFiles files or groupBytes
+// bytes is committed by fs.CommitGroup, many files per etcd transaction:
+// one round trip and one write of etcd's log per few dozen small files
+// instead of three round trips (lock, read, commit) per file. Over a store
+// that buffers (a cloud store's packs), the group is first made durable by
+// one Flush of the store, so that its small files share packs: about one
+// PUT per group instead of one per few files. A group older than
+// groupLinger is committed even if not full. A large file fills its group
+// by itself: over a store that buffers, its chunks then go into full
+// packs, several stored at once, while the file is read (written with Puts
+// that each wait for their pack, a 1 GiB file made ~1 MiB packs, as many
+// as the pipeline's window let wait at once: 0.44x rclone's put).
+//
+// A put killed before a group's commit loses that group's files (their
+// data stays in the store until a garbage collection); a transaction
+// commits each of its files whole, or none.
 const (
 	groupFiles  = 256
 	groupBytes  = 16 << 20
@@ -253,7 +263,21 @@ func (st *putState) commitGroup(ctx context.Context, v *fs.Volume, items []group
 		ps[i] = it.p
 	}
 	var fatal error
-	for i, r := range v.CommitGroup(ctx, ps) {
+	res := v.CommitGroup(ctx, ps)
+	var interrupted context.Context // the checks' shared deadline
+	for i, r := range res {
+		if r.Err != nil && ctx.Err() != nil {
+			// Interrupted as the commit went through (its reply lost to
+			// the cancellation): the file is stored.
+			if interrupted == nil {
+				c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				interrupted = c
+			}
+			if st.committed(interrupted, items[i].j, sourceOf(items[i].j.info)) {
+				r.Err = nil
+			}
+		}
 		if r.Err != nil {
 			st.fail(items[i].j.dst, r.Err)
 			switch cairn.KindOf(r.Err) {
@@ -340,6 +364,11 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 	}
 	st := &putState{e: e, v: v, volFor: volFor, volPre: p.Volume + ":", force: force, start: start, existing: map[uint64]map[string]*meta.Entry{},
 		groups: map[*fs.Volume]*putGroup{}, spool: sp, firstNames: map[devIno]putJob{}}
+	// Read before any listing, so that the listings' entries can stand
+	// for the files' as they are written (fs.Attrs.Listed).
+	if st.gen, err = v.Gen(ctx); err != nil {
+		return nil, err
+	}
 	st.sum.WorkersUsed = workers
 	// Count what there is, so the bar can show a total (only for a bar).
 	showBar := human && !e.quiet && isTerminal(e.stderr)
@@ -745,28 +774,22 @@ func (st *putState) putFile(ctx context.Context, j putJob) error {
 		return st.stageFile(ctx, j, open, a)
 	}
 	vol := st.volFor(strings.TrimPrefix(j.dst, st.volPre))
-	if vol.Defers() {
-		p, err := vol.PrepareFile(ctx, j.dir, j.name, open, a)
-		if err == nil {
-			return st.addToGroup(ctx, vol, p, j)
-		}
-		return st.settle(ctx, j.dst, fs.WriteStats{}, err)
+	a.Unlocked = true
+	if kids, err := st.children(ctx, j.dir); err == nil {
+		a.Cur, a.Listed, a.ListedGen = kids[j.name], true, st.gen
 	}
-	_, ws, err := vol.WriteFile(ctx, j.dir, j.name, open, a)
-	if err != nil && ctx.Err() != nil && st.committed(j, src) {
-		// Interrupted as the commit went through: the file is stored.
-		err = nil
+	p, err := vol.PrepareFile(ctx, j.dir, j.name, open, a)
+	if err == nil {
+		return st.addToGroup(ctx, vol, p, j)
 	}
-	return st.settle(ctx, j.dst, ws, err)
+	return st.settle(ctx, j.dst, fs.WriteStats{}, err)
 }
 
-// committed reports whether j's file, whose write failed as the put was
+// committed reports whether j's file, whose commit failed as the put was
 // interrupted, was committed all the same (the commit reached the metadata
 // service before its reply was lost to the cancellation): the current
 // version is one committed since this put began, from j's source.
-func (st *putState) committed(j putJob, src meta.Source) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+func (st *putState) committed(ctx context.Context, j putJob, src meta.Source) bool {
 	e, err := st.v.Meta.Get(ctx, j.dir.Ino, j.name)
 	if err != nil {
 		return false

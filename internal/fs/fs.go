@@ -181,6 +181,19 @@ type Attrs struct {
 	// fence does not see, and the write would reuse its manifest or chunks.
 	// A stale one costs the commit a retry.
 	Cur *meta.Entry
+	// Listed: Cur (nil: the name was absent) is the file's entry as a
+	// directory listing read it after the GC generation ListedGen was read
+	// (Volume.Gen), and is used even when it names versions, as long as the
+	// write's generation is still ListedGen: any collection since the
+	// listing would have changed it. A stale one costs the commit a retry.
+	Listed    bool
+	ListedGen int64
+	// Unlocked (PrepareFile only): take no writer lock; the commit succeeds
+	// only while nobody holds it (meta.Commit.Unlocked), and is otherwise
+	// made by WriteFile under the lock, waiting for it. A writer that
+	// creates or replaces many files nobody else is writing (a put) saves
+	// the lock's round trip per file.
+	Unlocked bool
 	// Ctime, if not zero, is the change time to record (meta.Commit.Ctime).
 	Ctime time.Time
 	// Ino, if not zero, is the inode number of a file the write creates
@@ -238,7 +251,7 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 		e, _, err := v.Meta.CommitVersion(ctx, dir, name, w.commit(a, lock))
 		if errors.Is(err, meta.ErrFenced) && attempt < 20 {
 			v.staleGen()
-			a.Cur = nil
+			a.Cur, a.Listed = nil, false
 			v.log.Info("garbage collection ran during write; writing again", "path", path)
 			continue
 		}
@@ -266,6 +279,8 @@ func (v *Volume) prepare(ctx context.Context, dir *meta.Entry, name string, open
 		return w, err
 	}
 	if c := a.Cur; c != nil && c.Type == meta.TypeFile && c.Current() == nil && c.Parent == dir.Ino && c.Name == name {
+		w.cur = c
+	} else if c := a.Cur; a.Listed && w.gen == a.ListedGen && (c == nil || c.Parent == dir.Ino && c.Name == name) {
 		w.cur = c
 	} else if w.cur, err = v.Meta.Get(ctx, dir.Ino, name); err != nil && !errors.Is(err, cairn.ErrNotFound) {
 		return w, err
@@ -300,7 +315,8 @@ func (v *Volume) prepare(ctx context.Context, dir *meta.Entry, name string, open
 
 // commit is the meta.Commit of w under lock.
 func (w *prepared) commit(a Attrs, lock *meta.Lock) meta.Commit {
-	c := meta.Commit{Version: w.ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: w.gen, Lock: lock, Cur: meta.KnownEntry(w.cur), KeepAttrs: a.KeepAttrs, Ino: a.Ino}
+	c := meta.Commit{Version: w.ver, Mode: a.Mode, UID: a.UID, GID: a.GID, Gen: w.gen, Lock: lock, Cur: meta.KnownEntry(w.cur), KeepAttrs: a.KeepAttrs, Ino: a.Ino,
+		Unlocked: lock == nil}
 	if !a.Ctime.IsZero() {
 		c.Ctime = a.Ctime.UnixNano()
 	}
@@ -528,6 +544,11 @@ func (v *Volume) writeGen(ctx context.Context) (int64, error) {
 	v.lastGen, v.genOK = gen, true
 	return gen, nil
 }
+
+// Gen returns the GC generation this volume's writes commit with now
+// (reading it if needed): a caller that reads directory listings after it
+// may pass their entries as Attrs.Cur with Attrs.Listed.
+func (v *Volume) Gen(ctx context.Context) (int64, error) { return v.writeGen(ctx) }
 
 // staleGen makes the next writeGen read the generation again.
 func (v *Volume) staleGen() {

@@ -352,3 +352,75 @@ func TestCommitGroupUnchangedDeltaFile(t *testing.T) {
 		t.Fatal("test setup: the edited version has no delta chunk")
 	}
 }
+
+// A group prepared without writer locks (a put: Attrs.Unlocked, each
+// file's entry from its directory's listing) is committed; a file whose
+// lock another writer holds is committed once that writer lets go, not
+// under its lock.
+func TestCommitGroupUnlocked(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, 3)
+	v := f.vol
+	f.write(t, "old", []byte("first version"))
+	gen, err := v.Gen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, err := v.Meta.ReadDir(ctx, f.root.Ino)
+	if err != nil || len(ents) != 1 {
+		t.Fatalf("ReadDir: %v, %v", ents, err)
+	}
+	other, err := meta.New(f.svc.Client(), meta.Options{LockTTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ov, err := other.Open(ctx, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ov.Lock(ctx, f.root.Ino, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := groupFiles(60)
+	files["old"], files["held"] = []byte("second version"), []byte("written while locked")
+	var ps []*fs.PendingWrite
+	var names []string
+	for name, b := range files {
+		names = append(names, name)
+		a := fs.Attrs{Mode: 0o644, Mtime: time.Now(), Unlocked: true, Listed: true, ListedGen: gen}
+		if name == "old" {
+			a.Cur = &ents[0]
+		}
+		p, perr := v.PrepareFile(ctx, f.root, name, source(b), a)
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		ps = append(ps, p)
+	}
+	done := make(chan []fs.GroupResult, 1)
+	go func() { done <- v.CommitGroup(ctx, ps) }()
+	select {
+	case res := <-done:
+		t.Fatalf("CommitGroup returned while another writer held a file's lock: %+v", res)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err = l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range <-done {
+		if r.Err != nil {
+			t.Fatalf("%s: %v", names[i], r.Err)
+		}
+	}
+	for name, want := range files {
+		got, rerr := f.read(t, name)
+		if rerr != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s: %d bytes, %v; want %d", name, len(got), rerr, len(want))
+		}
+	}
+	if e, gerr := v.Meta.Get(ctx, f.root.Ino, "old"); gerr != nil || len(e.Versions) != 2 {
+		t.Fatalf("old: %+v, %v; want 2 versions", e, gerr)
+	}
+}

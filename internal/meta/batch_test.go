@@ -124,3 +124,113 @@ func TestPutBatch(t *testing.T) {
 		l.Unlock(ctx)
 	}
 }
+
+// TestCommitVersions: many commits go in few transactions (the put of many
+// small files); a batch whose conditions do not all hold is committed one
+// file at a time, and each file that cannot be committed says why.
+func TestCommitVersions(t *testing.T) {
+	ctx := context.Background()
+	s, v, root := newVolRoot(t, 3)
+	ov := otherProcess(t, s)
+	dir, err := v.Create(ctx, root, meta.Entry{Name: "d", Type: meta.TypeDir, Mode: 0o755})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, err := s.WriteGen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ver := func(m byte) meta.Version {
+		var id cairn.ID
+		id[0], id[1] = m, 1
+		return meta.Version{Manifest: id, Size: int64(m), Digest: fmt.Sprint("d", m)}
+	}
+	const n = 100
+	var cs []meta.BatchCommit
+	for i := range n {
+		cs = append(cs, meta.BatchCommit{Parent: dir, Name: fmt.Sprint("f", i),
+			Commit: meta.Commit{Version: ver(1), Mode: 0o644, Gen: gen, Cur: meta.KnownEntry(nil), Unlocked: true}})
+	}
+	revs := map[int64]bool{}
+	for i, r := range v.CommitVersions(ctx, cs) {
+		if r.Err != nil || r.Entry == nil || r.Entry.Current() == nil || r.Entry.Current().Manifest != ver(1).Manifest {
+			t.Fatalf("commit %d: %+v, %v", i, r.Entry, r.Err)
+		}
+		revs[r.Entry.Rev] = true
+	}
+	// At most 128 compares a transaction, three per new file, two for the
+	// fence: 42 files a transaction.
+	if len(revs) > 3 {
+		t.Fatalf("%d files committed in %d transactions, want at most 3", n, len(revs))
+	}
+	ents, err := v.ReadDir(ctx, dir.Ino)
+	if err != nil || len(ents) != n {
+		t.Fatalf("ReadDir: %d entries, %v; want %d", len(ents), err, n)
+	}
+	byName := map[string]*meta.Entry{}
+	for i := range ents {
+		byName[ents[i].Name] = &ents[i]
+	}
+
+	// Second versions, from the listing: f0 changed since (another
+	// writer committed), f2's directory entry was read before it existed
+	// (both fail the first transaction), and the lock of f90 (in the
+	// last) is held by another process.
+	commit(t, s, ov, dir, "f0", 7, 7)
+	l, err := ov.Lock(ctx, dir.Ino, "f90")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs = cs[:0]
+	for i := range n {
+		name := fmt.Sprint("f", i)
+		cur := meta.KnownEntry(byName[name])
+		if i == 2 {
+			cur = meta.KnownEntry(nil)
+		}
+		cs = append(cs, meta.BatchCommit{Parent: dir, Name: name,
+			Commit: meta.Commit{Version: ver(2), Mode: 0o644, Gen: gen, Cur: cur, Unlocked: true}})
+	}
+	for i, r := range v.CommitVersions(ctx, cs) {
+		if i == 90 {
+			if !errors.Is(r.Err, meta.ErrLocked) {
+				t.Fatalf("f90, whose lock another writer holds: %+v, %v; want ErrLocked", r.Entry, r.Err)
+			}
+			continue
+		}
+		if r.Err != nil || r.Entry.Current().Manifest != ver(2).Manifest {
+			t.Fatalf("second commit of f%d: %+v, %v", i, r.Entry, r.Err)
+		}
+		want := []int64{1, 2}
+		if i == 0 {
+			want = []int64{1, 7, 2} // on top of the other writer's
+		}
+		got, gerr := v.Get(ctx, dir.Ino, fmt.Sprint("f", i))
+		if gerr != nil || len(got.Versions) != len(want) {
+			t.Fatalf("f%d: %+v, %v; want %d versions", i, got, gerr, len(want))
+		}
+		for k, w := range want {
+			if got.Versions[k].Size != w {
+				t.Fatalf("f%d: versions %+v, want sizes %v", i, got.Versions, want)
+			}
+		}
+	}
+	l.Unlock(ctx)
+	if got, gerr := v.Get(ctx, dir.Ino, "f90"); gerr != nil || len(got.Versions) != 1 {
+		t.Fatalf("f90 after ErrLocked: %+v, %v; want its first version only", got, gerr)
+	}
+
+	// A stale GC generation fences every commit, batched or not.
+	f, err := s.BeginGC(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err = f.End(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range v.CommitVersions(ctx, cs[3:6]) {
+		if !errors.Is(r.Err, meta.ErrFenced) {
+			t.Fatalf("commit %d after a collection: %+v, %v; want ErrFenced", i, r.Entry, r.Err)
+		}
+	}
+}

@@ -475,70 +475,14 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 				return nil, nil, err
 			}
 		}
-		now := time.Now().UnixNano()
-		if c.Ctime != 0 {
-			now = c.Ctime
-			if cur != nil {
-				now = max(now, cur.Ctime)
-			}
-		}
 		if c.Ino != 0 && cur != nil && cur.Ino != c.Ino {
 			return cur, nil, cairn.E("commit", cairn.Exist, name, errors.New("the name holds another file"))
 		}
-		var next Entry
-		var cmps []clientv3.Cmp
+		next, cmps, dropped, err := v.nextVersion(parent, name, cur, &c)
+		if err != nil {
+			return nil, nil, err
+		}
 		k := v.entryKey(parent.Ino, name)
-		if cur == nil {
-			ino := c.Ino
-			if ino == 0 {
-				ino = randomIno()
-			}
-			next = Entry{Name: name, Parent: parent.Ino, Ino: ino, Type: TypeFile,
-				Mode: c.Mode, UID: c.UID, GID: c.GID, Ctime: now}
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0))
-		} else {
-			if cur.Type != TypeFile {
-				kind := cairn.IsDir
-				if cur.Type != TypeDir {
-					kind = cairn.Exist
-				}
-				return nil, nil, cairn.E("commit", kind, name, errors.New("not a regular file"))
-			}
-			next = *cur
-			next.Versions = append([]Version(nil), cur.Versions...)
-			if !c.KeepAttrs {
-				next.Mode, next.UID, next.GID = c.Mode, c.UID, c.GID
-			}
-			next.Ctime = now
-			// The directory must still be where the caller found it: a
-			// trashed directory keeps its entries, and a commit into one
-			// would succeed unseen.
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", cur.Rev),
-				clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0))
-		}
-		ver := c.Version
-		ver.N = 1
-		last := next.Current()
-		if last != nil {
-			ver.N = last.N + 1
-		}
-		if ver.Committed == 0 {
-			ver.Committed = now
-		}
-		if last != nil && ver.Digest != "" && ver.Digest == last.Digest && ver.Size == last.Size {
-			// Same content: refresh the current version, add none.
-			last.Mtime, last.Src = ver.Mtime, ver.Src
-			ver = *last
-		} else {
-			next.Versions = append(next.Versions, ver)
-		}
-		var dropped []Version
-		if keep := v.V.KeepVersions; keep > 0 && len(next.Versions) > keep {
-			dropped = append(dropped, next.Versions[:len(next.Versions)-keep]...)
-			next.Versions = next.Versions[len(next.Versions)-keep:]
-		}
-		next.Size, next.Mtime = ver.Size, ver.Mtime
 		cmps = append(cmps, v.s.fenceCmps(c.Gen)...)
 		b, _ := json.Marshal(next)
 		ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
@@ -598,6 +542,75 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 		}
 		// A concurrent attribute change or commit won: read again and retry.
 	}
+}
+
+// nextVersion is the entry a commit of c onto cur (the file's entry as
+// read; nil: absent) writes, the compares that make it valid (the name
+// holds cur, the directory is there; not the GC fence, the writer lock nor
+// the copies of other names) and the versions it drops.
+func (v *Vol) nextVersion(parent *Entry, name string, cur *Entry, c *Commit) (Entry, []clientv3.Cmp, []Version, error) {
+	now := time.Now().UnixNano()
+	if c.Ctime != 0 {
+		now = c.Ctime
+		if cur != nil {
+			now = max(now, cur.Ctime)
+		}
+	}
+	var next Entry
+	var cmps []clientv3.Cmp
+	k := v.entryKey(parent.Ino, name)
+	if cur == nil {
+		ino := c.Ino
+		if ino == 0 {
+			ino = randomIno()
+		}
+		next = Entry{Name: name, Parent: parent.Ino, Ino: ino, Type: TypeFile,
+			Mode: c.Mode, UID: c.UID, GID: c.GID, Ctime: now}
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0))
+	} else {
+		if cur.Type != TypeFile {
+			kind := cairn.IsDir
+			if cur.Type != TypeDir {
+				kind = cairn.Exist
+			}
+			return Entry{}, nil, nil, cairn.E("commit", kind, name, errors.New("not a regular file"))
+		}
+		next = *cur
+		next.Versions = append([]Version(nil), cur.Versions...)
+		if !c.KeepAttrs {
+			next.Mode, next.UID, next.GID = c.Mode, c.UID, c.GID
+		}
+		next.Ctime = now
+		// The directory must still be where the caller found it: a
+		// trashed directory keeps its entries, and a commit into one
+		// would succeed unseen.
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", cur.Rev),
+			clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0))
+	}
+	ver := c.Version
+	ver.N = 1
+	last := next.Current()
+	if last != nil {
+		ver.N = last.N + 1
+	}
+	if ver.Committed == 0 {
+		ver.Committed = now
+	}
+	if last != nil && ver.Digest != "" && ver.Digest == last.Digest && ver.Size == last.Size {
+		// Same content: refresh the current version, add none.
+		last.Mtime, last.Src = ver.Mtime, ver.Src
+		ver = *last
+	} else {
+		next.Versions = append(next.Versions, ver)
+	}
+	var dropped []Version
+	if keep := v.V.KeepVersions; keep > 0 && len(next.Versions) > keep {
+		dropped = append(dropped, next.Versions[:len(next.Versions)-keep]...)
+		next.Versions = next.Versions[len(next.Versions)-keep:]
+	}
+	next.Size, next.Mtime = ver.Size, ver.Mtime
+	return next, cmps, dropped, nil
 }
 
 // Update replaces an entry's attributes (mode, uid, gid, mtime, target)
