@@ -58,6 +58,10 @@ type ServeOptions struct {
 	// before the machine sleeps (default: the system bus; "none": do not
 	// look). Without a bus or a logind the node logs it once and serves.
 	SleepBus string
+	// AlwaysOn marks this device always-on in its record at each
+	// registration (meta.NodeRecord.AlwaysOn); false leaves the mark as
+	// it is (cairn node set-always-on).
+	AlwaysOn bool
 }
 
 // Serve runs this device's node until ctx ends: it serves the local store
@@ -182,7 +186,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	wake := learnWake(ctx, addr)
 	awakeReport := func() meta.NodeRecord {
 		rec := report()
-		rec.Wake = wake
+		rec.Wake, rec.AlwaysOn = wake, o.AlwaysOn
 		return rec
 	}
 	// Where a member of the realm's etcd hosted here takes its peers. This
@@ -296,6 +300,10 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			if rep.MetaMovedTo != "" {
 				gwAddr = ""
 			}
+		}
+		if st, nerr := r.Meta.Node(ctx, name); nerr == nil && st.AlwaysOn {
+			rep.AlwaysOn = true
+			r.log.Warn("standby of a device marked always-on: the realm counts on it being awake (cairn node set-always-on --off)", "node", name)
 		}
 		registrar.pause()
 		dctx, cancel := context.WithTimeout(ctx, o.DrainTimeout)

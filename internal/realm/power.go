@@ -213,7 +213,9 @@ type ControlReply struct {
 	// metadata service sleeps with this one.
 	MetaMovedTo string `json:"meta_moved_to,omitempty"`
 	MetaSleeps  string `json:"meta_sleeps,omitempty"`
-	Error       string `json:"error,omitempty"`
+	// AlwaysOn says the node that went to standby is marked always-on.
+	AlwaysOn bool   `json:"always_on,omitempty"`
+	Error    string `json:"error,omitempty"`
 }
 
 // Control asks the node running in home to go to standby or resume (op),
@@ -416,10 +418,10 @@ func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq
 
 // handMetaAway moves the realm's embedded etcd member, hosted by this
 // device (self), to an awake device before this one sleeps (MoveMeta):
-// one marked always-on would come first, but the node record has no such
-// mark yet, so it tries the awake devices with a node address, by name.
-// It returns the device that took it, or why none did: the metadata
-// service then sleeps with this device, which it logs.
+// it tries the awake devices with a node address, those marked always-on
+// first, each group by name (metaHeirs). It returns the device that took
+// it, or why none did: the metadata service then sleeps with this device,
+// which it logs.
 func (r *Realm) handMetaAway(ctx context.Context, self string) (to, sleeps string) {
 	nodes, err := r.Meta.Nodes(ctx)
 	if err != nil {
@@ -427,13 +429,7 @@ func (r *Realm) handMetaAway(ctx context.Context, self string) (to, sleeps strin
 		r.log.Warn("standby: the metadata service sleeps with this device", "node", self, "why", sleeps)
 		return "", sleeps
 	}
-	var cands []string
-	for _, n := range nodes {
-		if n.Name != self && n.Role == string(pki.Device) && n.State == meta.NodeOnline && n.Addr != "" {
-			cands = append(cands, n.Name)
-		}
-	}
-	slices.Sort(cands)
+	cands := metaHeirs(nodes, self)
 	if len(cands) == 0 {
 		sleeps = "no other device is awake to take it"
 	}
@@ -458,4 +454,25 @@ func (r *Realm) handMetaAway(ctx context.Context, self string) (to, sleeps strin
 	}
 	r.log.Warn("standby: the metadata service sleeps with this device", "node", self, "why", sleeps)
 	return "", sleeps
+}
+
+// metaHeirs lists the devices that may take the metadata service from
+// self before it sleeps: the awake devices with a node address but self,
+// those marked always-on first (they will not sleep next), each group by
+// name.
+func metaHeirs(nodes []meta.NodeStatus, self string) []string {
+	var on, others []string
+	for _, n := range nodes {
+		if n.Name == self || n.Role != string(pki.Device) || n.State != meta.NodeAwake || n.Addr == "" {
+			continue
+		}
+		if n.AlwaysOn {
+			on = append(on, n.Name)
+		} else {
+			others = append(others, n.Name)
+		}
+	}
+	slices.Sort(on)
+	slices.Sort(others)
+	return append(on, others...)
 }
