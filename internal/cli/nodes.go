@@ -132,7 +132,7 @@ func (e *env) nodeCmd() *cobra.Command {
 	var listen, advertise, gatewayListen, donate string
 	var noGateway, alwaysOn bool
 	var registrars []string
-	var lease, drain time.Duration
+	var lease, drain, maintEvery time.Duration
 	var sleepBus string
 	serve := &cobra.Command{
 		Use:   "serve [--listen HOST:PORT] [--gateway-listen HOST:PORT] [--registrar ADDR] [--donate SIZE]",
@@ -173,6 +173,14 @@ suspend then announces itself the same way before the machine sleeps, and
 the node is awake again when it resumes. Without logind (a container, a
 machine without systemd) it says so once in its log and serves all the
 same: a sleep then reads as offline until the node reports again.
+Background work: while a device's node is awake and idle (no chunk
+request in flight or served since its last look), it looks about once an
+hour (at a random moment, so that the realm's devices do not all look at
+once) for stores whose last gc or repair is older than --maint-every
+(default 24h; their last scrub, 7 times that) and runs it then, over the
+stores that are awake ('cairn gc', 'cairn repair [--scrub]'): a store whose
+node slept is skipped, never woken, and caught up at a later look once it
+is awake. --maint-every 0 turns it off.
 --always-on marks this device always-on in the realm's registry (a home
 server, a NAS: see 'cairn node set-always-on'); the mark stays until
 'cairn node set-always-on NAME --off'.
@@ -213,7 +221,7 @@ It prints "serving NAME on ADDRESS" once ready.`,
 			}
 			go e.drainWhileServing(cmd.Context())
 			err = r.Serve(cmd.Context(), realm.ServeOptions{Listen: listen, Advertise: advertise, Lease: lease, GatewayListen: gatewayListen, NoGateway: noGateway,
-				DrainTimeout: drain, SleepBus: sleepBus, AlwaysOn: alwaysOn, Ready: func(addr string, join bool) {
+				DrainTimeout: drain, SleepBus: sleepBus, AlwaysOn: alwaysOn, Maint: realm.MaintOptions{Every: maintEvery}, Ready: func(addr string, join bool) {
 					extra := ""
 					if join {
 						extra = " (and the join endpoint)"
@@ -238,6 +246,7 @@ It prints "serving NAME on ADDRESS" once ready.`,
 	serve.Flags().StringVar(&donate, "donate", "", "benefactor: the most its store may hold (e.g. 50GiB); puts past it are refused")
 	serve.Flags().DurationVar(&drain, "drain", realm.DefaultDrainTimeout, "device: how long a node announcing standby waits for the chunk requests in flight")
 	serve.Flags().StringVar(&sleepBus, "sleep-bus", os.Getenv("CAIRN_SLEEP_BUS"), "device: D-Bus address where systemd-logind is (default: $CAIRN_SLEEP_BUS, else the system bus; \"none\": do not take its sleep inhibitor)")
+	serve.Flags().DurationVar(&maintEvery, "maint-every", realm.DefaultMaintEvery, "device: run gc and repair of the realm's awake stores when one was last done longer ago than this (scrub: 7 times that), while this node is awake and idle; 0: never")
 	serve.Flags().BoolVar(&alwaysOn, "always-on", false, "device: mark this device always-on in the registry (it takes the metadata service first, and wakes its LAN's sleepers)")
 	serve.Flags().StringSliceVar(&registrars, "registrar", nil, "benefactor or surrogate: the registrars (devices' node addresses HOST:PORT) to report to, instead of those it knows")
 	remove := &cobra.Command{

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -132,4 +133,157 @@ func AsSkipped(err error) (*SkippedStore, bool) {
 	var s *SkippedStore
 	ok := errors.As(err, &s)
 	return s, ok
+}
+
+// Defaults of the node daemon's background-work schedule.
+const (
+	DefaultMaintEvery = 24 * time.Hour
+	// scrubFactor: a scrub reads every copy, so it is due this many
+	// times less often than gc and repair.
+	scrubFactor = 7
+)
+
+// MaintOptions configure the node daemon's background-work schedule.
+type MaintOptions struct {
+	// Every is how old a store's last gc and repair may grow before they
+	// are due again (its scrub: scrubFactor times that). 0: no schedule.
+	Every time.Duration
+	// Check is how often the daemon looks for due work (default: Every/24,
+	// at most an hour), plus a random jitter of up to Check, so that the
+	// devices of a realm do not all look at once.
+	Check time.Duration
+}
+
+// maintDue says which work is due at now: gc if a store gc can reach
+// (gcStores: this device's, registered stores and nodes that are awake)
+// was last collected more than every ago (or never); repair and scrub
+// likewise for the awake members of the policies in use (members).
+func maintDue(now time.Time, every time.Duration, recs map[string]meta.MaintRecord, gcStores, members []string) (gc, repair, scrub bool) {
+	old := func(name, kind string, age time.Duration) bool {
+		last := recs[name].Last(kind)
+		return last.IsZero() || now.Sub(last) > age
+	}
+	for _, s := range gcStores {
+		gc = gc || old(s, meta.MaintGC, every)
+	}
+	for _, s := range members {
+		scrub = scrub || old(s, meta.MaintScrub, scrubFactor*every)
+		repair = repair || old(s, meta.MaintRepair, every)
+	}
+	return gc, repair && !scrub, scrub
+}
+
+// dueWork reads the records and the registry and says which work is due.
+func (r *Realm) dueWork(ctx context.Context, every time.Duration) (gc, repair, scrub bool, err error) {
+	recs, err := r.Meta.Maint(ctx)
+	if err != nil {
+		return false, false, false, err
+	}
+	asleep, err := r.sleepers(ctx)
+	if err != nil {
+		return false, false, false, err
+	}
+	var gcStores []string
+	if self := r.nodeName(ctx); self != "" {
+		gcStores = append(gcStores, self)
+	}
+	nodes, err := r.Meta.Nodes(ctx)
+	if err != nil {
+		return false, false, false, err
+	}
+	for _, n := range nodes {
+		if n.Removed == 0 && n.State == meta.NodeAwake {
+			gcStores = append(gcStores, n.Name)
+		}
+	}
+	stores, err := r.Meta.Stores(ctx)
+	if err != nil {
+		return false, false, false, err
+	}
+	for _, s := range stores {
+		if _, ok := asleep[s.Name]; !ok {
+			gcStores = append(gcStores, s.Name)
+		}
+	}
+	pols, err := r.PoliciesInUse(ctx)
+	if err != nil {
+		return false, false, false, err
+	}
+	var members []string
+	for _, p := range pols {
+		pol, perr := meta.ParsePolicy(p)
+		if perr != nil {
+			continue
+		}
+		for _, m := range pol.Stores {
+			if _, ok := asleep[m]; !ok {
+				members = append(members, m)
+			}
+		}
+	}
+	gc, repair, scrub = maintDue(time.Now(), every, recs, gcStores, members)
+	return gc, repair, scrub, nil
+}
+
+// maintLoop runs the background work that is due, whenever this node is
+// awake and idle (ready says so), until ctx ends: gc, then repair (or
+// scrub), each over the stores that are awake; what is skipped is logged
+// and caught up by a later round once its node is awake. A gc another
+// device runs meanwhile (the fence is taken) is left to it.
+func (r *Realm) maintLoop(ctx context.Context, o MaintOptions, ready func() bool) {
+	if o.Every <= 0 {
+		return
+	}
+	if o.Check <= 0 {
+		o.Check = min(o.Every/24, time.Hour)
+	}
+	for {
+		wait := o.Check + rand.N(o.Check)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if !ready() {
+			continue
+		}
+		r.maintRound(ctx, o.Every)
+	}
+}
+
+// maintRound runs one round of the schedule (maintLoop).
+func (r *Realm) maintRound(ctx context.Context, every time.Duration) {
+	gc, repair, scrub, err := r.dueWork(ctx, every)
+	if err != nil {
+		r.log.Warn("background work: what is due", "err", err)
+		return
+	}
+	if gc {
+		r.log.Info("background work: gc")
+		rep, skippedStores, gerr := r.GC(ctx, GCOptions{})
+		for _, s := range skippedStores {
+			r.log.Info("background work: gc", "store", s.Error())
+		}
+		switch {
+		case errors.Is(gerr, cairn.ErrConflict):
+			r.log.Info("background work: another gc runs: left to it", "err", gerr)
+		case gerr != nil:
+			r.log.Warn("background work: gc", "err", gerr)
+		default:
+			r.log.Info("background work: gc done", "freed", rep.FreedBytes, "objects", rep.DeletedObjects)
+		}
+	}
+	if repair || scrub {
+		r.log.Info("background work: repair", "scrub", scrub)
+		res, rerr := r.Repair(ctx, "", scrub, nil)
+		if rerr != nil {
+			r.log.Warn("background work: repair", "err", rerr)
+		}
+		for _, rr := range res {
+			for _, s := range rr.Skipped {
+				r.log.Info("background work: repair", "policy", rr.Policy, "store", s)
+			}
+			r.log.Info("background work: repair done", "policy", rr.Policy, "report", rr.Report.String())
+		}
+	}
 }

@@ -132,3 +132,82 @@ func TestPowerBackgroundWorkSkipsStandby(t *testing.T) {
 		t.Fatalf("lap: %+v", st)
 	}
 }
+
+// What is due: gc for a store gc reaches whose last collection is older
+// than the interval (or never made), repair and scrub likewise for the
+// awake members of policies, scrub scrubFactor times less often.
+func TestPowerMaintDue(t *testing.T) {
+	now := time.Now()
+	day := 24 * time.Hour
+	at := func(d time.Duration) int64 { return now.Add(-d).UnixNano() }
+	recs := map[string]meta.MaintRecord{
+		"desk": {GC: at(time.Hour)},
+		"d1":   {GC: at(time.Hour), Repair: at(time.Hour), Scrub: at(2 * day)},
+		"old":  {GC: at(2 * day), Repair: at(2 * day), Scrub: at(8 * day)},
+	}
+	if gc, repair, scrub := maintDue(now, day, recs, []string{"desk", "d1"}, []string{"d1"}); gc || repair || scrub {
+		t.Fatalf("nothing due: %v %v %v", gc, repair, scrub)
+	}
+	// A store never collected (a node that slept through every run, awake
+	// now) makes gc due.
+	if gc, _, _ := maintDue(now, day, recs, []string{"desk", "lap"}, nil); !gc {
+		t.Fatal("a store never collected: gc not due")
+	}
+	if gc, repair, scrub := maintDue(now, day, recs, []string{"old"}, []string{"old"}); !gc || repair || !scrub {
+		t.Fatalf("old store: %v %v %v", gc, repair, scrub)
+	}
+	recs["old"] = meta.MaintRecord{Repair: at(2 * day), Scrub: at(2 * day)}
+	if _, repair, scrub := maintDue(now, day, recs, nil, []string{"old"}); !repair || scrub {
+		t.Fatalf("repair due, scrub not: %v %v", repair, scrub)
+	}
+}
+
+// The node daemon's schedule runs gc while the device is awake and idle,
+// skips the store of a device in standby without waking it, and catches
+// it up once that device is awake again.
+func TestPowerMaintCatchesUp(t *testing.T) {
+	ctx := context.Background()
+	a, b, _ := twoDevices(t, Options{})
+	sb := serveDevice(t, b)
+	defer sb.stop()
+	waitNode(t, a.Meta, "b", meta.NodeAwake, 10*time.Second)
+	if _, err := Control(ctx, b.Home, "standby"); err != nil {
+		t.Fatal(err)
+	}
+	standby := waitNode(t, a.Meta, "b", meta.NodeStandby, 10*time.Second).Standby
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var ready atomic.Bool
+	ready.Store(true)
+	go a.maintLoop(lctx, MaintOptions{Every: time.Hour, Check: 100 * time.Millisecond}, ready.Load)
+	waitMaint := func(store string) meta.MaintRecord {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			m, err := a.Meta.Maint(ctx)
+			if err == nil && m[store].GC != 0 {
+				return m[store]
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no gc of %s recorded: %+v %v", store, m, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitMaint("a")
+	m, err := a.Meta.Maint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m["b"]; ok {
+		t.Fatalf("b collected while in standby: %+v", m["b"])
+	}
+	if st := waitNode(t, a.Meta, "b", meta.NodeStandby, time.Second); st.Standby != standby {
+		t.Fatalf("b after the gc: %+v", st)
+	}
+	if _, err := Control(ctx, b.Home, "resume"); err != nil {
+		t.Fatal(err)
+	}
+	waitNode(t, a.Meta, "b", meta.NodeAwake, 10*time.Second)
+	waitMaint("b")
+}

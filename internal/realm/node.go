@@ -62,6 +62,10 @@ type ServeOptions struct {
 	// registration (meta.NodeRecord.AlwaysOn); false leaves the mark as
 	// it is (cairn node set-always-on).
 	AlwaysOn bool
+	// Maint schedules the background work (gc, repair, scrub) of the
+	// realm's awake stores while this node is awake and idle (maint.go;
+	// Every 0: none).
+	Maint MaintOptions
 }
 
 // Serve runs this device's node until ctx ends: it serves the local store
@@ -275,6 +279,16 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
 	asleep, since := false, time.Now()
+	// The background-work schedule runs while the node is awake and
+	// idle: no chunk request in flight, none served since its last look.
+	var sleeping atomic.Bool
+	lastServed := int64(-1)
+	go r.maintLoop(pctx, o.Maint, func() bool {
+		n := m.served.Load()
+		idle := n == lastServed && chunkGate.inFlight() == 0
+		lastServed = n
+		return !sleeping.Load() && idle
+	})
 	stop := func(cause error) error {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -322,6 +336,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			return rep
 		}
 		asleep, since = true, at
+		sleeping.Store(true)
 		rep.State, rep.Since, rep.Wake = meta.NodeStandby, at.UnixNano(), wake
 		r.log.Info("node in standby", "node", name, "wake", wake)
 		return rep
@@ -340,6 +355,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			return rep
 		}
 		reg, asleep, since = nreg, false, time.Now()
+		sleeping.Store(false)
 		chunkGate.open()
 		registrar.resume()
 		rep.State, rep.Since = meta.NodeAwake, since.UnixNano()

@@ -97,6 +97,13 @@ func (g *gate) close(ctx context.Context) int {
 	}
 }
 
+// inFlight is how many requests are being served.
+func (g *gate) inFlight() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.n
+}
+
 // open admits requests again.
 func (g *gate) open() {
 	g.mu.Lock()
