@@ -58,7 +58,7 @@ type ServeOptions struct {
 	// before the machine sleeps (default: the system bus; "none": do not
 	// look). Without a bus or a logind the node logs it once and serves.
 	SleepBus string
-	// AlwaysOn marks this device always-on in its record at each
+	// AlwaysOn marks this device always-on in its record at its first
 	// registration (meta.NodeRecord.AlwaysOn); false leaves the mark as
 	// it is (cairn node set-always-on).
 	AlwaysOn bool
@@ -188,9 +188,14 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		return rec
 	}
 	wake := learnWake(ctx, addr)
+	// --always-on marks the record at the first registration only: a
+	// later one (a resume, a lost lease) keeps the mark as it is, so
+	// that 'node set-always-on --off' holds until the next start.
+	markAlwaysOn := o.AlwaysOn
 	awakeReport := func() meta.NodeRecord {
 		rec := report()
-		rec.Wake, rec.AlwaysOn = wake, o.AlwaysOn
+		rec.Wake, rec.AlwaysOn = wake, markAlwaysOn
+		markAlwaysOn = false
 		return rec
 	}
 	// Where a member of the realm's etcd hosted here takes its peers. This
