@@ -165,9 +165,10 @@ benefactor refuses writes past --donate SIZE (its donation; default: no
 bound but its disk); a surrogate refuses every write (it holds staged
 copies only).
 
-A device's node has power states (see 'cairn devices'): 'cairn node standby'
-announces by hand that this machine is going to sleep, 'cairn node resume'
-that it is awake again. On Linux the node also takes systemd-logind's
+Every node has power states (see 'cairn devices'), a device's as a
+benefactor's or surrogate's: 'cairn node standby' announces by hand that
+this machine is going to sleep, 'cairn node resume' that it is awake again
+(a benefactor or surrogate has its standby recorded by its registrar). On Linux the node also takes systemd-logind's
 delay inhibitor of sleep (on the system bus, or --sleep-bus ADDRESS): a
 suspend then announces itself the same way before the machine sleeps, and
 the node is awake again when it resumes. Without logind (a container, a
@@ -203,7 +204,8 @@ It prints "serving NAME on ADDRESS" once ready.`,
 					}
 					donation = n
 				}
-				return e.serveStandalone(cmd, c, realm.StandaloneOptions{Listen: listen, Advertise: advertise, Lease: lease, Registrars: registrars, Donation: donation})
+				return e.serveStandalone(cmd, c, realm.StandaloneOptions{Listen: listen, Advertise: advertise, Lease: lease, Registrars: registrars, Donation: donation,
+					DrainTimeout: drain, SleepBus: sleepBus})
 			}
 			if donate != "" {
 				return withCode(ExitUsage, errors.New("node serve: --donate is for a benefactor; a device's store is its own"))
@@ -244,8 +246,8 @@ It prints "serving NAME on ADDRESS" once ready.`,
 	serve.Flags().StringVar(&gatewayListen, "gateway-listen", "", "device running the embedded etcd: where the metadata gateway listens (default: the --listen host, port + 1)")
 	serve.Flags().BoolVar(&noGateway, "no-gateway", false, "do not serve the metadata gateway (no other device can then reach this realm's metadata)")
 	serve.Flags().StringVar(&donate, "donate", "", "benefactor: the most its store may hold (e.g. 50GiB); puts past it are refused")
-	serve.Flags().DurationVar(&drain, "drain", realm.DefaultDrainTimeout, "device: how long a node announcing standby waits for the chunk requests in flight")
-	serve.Flags().StringVar(&sleepBus, "sleep-bus", os.Getenv("CAIRN_SLEEP_BUS"), "device: D-Bus address where systemd-logind is (default: $CAIRN_SLEEP_BUS, else the system bus; \"none\": do not take its sleep inhibitor)")
+	serve.Flags().DurationVar(&drain, "drain", realm.DefaultDrainTimeout, "how long a node announcing standby waits for the chunk requests in flight")
+	serve.Flags().StringVar(&sleepBus, "sleep-bus", os.Getenv("CAIRN_SLEEP_BUS"), "D-Bus address where systemd-logind is (default: $CAIRN_SLEEP_BUS, else the system bus; \"none\": do not take its sleep inhibitor)")
 	serve.Flags().DurationVar(&maintEvery, "maint-every", realm.DefaultMaintEvery, "device: run gc and repair of the realm's awake stores when one was last done longer ago than this (scrub: 7 times that), while this node is awake and idle; 0: never")
 	serve.Flags().BoolVar(&alwaysOn, "always-on", false, "device: mark this device always-on in the registry (it takes the metadata service first, and wakes its LAN's sleepers)")
 	serve.Flags().StringSliceVar(&registrars, "registrar", nil, "benefactor or surrogate: the registrars (devices' node addresses HOST:PORT) to report to, instead of those it knows")
@@ -397,14 +399,15 @@ func (e *env) powerCmd(op string) *cobra.Command {
 		Use:   op,
 		Short: "Announce that this machine is going to sleep: the running node finishes its transfers and records standby",
 		Long: `Announce by hand that this machine is going to sleep. The running node
-('cairn node serve', on this device) stops taking chunk requests, waits for
-those in flight (at most its --drain), hands the benefactors and surrogates
-it registers to other devices, records in the realm that it is in standby,
-since when and whether its owner marked it always-on ("device, always-on": see 'cairn node
-set-always-on'), how it can be woken (Wake-on-LAN: the MAC and broadcast
+('cairn node serve' in this $CAIRN_HOME: a device, a benefactor or a
+surrogate) stops taking chunk requests, waits for those in flight (at most
+its --drain), on a device hands the benefactors and surrogates it
+registers to other devices, records in the realm that it is in standby,
+since when and how it can be woken (Wake-on-LAN: the MAC and broadcast
 address of the interface that carries its address), and ends its heartbeat
 lease cleanly, so that the other devices read it as asleep, not offline,
-and leave it alone. A device that hosts the realm's metadata service hands
+and leave it alone (a benefactor or surrogate asks its registrar, a
+device, to record this). A device that hosts the realm's metadata service hands
 it to an awake device first (as 'cairn meta move' does); if none can take
 it, the standby warns that the metadata service sleeps with this device.
 It keeps running: 'cairn node resume' (or a suspend and

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -363,6 +364,11 @@ func (l *limitedConn) Read(p []byte) (int, error) {
 // Without a bus or a logind it logs once and returns nil: the node serves
 // all the same (a sleep then reads as offline until it resumes).
 func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq, quit <-chan struct{}) *logind.Watcher {
+	return watchSleep(ctx, r.log, bus, reqs, quit)
+}
+
+// watchSleep is Realm.watchSleep for any node, logging to log.
+func watchSleep(ctx context.Context, log *slog.Logger, bus string, reqs chan<- powerReq, quit <-chan struct{}) *logind.Watcher {
 	if bus == "none" {
 		return nil
 	}
@@ -376,10 +382,10 @@ func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq
 		}
 	}
 	if err != nil {
-		r.log.Info("no systemd-logind sleep inhibitor: a suspend will not be announced (cairn node standby announces one by hand)", "err", err)
+		log.Info("no systemd-logind sleep inhibitor: a suspend will not be announced (cairn node standby announces one by hand)", "err", err)
 		return nil
 	}
-	r.log.Info("sleep inhibitor taken: a suspend is announced as standby")
+	log.Info("sleep inhibitor taken: a suspend is announced as standby")
 	ask := func(standby bool) bool {
 		pr := powerReq{standby: standby, reply: make(chan ControlReply, 1)}
 		select {
@@ -390,7 +396,7 @@ func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq
 		select {
 		case rep := <-pr.reply:
 			if rep.Error != "" {
-				r.log.Warn("power state change for logind", "standby", standby, "err", rep.Error)
+				log.Warn("power state change for logind", "standby", standby, "err", rep.Error)
 			}
 			return true
 		case <-quit:
@@ -403,7 +409,7 @@ func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq
 				ok := ask(true)
 				// Whatever the standby's outcome, the machine sleeps: let it.
 				if rerr := w.Release(); rerr != nil {
-					r.log.Warn("release the sleep inhibitor", "err", rerr)
+					log.Warn("release the sleep inhibitor", "err", rerr)
 				}
 				if !ok {
 					return
@@ -412,7 +418,7 @@ func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq
 			}
 			tctx, tcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			if terr := w.Take(tctx); terr != nil {
-				r.log.Warn("take the sleep inhibitor again after a resume", "err", terr)
+				log.Warn("take the sleep inhibitor again after a resume", "err", terr)
 			}
 			tcancel()
 			if !ask(false) {
