@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -121,6 +122,7 @@ func (r *Realm) GC(ctx context.Context, o GCOptions) (*fs.GCReport, []error, err
 			done = append(done, s.Name)
 		}
 	}
+	done = r.maintNames(ctx, done)
 	if merr := r.Meta.MarkMaint(ctx, meta.MaintGC, started, done...); merr != nil {
 		r.log.Warn("gc: record the stores collected", "err", merr)
 	}
@@ -286,4 +288,36 @@ func (r *Realm) maintRound(ctx context.Context, every time.Duration) {
 			r.log.Info("background work: repair done", "policy", rr.Policy, "report", rr.Report.String())
 		}
 	}
+}
+
+// maintNames adds to names what each of them stands for: the member
+// stores of a policy swept through its wrapper (an ec policy's members
+// are swept that way only), and the node behind a registered node://NODE
+// store, so that each store's own record says when it was collected.
+func (r *Realm) maintNames(ctx context.Context, names []string) []string {
+	recs, err := r.Meta.Stores(ctx)
+	if err != nil {
+		r.log.Warn("record background work: list the stores", "err", err)
+	}
+	alias := map[string]string{}
+	for _, rec := range recs {
+		if node, ok := strings.CutPrefix(rec.URL, "node://"); ok {
+			alias[rec.Name] = node
+		}
+	}
+	out := append([]string(nil), names...)
+	for _, n := range names {
+		if meta.IsPolicyName(n) {
+			if pol, perr := meta.ParsePolicy(n); perr == nil {
+				out = append(out, pol.Stores...)
+			}
+		}
+	}
+	for _, n := range slices.Clone(out) {
+		if node, ok := alias[n]; ok {
+			out = append(out, node)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

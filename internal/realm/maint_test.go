@@ -211,3 +211,19 @@ func TestPowerMaintCatchesUp(t *testing.T) {
 	waitNode(t, a.Meta, "b", meta.NodeAwake, 10*time.Second)
 	waitMaint("b")
 }
+
+// A gc's record reaches the stores swept through a policy's wrapper (an
+// ec policy's members) and the node behind a node:// store, so that the
+// schedule does not find them due again at every look.
+func TestPowerMaintNames(t *testing.T) {
+	ctx := context.Background()
+	a, _ := firstDevice(t)
+	if _, err := a.AddStore(ctx, "na", "node://desk"); err != nil {
+		t.Fatal(err)
+	}
+	got := a.maintNames(ctx, []string{"ec:2+2@na,d1,d2,d3", "x"})
+	want := []string{"d1", "d2", "d3", "desk", "ec:2+2@na,d1,d2,d3", "na", "x"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("maintNames = %v, want %v", got, want)
+	}
+}
