@@ -21,16 +21,19 @@ type Device struct {
 	State string     `json:"state"`
 	Since *time.Time `json:"since,omitempty"` // when it entered state
 	// Wake is how the node can be woken; null: no wake method known.
-	Wake       *meta.WakeInfo `json:"wake"`
-	Addr       string         `json:"addr,omitempty"`
-	Capacity   int64          `json:"capacity"`
-	Free       int64          `json:"free"`
-	Used       int64          `json:"used"`
-	Rate       float64        `json:"rate"` // bytes per second
-	Served     int64          `json:"served"`
-	Registered time.Time      `json:"registered"`
-	LastSeen   *time.Time     `json:"last_seen,omitempty"`
-	Removed    *time.Time     `json:"removed,omitempty"`
+	Wake *meta.WakeInfo `json:"wake"`
+	// AlwaysOn: its owner marked it always-on (node serve --always-on,
+	// node set-always-on).
+	AlwaysOn   bool       `json:"always_on,omitempty"`
+	Addr       string     `json:"addr,omitempty"`
+	Capacity   int64      `json:"capacity"`
+	Free       int64      `json:"free"`
+	Used       int64      `json:"used"`
+	Rate       float64    `json:"rate"` // bytes per second
+	Served     int64      `json:"served"`
+	Registered time.Time  `json:"registered"`
+	LastSeen   *time.Time `json:"last_seen,omitempty"`
+	Removed    *time.Time `json:"removed,omitempty"`
 	// Metadata is set for a device that serves the realm's metadata.
 	Metadata *MetaMember `json:"metadata,omitempty"`
 }

@@ -42,29 +42,33 @@ func (e *env) gcCmd() *cobra.Command {
 		Long: `Purge trash entries older than their volume's trash time, then delete every
 object that no kept version and no trash entry references from this device's
 store, every registered store (cloud buckets: packs mostly garbage are
-rewritten) and every other online node's store, and compact them to give the
-space back. An offline node or unreachable store is skipped and named. Writers are fenced while it runs:
+rewritten) and every other awake node's store, and compact them to give the
+space back. A node that is not awake (in standby or offline) is never
+contacted, so gc wakes no sleeping device: its store is skipped and named
+("skipped: node NAME is standby since ..."), as is an unreachable store; a
+later gc, or the node daemon's schedule ('cairn node serve --maint-every'),
+collects it once it is awake. gc records per store when it last collected
+it. Writers are fenced while it runs:
 a file being written during gc is written again, never lost. gc stops without
 deleting anything if it cannot read a manifest. --dry-run reports what it
 would free and changes nothing.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			r, vols, st, err := e.openAll(ctx)
+			r, err := e.open(ctx)
 			if err != nil {
 				return err
-			}
-			others, unreachable, closeOthers, err := r.GCStores(ctx)
-			defer closeOthers()
-			if err != nil {
-				return err
-			}
-			for _, err := range unreachable {
-				fmt.Fprintf(e.stderr, "cairn: gc: skipping a store: %v\n", err)
 			}
 			bar := newCountBar(e.stderr, !asJSON && !e.quiet && isTerminal(e.stderr), "marking versions")
-			rep, err := fs.GC(ctx, r.Meta, vols, st, fs.GCOptions{DryRun: dry, Progress: bar.set, Others: others, Keep: []cairn.ID{r.MarkerID()}})
+			rep, unreachable, err := r.GC(ctx, realm.GCOptions{DryRun: dry, Progress: bar.set})
 			bar.finish()
+			for _, err := range unreachable {
+				if sk, ok := realm.AsSkipped(err); ok {
+					fmt.Fprintf(e.stderr, "cairn: gc: %v\n", sk)
+					continue
+				}
+				fmt.Fprintf(e.stderr, "cairn: gc: skipping a store: %v\n", err)
+			}
 			if err != nil {
 				return err
 			}

@@ -25,7 +25,7 @@ type deviceJSON = apitypes.Device
 func devicesOf(nodes []meta.NodeStatus) []deviceJSON {
 	out := make([]deviceJSON, 0, len(nodes))
 	for _, n := range nodes {
-		out = append(out, deviceJSON{Name: n.Name, Role: n.Role, State: n.State, Since: unixTime(n.Since), Wake: n.Wake, Addr: n.Addr, Capacity: n.Capacity, Free: n.Free, Used: n.Used,
+		out = append(out, deviceJSON{Name: n.Name, Role: n.Role, State: n.State, Since: unixTime(n.Since), Wake: n.Wake, AlwaysOn: n.AlwaysOn, Addr: n.Addr, Capacity: n.Capacity, Free: n.Free, Used: n.Used,
 			Rate: n.Rate, Served: n.Served, Registered: time.Unix(0, n.Registered).UTC(), LastSeen: unixTime(n.LastSeen), Removed: unixTime(n.Removed)})
 	}
 	return out
@@ -54,7 +54,8 @@ func (e *env) devicesCmd() *cobra.Command {
            (since its last report)
   removed  removed by its owner ('cairn node remove')
 
-how it can be woken (Wake-on-LAN: the MAC and broadcast address of the
+whether its owner marked it always-on ("device, always-on": see 'cairn node
+set-always-on'), how it can be woken (Wake-on-LAN: the MAC and broadcast address of the
 interface that carries its address, learned when it registers, and the
 proxy that sends the packet, if set; or "no wake method"), its address,
 the capacity and use of its store's disk, and when it last reported; then
@@ -94,7 +95,11 @@ started).`,
 				if addr == "" {
 					addr = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, d.Role, d.State, since, addr, cap, used, seen, wakeMethod(d.Wake))
+				role := d.Role
+				if d.AlwaysOn {
+					role += ", always-on"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, role, d.State, since, addr, cap, used, seen, wakeMethod(d.Wake))
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -125,9 +130,9 @@ func wakeMethod(w *meta.WakeInfo) string {
 func (e *env) nodeCmd() *cobra.Command {
 	c := &cobra.Command{Use: "node", Short: "Run this machine's node, or remove a node from the realm"}
 	var listen, advertise, gatewayListen, donate string
-	var noGateway bool
+	var noGateway, alwaysOn bool
 	var registrars []string
-	var lease, drain time.Duration
+	var lease, drain, maintEvery time.Duration
 	var sleepBus string
 	serve := &cobra.Command{
 		Use:   "serve [--listen HOST:PORT] [--gateway-listen HOST:PORT] [--registrar ADDR] [--donate SIZE]",
@@ -160,20 +165,35 @@ benefactor refuses writes past --donate SIZE (its donation; default: no
 bound but its disk); a surrogate refuses every write (it holds staged
 copies only).
 
-A device's node has power states (see 'cairn devices'): 'cairn node standby'
-announces by hand that this machine is going to sleep, 'cairn node resume'
-that it is awake again. On Linux the node also takes systemd-logind's
+Every node has power states (see 'cairn devices'), a device's as a
+benefactor's or surrogate's: 'cairn node standby' announces by hand that
+this machine is going to sleep, 'cairn node resume' that it is awake again
+(a benefactor or surrogate has its standby recorded by its registrar). On Linux the node also takes systemd-logind's
 delay inhibitor of sleep (on the system bus, or --sleep-bus ADDRESS): a
 suspend then announces itself the same way before the machine sleeps, and
 the node is awake again when it resumes. Without logind (a container, a
 machine without systemd) it says so once in its log and serves all the
 same: a sleep then reads as offline until the node reports again.
+Background work: while a device's node is awake and idle (no chunk
+request in flight or served since its last look), it looks about once an
+hour (at a random moment, so that the realm's devices do not all look at
+once) for stores whose last gc or repair is older than --maint-every
+(default 24h; their last scrub, 7 times that) and runs it then, over the
+stores that are awake ('cairn gc', 'cairn repair [--scrub]'): a store whose
+node slept is skipped, never woken, and caught up at a later look once it
+is awake. --maint-every 0 turns it off.
+--always-on marks this device always-on in the realm's registry (a home
+server, a NAS: see 'cairn node set-always-on'); the mark stays until
+'cairn node set-always-on NAME --off'.
 
 It prints "serving NAME on ADDRESS" once ready.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if c, err := pki.LoadCredentials(realm.CredentialsDir(e.home)); err == nil && c.Identity.Role != pki.Device {
 				var donation int64
+				if alwaysOn {
+					return withCode(ExitUsage, fmt.Errorf("node serve: --always-on is for a device; mark a %s from a device with 'cairn node set-always-on %s'", c.Identity.Role, c.Identity.Name))
+				}
 				if donate != "" {
 					if c.Identity.Role != pki.Benefactor {
 						return withCode(ExitUsage, fmt.Errorf("node serve: --donate is for a benefactor; a %s takes no writes", c.Identity.Role))
@@ -184,7 +204,8 @@ It prints "serving NAME on ADDRESS" once ready.`,
 					}
 					donation = n
 				}
-				return e.serveStandalone(cmd, c, realm.StandaloneOptions{Listen: listen, Advertise: advertise, Lease: lease, Registrars: registrars, Donation: donation})
+				return e.serveStandalone(cmd, c, realm.StandaloneOptions{Listen: listen, Advertise: advertise, Lease: lease, Registrars: registrars, Donation: donation,
+					DrainTimeout: drain, SleepBus: sleepBus})
 			}
 			if donate != "" {
 				return withCode(ExitUsage, errors.New("node serve: --donate is for a benefactor; a device's store is its own"))
@@ -202,7 +223,7 @@ It prints "serving NAME on ADDRESS" once ready.`,
 			}
 			go e.drainWhileServing(cmd.Context())
 			err = r.Serve(cmd.Context(), realm.ServeOptions{Listen: listen, Advertise: advertise, Lease: lease, GatewayListen: gatewayListen, NoGateway: noGateway,
-				DrainTimeout: drain, SleepBus: sleepBus, Ready: func(addr string, join bool) {
+				DrainTimeout: drain, SleepBus: sleepBus, AlwaysOn: alwaysOn, Maint: realm.MaintOptions{Every: maintEvery}, Ready: func(addr string, join bool) {
 					extra := ""
 					if join {
 						extra = " (and the join endpoint)"
@@ -225,8 +246,10 @@ It prints "serving NAME on ADDRESS" once ready.`,
 	serve.Flags().StringVar(&gatewayListen, "gateway-listen", "", "device running the embedded etcd: where the metadata gateway listens (default: the --listen host, port + 1)")
 	serve.Flags().BoolVar(&noGateway, "no-gateway", false, "do not serve the metadata gateway (no other device can then reach this realm's metadata)")
 	serve.Flags().StringVar(&donate, "donate", "", "benefactor: the most its store may hold (e.g. 50GiB); puts past it are refused")
-	serve.Flags().DurationVar(&drain, "drain", realm.DefaultDrainTimeout, "device: how long a node announcing standby waits for the chunk requests in flight")
-	serve.Flags().StringVar(&sleepBus, "sleep-bus", os.Getenv("CAIRN_SLEEP_BUS"), "device: D-Bus address where systemd-logind is (default: $CAIRN_SLEEP_BUS, else the system bus; \"none\": do not take its sleep inhibitor)")
+	serve.Flags().DurationVar(&drain, "drain", realm.DefaultDrainTimeout, "how long a node announcing standby waits for the chunk requests in flight")
+	serve.Flags().StringVar(&sleepBus, "sleep-bus", os.Getenv("CAIRN_SLEEP_BUS"), "D-Bus address where systemd-logind is (default: $CAIRN_SLEEP_BUS, else the system bus; \"none\": do not take its sleep inhibitor)")
+	serve.Flags().DurationVar(&maintEvery, "maint-every", realm.DefaultMaintEvery, "device: run gc and repair of the realm's awake stores when one was last done longer ago than this (scrub: 7 times that), while this node is awake and idle; 0: never")
+	serve.Flags().BoolVar(&alwaysOn, "always-on", false, "device: mark this device always-on in the registry (it takes the metadata service first, and wakes its LAN's sleepers)")
 	serve.Flags().StringSliceVar(&registrars, "registrar", nil, "benefactor or surrogate: the registrars (devices' node addresses HOST:PORT) to report to, instead of those it knows")
 	remove := &cobra.Command{
 		Use:   "remove NAME",
@@ -256,7 +279,7 @@ invitation.`,
 			return nil
 		},
 	}
-	c.AddCommand(serve, remove, e.powerCmd("standby"), e.powerCmd("resume"), e.setWakeCmd())
+	c.AddCommand(serve, remove, e.powerCmd("standby"), e.powerCmd("resume"), e.setWakeCmd(), e.setAlwaysOnCmd())
 	return c
 }
 
@@ -328,6 +351,47 @@ it.`,
 	return c
 }
 
+// setAlwaysOnCmd makes `node set-always-on`: the owner's mark of a node
+// that is kept running.
+func (e *env) setAlwaysOnCmd() *cobra.Command {
+	var off bool
+	c := &cobra.Command{
+		Use:   "set-always-on NAME [--off]",
+		Short: "Mark a node always-on (a machine you keep running), or not (--off)",
+		Long: `Mark node NAME always-on in the realm's registry: a machine its owner keeps
+running, such as a home server or a NAS. 'cairn devices' shows it. An
+always-on device takes the realm's metadata service first when the device
+hosting it goes to standby (before the other awake devices), and it is the
+wake proxy of the nodes on its LAN that name none ('cairn node set-wake
+--proxy' chooses another). A node marked always-on that announces standby
+warns that the realm counts on it. --off removes the mark ('node serve
+--always-on' sets it again at its next start). Any node can be marked,
+benefactors and surrogates included.`,
+		Args: exactArgs(1, "a node name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if err := pki.ValidName(name); err != nil {
+				return err
+			}
+			r, err := e.open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if err := r.Meta.SetNodeAlwaysOn(cmd.Context(), name, !off); err != nil {
+				return err
+			}
+			if off {
+				fmt.Fprintf(e.stdout, "%s is not marked always-on\n", name)
+				return nil
+			}
+			fmt.Fprintf(e.stdout, "%s is marked always-on\n", name)
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&off, "off", false, "remove the mark")
+	return c
+}
+
 // powerCmd makes `node standby` and `node resume`: requests to the node
 // running in this home, through its control socket.
 func (e *env) powerCmd(op string) *cobra.Command {
@@ -335,13 +399,15 @@ func (e *env) powerCmd(op string) *cobra.Command {
 		Use:   op,
 		Short: "Announce that this machine is going to sleep: the running node finishes its transfers and records standby",
 		Long: `Announce by hand that this machine is going to sleep. The running node
-('cairn node serve', on this device) stops taking chunk requests, waits for
-those in flight (at most its --drain), hands the benefactors and surrogates
-it registers to other devices, records in the realm that it is in standby,
+('cairn node serve' in this $CAIRN_HOME: a device, a benefactor or a
+surrogate) stops taking chunk requests, waits for those in flight (at most
+its --drain), on a device hands the benefactors and surrogates it
+registers to other devices, records in the realm that it is in standby,
 since when and how it can be woken (Wake-on-LAN: the MAC and broadcast
 address of the interface that carries its address), and ends its heartbeat
 lease cleanly, so that the other devices read it as asleep, not offline,
-and leave it alone. A device that hosts the realm's metadata service hands
+and leave it alone (a benefactor or surrogate asks its registrar, a
+device, to record this). A device that hosts the realm's metadata service hands
 it to an awake device first (as 'cairn meta move' does); if none can take
 it, the standby warns that the metadata service sleeps with this device.
 It keeps running: 'cairn node resume' (or a suspend and
@@ -376,6 +442,9 @@ On Linux with systemd the node announces a real suspend by itself (see
 				fmt.Fprintf(e.stdout, "handed the metadata service to %s\n", rep.MetaMovedTo)
 			}
 			fmt.Fprintf(e.stdout, "%s is in standby since %s; %s\n", rep.Node, since, wakeMethod(rep.Wake))
+			if rep.AlwaysOn {
+				fmt.Fprintf(e.stderr, "warning: %s is marked always-on: the realm counts on it being awake (its LAN's wake proxy, the metadata service's first choice); 'cairn node set-always-on %s --off' if it sleeps from now on\n", rep.Node, rep.Node)
+			}
 			if rep.MetaSleeps != "" {
 				fmt.Fprintf(e.stderr, "warning: the realm's metadata service sleeps with %s (%s): the other devices cannot reach it until it is awake\n", rep.Node, rep.MetaSleeps)
 			}

@@ -70,9 +70,9 @@ func (r *realmT) serve(lease string) *server {
 
 // serveOn starts `cairn node serve --listen listen` and waits until it is
 // ready.
-func (r *realmT) serveOn(listen, lease string) *server {
+func (r *realmT) serveOn(listen, lease string, extra ...string) *server {
 	r.t.Helper()
-	cmd := r.command("node", "serve", "--listen", listen, "--lease", lease)
+	cmd := r.command(append([]string{"node", "serve", "--listen", listen, "--lease", lease}, extra...)...)
 	cmd.Env = r.env
 	pr, pw := io.Pipe()
 	var out, errb bytes.Buffer
@@ -477,5 +477,44 @@ func TestNodeSetWake(t *testing.T) {
 	}
 	if res := r.run("node", "set-wake", "ghost", "--learn"); res.code == 0 {
 		t.Fatalf("set-wake of an unknown node: %+v", res)
+	}
+}
+
+// `node serve --always-on` and `node set-always-on` mark a device
+// always-on: `devices` (and --json) shows it, `--off` removes it, and a
+// device marked always-on that announces standby warns.
+func TestNodeAlwaysOn(t *testing.T) {
+	r := newRealm(t, "--no-passphrase", "--name", "desk")
+	r.fails(cli.ExitUsage, "node", "set-always-on")
+	if res := r.run("node", "set-always-on", "ghost"); res.code == 0 {
+		t.Fatalf("set-always-on of an unknown node: %+v", res)
+	}
+	r.serveOn("127.0.0.1:0", "2s", "--always-on")
+	d := r.waitState("desk", "awake", 5*time.Second)
+	if d["always_on"] != true {
+		t.Fatalf("devices after serve --always-on: %v", d)
+	}
+	if out := r.ok("devices"); !strings.Contains(out, "device, always-on") {
+		t.Fatalf("devices:\n%s", out)
+	}
+	res := r.run("node", "standby")
+	if res.code != 0 || !strings.Contains(res.stderr, "warning: desk is marked always-on") {
+		t.Fatalf("standby of an always-on device: %+v", res)
+	}
+	r.ok("node", "resume")
+	if out := r.ok("node", "set-always-on", "desk", "--off"); !strings.Contains(out, "desk is not marked always-on") {
+		t.Fatalf("--off: %s", out)
+	}
+	if d := r.devices()["desk"]; d["always_on"] != nil {
+		t.Fatalf("devices after --off: %v", d)
+	}
+	if res := r.run("node", "standby"); res.code != 0 || strings.Contains(res.stderr, "always-on") {
+		t.Fatalf("standby of a device not marked: %+v", res)
+	}
+	if out := r.ok("node", "set-always-on", "desk"); !strings.Contains(out, "desk is marked always-on") {
+		t.Fatalf("set-always-on: %s", out)
+	}
+	if out := r.ok("devices"); !strings.Contains(out, "device, always-on") {
+		t.Fatalf("devices:\n%s", out)
 	}
 }

@@ -237,6 +237,14 @@ repair to that store's copies and shards. This device's own store (and
 every file's chunks wherever they are) is checked and healed by 'cairn fsck
 --read-data --repair', which can also heal from the original files.
 
+A store on a node that is not awake is never contacted (repair wakes no
+sleeping device): its copies and shards are skipped and named ("skipped:
+node NAME is standby since ..."), its queued repairs kept; a later repair,
+or the node daemon's schedule ('cairn node serve --maint-every'), catches
+it up once it is awake. A store skipped because its node is in standby is
+no failure; one whose node is offline is (exit 6). Repair records per store
+when it last repaired (or, with --scrub, scrubbed) it.
+
 Exit status: 0 when everything is whole; 5 if some object has too few good
 copies or shards left to rebuild it (data lost unless a store comes back);
 6 if some repairs could not be made now (a store is down: run again later).`,
@@ -259,6 +267,9 @@ copies or shards left to rebuild it (data lost unless a store comes back);
 						}
 						fmt.Fprintf(e.stdout, "  %s: %d missing, %d damaged, %d rebuilt, %d queued (%s)\n", h.Name, h.Missing, h.Corrupt, h.Repaired, h.Queued, state)
 					}
+				}
+				for _, sk := range rr.Skipped {
+					fmt.Fprintf(e.stdout, "  %s\n", sk)
 				}
 				if rr.Error != "" {
 					fmt.Fprintf(e.stdout, "  stopped: %s\n", rr.Error)
@@ -284,6 +295,7 @@ copies or shards left to rebuild it (data lost unless a store comes back);
 				if rr.Error != "" {
 					failed++
 				}
+				failed += int64(rr.Offline)
 			}
 			switch {
 			case lost > 0:

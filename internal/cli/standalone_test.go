@@ -165,3 +165,39 @@ func TestBenefactorAndSurrogateServe(t *testing.T) {
 	}
 	ben.fails(cli.ExitPermission, "node", "serve", "--listen", "127.0.0.1:0", "--lease", "2s")
 }
+
+// `node standby` and `node resume` work in a benefactor's home (its node
+// has power states too); while it sleeps, `gc` skips its store and says
+// so, exits 0, and never wakes it; resumed, the next gc sweeps it.
+func TestNodeStandbyBenefactorAndGC(t *testing.T) {
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	a.serve("2s")
+	a.waitState("desk", "awake", 5*time.Second)
+	tok := strings.TrimSpace(a.ok("invite", "--role", "benefactor", "--name", "donor"))
+	ben := joiner(t)
+	ben.ok("join", tok)
+	ben.serve("2s")
+	a.waitState("donor", "awake", 5*time.Second)
+
+	if out := ben.ok("node", "standby"); !strings.Contains(out, "donor is in standby since") {
+		t.Fatalf("benefactor standby: %s", out)
+	}
+	d := a.waitState("donor", "standby", 5*time.Second)
+	res := a.run("gc")
+	if res.code != 0 || !strings.Contains(res.stderr, "gc: skipped: node donor is standby since ") {
+		t.Fatalf("gc with donor in standby: %+v", res)
+	}
+	if strings.Contains(res.stdout, "store donor") {
+		t.Fatalf("gc swept donor: %s", res.stdout)
+	}
+	if d2 := a.devices()["donor"]; d2["state"] != "standby" || d2["since"] != d["since"] {
+		t.Fatalf("donor after gc: %v (was %v)", d2, d)
+	}
+	if out := ben.ok("node", "resume"); !strings.Contains(out, "donor is awake") {
+		t.Fatalf("benefactor resume: %s", out)
+	}
+	a.waitState("donor", "awake", 5*time.Second)
+	if out := a.ok("gc"); !strings.Contains(out, "store donor") {
+		t.Fatalf("gc after donor resumed: %s", out)
+	}
+}

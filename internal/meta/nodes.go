@@ -31,8 +31,10 @@ import (
 // 3 adds the power state: Standby and Wake (absent in records of formats 1
 // and 2, which read as a node that never announced a sleep and has no wake
 // method). A record of format 1 stays of format 1 when this cairn writes
-// its power fields: the format says how its removal revokes.
-const NodeRecordFormat = 3
+// its power fields: the format says how its removal revokes. 4 adds
+// AlwaysOn (absent in records of formats 1 to 3, which read as a node not
+// marked always-on).
+const NodeRecordFormat = 4
 
 // nodeFormatSerials is the first format whose records list the node's
 // certificate serials: a removal revokes those, not the name.
@@ -81,6 +83,11 @@ type NodeRecord struct {
 	// Wake is how the node can be woken (nil: no wake method known).
 	// Format 3.
 	Wake *WakeInfo `json:"wake,omitempty"`
+	// AlwaysOn marks a node its owner keeps running (a home server, a
+	// NAS): the metadata service goes there first when its host sleeps,
+	// and it is the default wake proxy of its LAN (doc/power.md). Set by
+	// `node serve --always-on` or `node set-always-on`. Format 4.
+	AlwaysOn bool `json:"always_on,omitempty"`
 }
 
 // WakeInfo says how a sleeping node can be woken: a Wake-on-LAN magic
@@ -103,10 +110,12 @@ type WakeInfo struct {
 
 // keep carries what a report does not know from the record it replaces:
 // its format, serials and registration time, and its wake method if the
-// report learned none or the owner set it by hand. Standby is not kept: a
-// report is made by a node that is awake.
+// report learned none or the owner set it by hand, and its always-on mark
+// unless the report sets it. Standby is not kept: a report is made by a
+// node that is awake.
 func (rec *NodeRecord) keep(old *NodeRecord) {
 	rec.Format, rec.Serials, rec.Registered = old.Format, old.Serials, old.Registered
+	rec.AlwaysOn = rec.AlwaysOn || old.AlwaysOn
 	if rec.Format >= nodeFormatSerials {
 		rec.Format = NodeRecordFormat
 	}
@@ -639,6 +648,44 @@ func (s *Service) SetNodeWake(ctx context.Context, name string, wake *WakeInfo) 
 			w.Set = true
 			rec.Wake = &w
 		}
+		b, _ := json.Marshal(rec)
+		tr, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
+			Then(clientv3.OpPut(k, string(b))).Commit()
+		if err != nil {
+			return etcdErr(op, name, err)
+		}
+		if tr.Succeeded {
+			return nil
+		}
+	}
+}
+
+// SetNodeAlwaysOn marks node name always-on (on) or not, in its record.
+// NotFound if the node has no record, Permission if it was removed.
+func (s *Service) SetNodeAlwaysOn(ctx context.Context, name string, on bool) error {
+	const op = "set always-on"
+	k := s.nodeKey(name)
+	octx, cancel := s.opCtx(ctx)
+	defer cancel()
+	for {
+		resp, err := s.cli.Get(octx, k)
+		if err != nil {
+			return etcdErr(op, name, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return cairn.E(op, cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
+		}
+		var rec NodeRecord
+		if err = json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+			return cairn.E(op, cairn.Corrupt, name, err)
+		}
+		if rec.Removed != 0 {
+			return cairn.E(op, cairn.Permission, name, errors.New("this node was removed from the realm"))
+		}
+		if rec.Format >= nodeFormatSerials {
+			rec.Format = NodeRecordFormat
+		}
+		rec.AlwaysOn = on
 		b, _ := json.Marshal(rec)
 		tr, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
 			Then(clientv3.OpPut(k, string(b))).Commit()

@@ -161,3 +161,54 @@ func TestNodeOldRecords(t *testing.T) {
 		t.Fatalf("removals: names %v serials %v", names, serials)
 	}
 }
+
+// A record of format 3 (before always_on) reads as a node not marked
+// always-on; the mark set by its owner (format 4) survives the node's
+// registrations and reports, which do not carry it, and a registration
+// that carries it (node serve --always-on) sets it.
+func TestNodeAlwaysOn(t *testing.T) {
+	ctx := context.Background()
+	s := newService(t)
+	c := s.Client()
+	if _, err := c.Put(ctx, "/cairn/v1/node/nas", `{"format":3,"name":"nas","role":"device","addr":"h:3","registered":1,"serials":["ef"],"standby":5,"wake":{"mac":"02:00:00:00:00:03"}}`); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "nas"); st.AlwaysOn || st.State != meta.NodeStandby || st.Format != 3 {
+		t.Fatalf("format 3 record: %+v", st)
+	}
+	if err := s.SetNodeAlwaysOn(ctx, "nas", true); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "nas"); !st.AlwaysOn || st.Format != meta.NodeRecordFormat || st.Wake == nil || len(st.Serials) != 1 {
+		t.Fatalf("marked always-on: %+v", st)
+	}
+	reg, err := s.Register(ctx, meta.NodeRecord{Name: "nas", Role: "device", Addr: "h:3"}, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Update(ctx, meta.NodeRecord{Addr: "h:3"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "nas"); !st.AlwaysOn || st.State != meta.NodeAwake {
+		t.Fatalf("a registration or report dropped the mark: %+v", st)
+	}
+	if err := s.SetNodeAlwaysOn(ctx, "nas", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Update(ctx, meta.NodeRecord{Addr: "h:3"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "nas"); st.AlwaysOn {
+		t.Fatalf("--off: %+v", st)
+	}
+	reg.Close(ctx)
+	if _, err := s.Register(ctx, meta.NodeRecord{Name: "nas", Role: "device", Addr: "h:3", AlwaysOn: true}, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if st := state(t, s, "nas"); !st.AlwaysOn {
+		t.Fatalf("registered with always-on: %+v", st)
+	}
+	if err := s.SetNodeAlwaysOn(ctx, "nobody", true); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("unknown node: %v", err)
+	}
+}

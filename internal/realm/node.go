@@ -58,6 +58,14 @@ type ServeOptions struct {
 	// before the machine sleeps (default: the system bus; "none": do not
 	// look). Without a bus or a logind the node logs it once and serves.
 	SleepBus string
+	// AlwaysOn marks this device always-on in its record at its first
+	// registration (meta.NodeRecord.AlwaysOn); false leaves the mark as
+	// it is (cairn node set-always-on).
+	AlwaysOn bool
+	// Maint schedules the background work (gc, repair, scrub) of the
+	// realm's awake stores while this node is awake and idle (maint.go;
+	// Every 0: none).
+	Maint MaintOptions
 }
 
 // Serve runs this device's node until ctx ends: it serves the local store
@@ -180,9 +188,14 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		return rec
 	}
 	wake := learnWake(ctx, addr)
+	// --always-on marks the record at the first registration only: a
+	// later one (a resume, a lost lease) keeps the mark as it is, so
+	// that 'node set-always-on --off' holds until the next start.
+	markAlwaysOn := o.AlwaysOn
 	awakeReport := func() meta.NodeRecord {
 		rec := report()
-		rec.Wake = wake
+		rec.Wake, rec.AlwaysOn = wake, markAlwaysOn
+		markAlwaysOn = false
 		return rec
 	}
 	// Where a member of the realm's etcd hosted here takes its peers. This
@@ -271,6 +284,16 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
 	asleep, since := false, time.Now()
+	// The background-work schedule runs while the node is awake and
+	// idle: no chunk request in flight, none served since its last look.
+	var sleeping atomic.Bool
+	lastServed := int64(-1)
+	go r.maintLoop(pctx, o.Maint, func() bool {
+		n := m.served.Load()
+		idle := n == lastServed && chunkGate.inFlight() == 0
+		lastServed = n
+		return !sleeping.Load() && idle
+	})
 	stop := func(cause error) error {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -305,6 +328,10 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 				gwAddr = ""
 			}
 		}
+		if st, nerr := r.Meta.Node(ctx, name); nerr == nil && st.AlwaysOn {
+			rep.AlwaysOn = true
+			r.log.Warn("standby of a device marked always-on: the realm counts on it being awake (cairn node set-always-on --off)", "node", name)
+		}
 		registrar.pause()
 		dctx, cancel := context.WithTimeout(ctx, o.DrainTimeout)
 		rep.Unfinished = chunkGate.close(dctx)
@@ -322,6 +349,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			return rep
 		}
 		asleep, since = true, at
+		sleeping.Store(true)
 		rep.State, rep.Since, rep.Wake = meta.NodeStandby, at.UnixNano(), wake
 		r.log.Info("node in standby", "node", name, "wake", wake)
 		return rep
@@ -340,6 +368,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			return rep
 		}
 		reg, asleep, since = nreg, false, time.Now()
+		sleeping.Store(false)
 		chunkGate.open()
 		registrar.resume()
 		rep.State, rep.Since = meta.NodeAwake, since.UnixNano()

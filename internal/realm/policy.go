@@ -238,6 +238,13 @@ type RepairResult struct {
 	Error  string                `json:"error,omitempty"`
 	Health []storeset.Health     `json:"health"`
 	Queued int                   `json:"queued"` // repairs still waiting after the run
+	// Skipped names the members left alone because their node is not
+	// awake ("skipped: node NAME is standby since ..."): never dialled,
+	// their queued repairs kept for a later run.
+	Skipped []string `json:"skipped,omitempty"`
+	// Offline counts the skipped members whose node is offline rather
+	// than in standby (a run to do again; a standby is no failure).
+	Offline int `json:"offline,omitempty"`
 }
 
 // Repair repairs every copies and ec policy in use (PoliciesInUse): the
@@ -250,6 +257,14 @@ func (r *Realm) Repair(ctx context.Context, storeName string, scrub bool, progre
 	pols, err := r.PoliciesInUse(ctx)
 	if err != nil {
 		return nil, err
+	}
+	asleep, err := r.sleepers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	kind := meta.MaintRepair
+	if scrub {
+		kind = meta.MaintScrub
 	}
 	var out []RepairResult
 	for _, s := range pols {
@@ -265,7 +280,49 @@ func (r *Realm) Repair(ctx context.Context, storeName string, scrub bool, progre
 			return out, err
 		}
 		res := RepairResult{Policy: s}
-		res.Report, err = ps.Repair(ctx, storeName, scrub)
+		// The members on nodes not awake are left alone (never
+		// dialled: nothing wakes a sleeper); the others are repaired
+		// one by one then. All awake: one repair of the whole policy.
+		var awake []string
+		for _, m := range pol.Stores {
+			if storeName != "" && m != storeName {
+				continue
+			}
+			if n, ok := asleep[m]; ok {
+				sk := skipped(m, n)
+				res.Skipped = append(res.Skipped, sk.Error())
+				if !sk.Standby() {
+					res.Offline++
+				}
+				continue
+			}
+			awake = append(awake, m)
+		}
+		started := time.Now()
+		var done []string
+		if len(res.Skipped) == 0 {
+			res.Report, err = ps.Repair(ctx, storeName, scrub)
+			if err == nil && res.Report.Failed == 0 && res.Report.Unrecoverable == 0 {
+				done = awake
+			}
+		} else {
+			for _, m := range awake {
+				rep, merr := ps.Repair(ctx, m, scrub)
+				addReport(&res.Report, rep)
+				if merr != nil {
+					err = merr
+					break
+				}
+				if rep.Failed == 0 && rep.Unrecoverable == 0 {
+					done = append(done, m)
+				}
+			}
+		}
+		if len(done) > 0 {
+			if merr := r.Meta.MarkMaint(ctx, kind, started, done...); merr != nil {
+				r.log.Warn("repair: record the stores repaired", "err", merr)
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return out, err
@@ -507,4 +564,15 @@ func (r *Realm) policyGCStores(ctx context.Context, out []fs.NamedStore) ([]fs.N
 		}
 	}
 	return append(kept, wrappers...), nil
+}
+
+// addReport adds b's counts to a.
+func addReport(a *storeset.RepairReport, b storeset.RepairReport) {
+	a.Objects = max(a.Objects, b.Objects) // each member's walk examines every object
+	a.Missing += b.Missing
+	a.Corrupt += b.Corrupt
+	a.Rebuilt += b.Rebuilt
+	a.Deleted += b.Deleted
+	a.Failed += b.Failed
+	a.Unrecoverable += b.Unrecoverable
 }

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -95,6 +96,13 @@ func (g *gate) close(ctx context.Context) int {
 		defer g.mu.Unlock()
 		return g.n
 	}
+}
+
+// inFlight is how many requests are being served.
+func (g *gate) inFlight() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.n
 }
 
 // open admits requests again.
@@ -218,7 +226,9 @@ type ControlReply struct {
 	// kept it; PrimariesError why the handoff failed (the roles stay).
 	Primaries      []PrimaryHandoff `json:"primaries,omitempty"`
 	PrimariesError string           `json:"primaries_error,omitempty"`
-	Error          string           `json:"error,omitempty"`
+	// AlwaysOn says the node that went to standby is marked always-on.
+	AlwaysOn bool   `json:"always_on,omitempty"`
+	Error    string `json:"error,omitempty"`
 }
 
 // Control asks the node running in home to go to standby or resume (op),
@@ -359,6 +369,11 @@ func (l *limitedConn) Read(p []byte) (int, error) {
 // Without a bus or a logind it logs once and returns nil: the node serves
 // all the same (a sleep then reads as offline until it resumes).
 func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq, quit <-chan struct{}) *logind.Watcher {
+	return watchSleep(ctx, r.log, bus, reqs, quit)
+}
+
+// watchSleep is Realm.watchSleep for any node, logging to log.
+func watchSleep(ctx context.Context, log *slog.Logger, bus string, reqs chan<- powerReq, quit <-chan struct{}) *logind.Watcher {
 	if bus == "none" {
 		return nil
 	}
@@ -372,10 +387,10 @@ func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq
 		}
 	}
 	if err != nil {
-		r.log.Info("no systemd-logind sleep inhibitor: a suspend will not be announced (cairn node standby announces one by hand)", "err", err)
+		log.Info("no systemd-logind sleep inhibitor: a suspend will not be announced (cairn node standby announces one by hand)", "err", err)
 		return nil
 	}
-	r.log.Info("sleep inhibitor taken: a suspend is announced as standby")
+	log.Info("sleep inhibitor taken: a suspend is announced as standby")
 	ask := func(standby bool) bool {
 		pr := powerReq{standby: standby, reply: make(chan ControlReply, 1)}
 		select {
@@ -386,7 +401,7 @@ func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq
 		select {
 		case rep := <-pr.reply:
 			if rep.Error != "" {
-				r.log.Warn("power state change for logind", "standby", standby, "err", rep.Error)
+				log.Warn("power state change for logind", "standby", standby, "err", rep.Error)
 			}
 			return true
 		case <-quit:
@@ -399,7 +414,7 @@ func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq
 				ok := ask(true)
 				// Whatever the standby's outcome, the machine sleeps: let it.
 				if rerr := w.Release(); rerr != nil {
-					r.log.Warn("release the sleep inhibitor", "err", rerr)
+					log.Warn("release the sleep inhibitor", "err", rerr)
 				}
 				if !ok {
 					return
@@ -408,7 +423,7 @@ func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq
 			}
 			tctx, tcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			if terr := w.Take(tctx); terr != nil {
-				r.log.Warn("take the sleep inhibitor again after a resume", "err", terr)
+				log.Warn("take the sleep inhibitor again after a resume", "err", terr)
 			}
 			tcancel()
 			if !ask(false) {
@@ -421,10 +436,10 @@ func (r *Realm) watchSleep(ctx context.Context, bus string, reqs chan<- powerReq
 
 // handMetaAway moves the realm's embedded etcd member, hosted by this
 // device (self), to an awake device before this one sleeps (MoveMeta):
-// one marked always-on would come first, but the node record has no such
-// mark yet, so it tries the awake devices with a node address, by name.
-// It returns the device that took it, or why none did: the metadata
-// service then sleeps with this device, which it logs.
+// it tries the awake devices with a node address, those marked always-on
+// first, each group by name (metaHeirs). It returns the device that took
+// it, or why none did: the metadata service then sleeps with this device,
+// which it logs.
 func (r *Realm) handMetaAway(ctx context.Context, self string) (to, sleeps string) {
 	nodes, err := r.Meta.Nodes(ctx)
 	if err != nil {
@@ -432,13 +447,7 @@ func (r *Realm) handMetaAway(ctx context.Context, self string) (to, sleeps strin
 		r.log.Warn("standby: the metadata service sleeps with this device", "node", self, "why", sleeps)
 		return "", sleeps
 	}
-	var cands []string
-	for _, n := range nodes {
-		if n.Name != self && n.Role == string(pki.Device) && n.State == meta.NodeOnline && n.Addr != "" {
-			cands = append(cands, n.Name)
-		}
-	}
-	slices.Sort(cands)
+	cands := metaHeirs(nodes, self)
 	if len(cands) == 0 {
 		sleeps = "no other device is awake to take it"
 	}
@@ -463,4 +472,25 @@ func (r *Realm) handMetaAway(ctx context.Context, self string) (to, sleeps strin
 	}
 	r.log.Warn("standby: the metadata service sleeps with this device", "node", self, "why", sleeps)
 	return "", sleeps
+}
+
+// metaHeirs lists the devices that may take the metadata service from
+// self before it sleeps: the awake devices with a node address but self,
+// those marked always-on first (they will not sleep next), each group by
+// name.
+func metaHeirs(nodes []meta.NodeStatus, self string) []string {
+	var on, others []string
+	for _, n := range nodes {
+		if n.Name == self || n.Role != string(pki.Device) || n.State != meta.NodeAwake || n.Addr == "" {
+			continue
+		}
+		if n.AlwaysOn {
+			on = append(on, n.Name)
+		} else {
+			others = append(others, n.Name)
+		}
+	}
+	slices.Sort(on)
+	slices.Sort(others)
+	return append(on, others...)
 }

@@ -75,11 +75,37 @@ func (g *registrar) Register(ctx context.Context, peer pki.NodeIdentity, rep wir
 	lease := time.Duration(rep.Lease)
 	rec := meta.NodeRecord{Name: peer.Name, Role: string(peer.Role), Addr: rep.Addr, Capacity: rep.Capacity, Free: rep.Free,
 		Used: rep.Used, Served: rep.Served, Rate: rep.Rate}
+	var wake *meta.WakeInfo
+	if rep.MAC != "" {
+		wake = &meta.WakeInfo{MAC: rep.MAC, Broadcast: rep.Broadcast}
+		rec.Wake = wake
+	}
 	h, err := g.lock(peer.Name)
 	if err != nil {
 		return wire.RegisterReply{}, err
 	}
 	defer h.mu.Unlock()
+	if rep.Standby {
+		// The node goes to sleep: record its standby and end its lease
+		// (Registration.Standby), taking the lease over first if another
+		// device held it, so that it reads as standby at once.
+		if h.reg == nil {
+			if h.reg, err = g.meta.Register(ctx, rec, lease); err != nil {
+				g.drop(h)
+				return wire.RegisterReply{}, err
+			}
+		}
+		_, serr := h.reg.Standby(ctx, wake)
+		if serr == nil {
+			h.reg = nil // the standby ended the lease
+			g.log.Info("node in standby", "node", peer.Name, "role", peer.Role)
+		}
+		g.drop(h)
+		if serr != nil {
+			return wire.RegisterReply{}, serr
+		}
+		return g.reply(ctx, lease)
+	}
 	if rep.Leaving {
 		if h.reg == nil {
 			// Another device holds the node's lease (or none does):

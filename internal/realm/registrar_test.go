@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -397,4 +398,61 @@ func TestRegistrarFailover(t *testing.T) {
 		t.Fatalf("kiosk told of laptop reached %q", got)
 	}
 	waitNode(t, l.Meta, "kiosk", meta.NodeOnline, time.Second)
+}
+
+// A benefactor has power states too: `node standby` in its home (its
+// control socket) drains its chunk service and has its registrar record
+// the standby (a report with standby): it reads standby, not offline,
+// past two leases, and readers treat it as a device in standby (the
+// director does not dial it); `node resume` reports again, awake.
+func TestBenefactorStandby(t *testing.T) {
+	ctx := context.Background()
+	a, _ := firstDevice(t)
+	home := joinAs(t, a, pki.Benefactor, "donor")
+	bs := serveStandalone(t, home, StandaloneOptions{})
+	waitNode(t, a.Meta, "donor", meta.NodeAwake, 5*time.Second)
+	laptop := joinAs(t, a, pki.Device, "laptop")
+	rs := dialNode(t, laptop, bs.addr, "donor")
+	if _, err := rs.Has(ctx, []cairn.ID{{1}}); err != nil {
+		t.Fatal(err)
+	}
+
+	rep, err := Control(ctx, home, "standby")
+	if err != nil || rep.State != meta.NodeStandby || rep.Node != "donor" {
+		t.Fatalf("standby: %+v %v", rep, err)
+	}
+	rec := waitNode(t, a.Meta, "donor", meta.NodeStandby, 5*time.Second)
+	if rec.Standby == 0 || rec.Role != "benefactor" {
+		t.Fatalf("standby record: %+v", rec)
+	}
+	if _, err := rs.Has(ctx, []cairn.ID{{1}}); !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("a chunk request to a benefactor in standby: %v", err)
+	}
+	if _, err := a.dir().OpenNode(ctx, "donor"); !errors.Is(err, cairn.ErrUnavailable) || !strings.Contains(err.Error(), "standby") {
+		t.Fatalf("the director opens a benefactor in standby: %v", err)
+	}
+	// No reports while asleep, and the registrar's lease is over: it stays
+	// standby past two leases.
+	time.Sleep(2 * regLease)
+	if rec2 := waitNode(t, a.Meta, "donor", meta.NodeStandby, time.Second); rec2.Standby != rec.Standby {
+		t.Fatalf("after two leases: %+v", rec2)
+	}
+
+	if rep, err = Control(ctx, home, "resume"); err != nil || rep.State != meta.NodeAwake {
+		t.Fatalf("resume: %+v %v", rep, err)
+	}
+	if rec := waitNode(t, a.Meta, "donor", meta.NodeAwake, 5*time.Second); rec.Standby != 0 {
+		t.Fatalf("resumed record: %+v", rec)
+	}
+	if _, err := rs.Has(ctx, []cairn.ID{{1}}); err != nil {
+		t.Fatalf("a chunk request after resume: %v", err)
+	}
+	// Stopped while in standby, it stays standby (it does not say it leaves).
+	if _, err := Control(ctx, home, "standby"); err != nil {
+		t.Fatal(err)
+	}
+	if err := bs.stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitNode(t, a.Meta, "donor", meta.NodeStandby, time.Second)
 }

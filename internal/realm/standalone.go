@@ -24,6 +24,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/durable"
+	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/node"
 	"cairn.dev/cairn/internal/node/wire"
 	"cairn.dev/cairn/internal/pki"
@@ -113,6 +114,10 @@ type StandaloneOptions struct {
 	// first report, with its address and the registrar that took the
 	// report ("" if none could be reached yet: it keeps trying).
 	Ready func(addr, registrar string)
+	// DrainTimeout and SleepBus as in ServeOptions: the node's power
+	// states (its control socket, systemd-logind's inhibitor).
+	DrainTimeout time.Duration
+	SleepBus     string
 }
 
 // ServeStandalone runs the node of a benefactor's or surrogate's home until
@@ -199,6 +204,8 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 	if err != nil {
 		return err
 	}
+	chunkGate := &gate{h: srv.Handler}
+	srv.Handler = chunkGate
 	hb, err := newHeartbeat(home, creds, rev, state, configured, o.Lease, log)
 	if err != nil {
 		return err
@@ -219,12 +226,23 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 		return rep
 	}
 
+	wake := learnWake(ctx, addr)
+	awakeReport := func() wire.Report {
+		rep := report()
+		if wake != nil {
+			rep.MAC, rep.Broadcast = wake.MAC, wake.Broadcast
+		}
+		return rep
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()
+	asleep, since := false, time.Now()
 	stop := func(cause error) error {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if cause == nil {
+		// In standby the registrar ended the lease already: the record
+		// stays standby.
+		if cause == nil && !asleep {
 			rep := report()
 			rep.Leaving = true
 			if _, rerr := hb.round(dctx, rep); rerr != nil {
@@ -235,7 +253,7 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 		return cause
 	}
 
-	reg, err := hb.round(ctx, report())
+	reg, err := hb.round(ctx, awakeReport())
 	switch {
 	case ctx.Err() != nil:
 		return stop(nil)
@@ -248,15 +266,94 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 	if o.Ready != nil {
 		o.Ready(addr, reg)
 	}
+	// Power (doc/power.md): the control socket (cairn node standby /
+	// resume) and logind's PrepareForSleep, as on a device; the standby
+	// is recorded by a registrar (a report with standby).
+	quit := make(chan struct{})
+	defer close(quit)
+	powerReqs := make(chan powerReq)
+	if closeControl, cerr := serveControl(home, powerReqs, quit); cerr != nil {
+		log.Warn("node control socket: 'cairn node standby' and 'resume' cannot reach this node", "err", cerr)
+	} else {
+		defer closeControl()
+	}
+	if sleepW := watchSleep(ctx, log, o.SleepBus, powerReqs, quit); sleepW != nil {
+		defer sleepW.Close()
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	standby := func() ControlReply {
+		rep := ControlReply{Node: name}
+		if asleep {
+			rep.State, rep.Since = meta.NodeStandby, since.UnixNano()
+			return rep
+		}
+		dctx, cancel := context.WithTimeout(ctx, o.DrainTimeout)
+		rep.Unfinished = chunkGate.close(dctx)
+		cancel()
+		if rep.Unfinished > 0 {
+			log.Warn("standby: chunk-service requests still in flight after the drain bound", "node", name, "requests", rep.Unfinished, "bound", o.DrainTimeout)
+		}
+		wake = learnWake(ctx, addr)
+		r := awakeReport()
+		r.Standby = true
+		if _, serr := hb.round(ctx, r); serr != nil {
+			chunkGate.open()
+			rep.Error = "standby not recorded: " + serr.Error()
+			log.Warn("standby not recorded", "node", name, "err", serr)
+			return rep
+		}
+		asleep, since = true, time.Now()
+		rep.State, rep.Since, rep.Wake = meta.NodeStandby, since.UnixNano(), wake
+		log.Info("node in standby", "node", name, "wake", wake)
+		return rep
+	}
+	resume := func() ControlReply {
+		rep := ControlReply{Node: name}
+		if !asleep {
+			rep.State, rep.Since = meta.NodeAwake, since.UnixNano()
+			return rep
+		}
+		wake = learnWake(ctx, addr)
+		if _, rerr := hb.round(ctx, awakeReport()); rerr != nil {
+			rep.Error = "resume: " + rerr.Error()
+			log.Warn("resume: report", "node", name, "err", rerr)
+			return rep
+		}
+		asleep, since = false, time.Now()
+		chunkGate.open()
+		rep.State, rep.Since = meta.NodeAwake, since.UnixNano()
+		log.Info("node awake again", "node", name)
+		return rep
+	}
 	tick := time.NewTicker(o.Lease / 3)
 	defer tick.Stop()
+	lastTick := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return stop(nil)
 		case err := <-served:
 			return stop(cairn.E(op, cairn.IO, addr, err))
-		case <-tick.C:
+		case pr := <-powerReqs:
+			do := resume
+			if pr.standby {
+				do = standby
+			}
+			pr.reply <- do()
+		case now := <-tick.C:
+			slept := resumedFromSleep(lastTick, now, o.Lease)
+			lastTick = now
+			if asleep {
+				// In standby nothing is reported; a machine that slept
+				// and woke without telling (no logind) resumes here.
+				if slept {
+					log.Info("the machine slept and woke: resuming", "node", name)
+					resume()
+				}
+				continue
+			}
 			_, err := hb.round(ctx, report())
 			switch {
 			case ctx.Err() != nil:

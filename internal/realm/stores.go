@@ -358,8 +358,10 @@ func (r *Realm) packed(ctx context.Context, name string, st cairn.Store) (cairn.
 // GCStores opens, for gc, every store besides this device's own that
 // may hold the realm's objects: every registered store and every other
 // node's store (what `put --store NODE` sent there). errs names those that
-// could not be opened (an offline node: its garbage stays until a later
-// gc). closeAll closes what was opened here.
+// could not be opened, and those of nodes not awake, which are never
+// dialled (a *SkippedStore: a node in standby is not woken; its garbage
+// stays until a gc once it is awake). closeAll closes what was opened
+// here.
 func (r *Realm) GCStores(ctx context.Context) (out []fs.NamedStore, errs []error, closeAll func(), err error) {
 	var opened []cairn.Store
 	closeAll = func() {
@@ -371,7 +373,16 @@ func (r *Realm) GCStores(ctx context.Context) (out []fs.NamedStore, errs []error
 	if err != nil {
 		return nil, nil, closeAll, err
 	}
+	asleep, err := r.sleepers(ctx)
+	if err != nil {
+		return nil, nil, closeAll, err
+	}
 	for _, rec := range recs {
+		if n, ok := asleep[rec.Name]; ok && n.Name != rec.Name {
+			// A node:// store whose node sleeps: never dialled.
+			errs = append(errs, cairn.E("gc", cairn.Unavailable, rec.Name, skipped(rec.Name, n)))
+			continue
+		}
 		st, nerr := r.NamedStore(ctx, rec.Name)
 		if nerr != nil {
 			errs = append(errs, nerr)
@@ -386,6 +397,11 @@ func (r *Realm) GCStores(ctx context.Context) (out []fs.NamedStore, errs []error
 	self := r.nodeName(ctx)
 	for _, n := range nodes {
 		if n.Name == self || n.Removed != 0 {
+			continue
+		}
+		if n.State != meta.NodeAwake {
+			// Not awake: skipped, never dialled (nothing wakes it).
+			errs = append(errs, cairn.E("gc", cairn.Unavailable, n.Name, skipped(n.Name, n)))
 			continue
 		}
 		st, nerr := r.nodeStore(ctx, n.Name)

@@ -103,7 +103,8 @@ func onLocalLAN(broadcast string) bool {
 
 // wakeNode wakes node n for a read (director.WakeFunc): through its wake
 // proxy if the record names one that is awake (the owner chose it: it is
-// on the sleeper's LAN), else by a broadcast from this device when the
+// on the sleeper's LAN; with none named, an awake always-on device on the
+// sleeper's LAN when this device is not, defaultProxy), else by a broadcast from this device when the
 // record's broadcast address is on one of its interfaces. A magic packet
 // sent from another network never arrives, so there is no other way.
 func (r *Realm) wakeNode(ctx context.Context, n meta.NodeStatus) (string, error) {
@@ -113,6 +114,17 @@ func (r *Realm) wakeNode(ctx context.Context, n meta.NodeStatus) (string, error)
 		return "", cairn.E(op, cairn.Invalid, n.Name, errors.New("the node has no wake method (see 'cairn node set-wake')"))
 	}
 	self := r.nodeName(ctx)
+	if w.Proxy == "" && !onLocalLAN(w.Broadcast) {
+		// No proxy chosen and not on the sleeper's LAN: an awake
+		// always-on device on that LAN is the wake proxy by default.
+		if nodes, err := r.Meta.Nodes(ctx); err == nil {
+			if p := defaultProxy(nodes, n, self); p != "" {
+				wc := *w
+				wc.Proxy = p
+				w = &wc
+			}
+		}
+	}
 	var proxyErr error
 	if w.Proxy != "" && w.Proxy != self {
 		proxyErr = r.askProxy(ctx, n.Name, w.Proxy)
@@ -149,4 +161,27 @@ func (r *Realm) askProxy(ctx context.Context, name, proxy string) error {
 	defer st.Close()
 	_, err = st.Wake(ctx, name)
 	return err
+}
+
+// defaultProxy is the wake proxy of sleeper n when its record names none:
+// an awake device marked always-on, other than n and self, whose own wake
+// method names n's broadcast address (it is on n's LAN), the first by
+// name; "" if there is none.
+func defaultProxy(nodes []meta.NodeStatus, n meta.NodeStatus, self string) string {
+	if n.Wake == nil || n.Wake.Broadcast == "" {
+		return ""
+	}
+	best := ""
+	for _, c := range nodes {
+		if c.Name == n.Name || c.Name == self || !c.AlwaysOn || c.Role != string(pki.Device) || c.State != meta.NodeAwake || c.Addr == "" {
+			continue
+		}
+		if c.Wake == nil || c.Wake.Broadcast != n.Wake.Broadcast {
+			continue
+		}
+		if best == "" || c.Name < best {
+			best = c.Name
+		}
+	}
+	return best
 }

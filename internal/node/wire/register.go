@@ -46,6 +46,19 @@ type Report struct {
 	Lease int64 `json:"lease"`
 	// Leaving says the node stops: the registrar ends its lease at once.
 	Leaving bool `json:"leaving,omitempty"`
+	// Standby says the node is going to sleep (cairn node standby, or a
+	// suspend announced by systemd-logind): the registrar records its
+	// standby, with MAC and Broadcast as its wake method, and ends its
+	// lease at once, so that it reads as standby, never offline. A later
+	// report without it registers the node again (awake). Optional, added
+	// within version 1 (doc/format.md, "Registrar").
+	Standby bool `json:"standby,omitempty"`
+	// MAC and Broadcast are how the node can be woken (the hardware
+	// address and IPv4 broadcast address of the interface that carries
+	// Addr), if it knows: recorded as its wake method. Optional, added
+	// within version 1.
+	MAC       string `json:"mac,omitempty"`
+	Broadcast string `json:"broadcast,omitempty"`
 }
 
 // RegisterReply is the registrar's answer to a report.
@@ -110,6 +123,19 @@ func (r Report) Check() error {
 	}
 	if r.Lease < int64(MinLease) || r.Lease > int64(MaxLease) {
 		return invalid("report", fmt.Errorf("lease %v outside [%v, %v]", time.Duration(r.Lease), MinLease, MaxLease))
+	}
+	if r.Standby && r.Leaving {
+		return invalid("report", errors.New("both standby and leaving"))
+	}
+	if r.MAC != "" {
+		if hw, err := net.ParseMAC(r.MAC); err != nil || len(hw) != 6 {
+			return invalid("report", fmt.Errorf("mac %q: not a 48-bit MAC address", r.MAC))
+		}
+	}
+	if r.Broadcast != "" {
+		if ip := net.ParseIP(r.Broadcast); ip == nil || ip.To4() == nil {
+			return invalid("report", fmt.Errorf("broadcast %q: not an IPv4 address", r.Broadcast))
+		}
 	}
 	return nil
 }

@@ -111,3 +111,23 @@ func TestRegisterReplyLimits(t *testing.T) {
 		t.Fatalf("too many names: %v", err)
 	}
 }
+
+// A report's power fields (added within version 1): standby with a wake
+// method decodes; standby and leaving at once, a malformed MAC or a
+// broadcast address that is not IPv4 are refused.
+func TestReportPowerFields(t *testing.T) {
+	ok := Report{Addr: "h:1", Lease: int64(MinLease), Standby: true, MAC: "02:00:00:00:00:01", Broadcast: "192.0.2.255"}
+	got, err := DecodeReport(EncodeReport(ok))
+	if err != nil || got != ok {
+		t.Fatalf("standby report: %+v %v", got, err)
+	}
+	for _, bad := range []Report{
+		{Addr: "h:1", Lease: int64(MinLease), Standby: true, Leaving: true},
+		{Addr: "h:1", Lease: int64(MinLease), MAC: "not-a-mac"},
+		{Addr: "h:1", Lease: int64(MinLease), MAC: "02:00:00:00:00:01", Broadcast: "fe80::1"},
+	} {
+		if _, err := DecodeReport(EncodeReport(bad)); err == nil {
+			t.Errorf("accepted %+v", bad)
+		}
+	}
+}
