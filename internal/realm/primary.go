@@ -92,8 +92,8 @@ type PrimaryHandoff struct {
 // awake replica, in one transaction compared on each record's revision
 // (tried again if a record changed meanwhile), before the standby is
 // recorded; no data moves. The replica chosen is an awake device the
-// policy names, the fastest measured serving rate first, then by name (no
-// node record marks a machine always-on yet). A role with no awake
+// policy names: an always-on one first (it will not sleep soon), then
+// the fastest measured serving rate, then by name. A role with no awake
 // replica stays here, with a warning: readers then read the other
 // replicas' stores as the copies wrapper orders them.
 func (r *Realm) handPrimaries(ctx context.Context, self string) ([]PrimaryHandoff, error) {
@@ -132,12 +132,7 @@ func (r *Realm) handPrimaries(ctx context.Context, self string) ([]PrimaryHandof
 				out = append(out, PrimaryHandoff{Policy: rec.Policy, Kept: "no other replica is awake"})
 				continue
 			}
-			slices.SortFunc(cands, func(a, b meta.NodeStatus) int {
-				if c := cmp.Compare(b.Rate, a.Rate); c != 0 {
-					return c
-				}
-				return cmp.Compare(a.Name, b.Name)
-			})
+			sortHeirs(cands)
 			moves = append(moves, meta.PrimaryMove{From: rec, To: cands[0].Name})
 			out = append(out, PrimaryHandoff{Policy: rec.Policy, To: cands[0].Name})
 		}
@@ -157,4 +152,22 @@ func (r *Realm) handPrimaries(ctx context.Context, self string) ([]PrimaryHandof
 		}
 		return out, nil
 	}
+}
+
+// sortHeirs orders the awake replicas that could take a primary role:
+// always-on ones first (they will not sleep soon), then the fastest
+// measured serving rate, then by name.
+func sortHeirs(cands []meta.NodeStatus) {
+	slices.SortFunc(cands, func(a, b meta.NodeStatus) int {
+		if a.AlwaysOn != b.AlwaysOn {
+			if a.AlwaysOn {
+				return -1
+			}
+			return 1
+		}
+		if c := cmp.Compare(b.Rate, a.Rate); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
 }

@@ -3,6 +3,7 @@ package realm
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -85,5 +86,22 @@ func TestStandbyHandsPrimaries(t *testing.T) {
 	waitNode(t, a.Meta, "desk", meta.NodeAwake, 10*time.Second)
 	if prims, err = a.Primaries(ctx); err != nil || prims[docs].Primary != "lap" {
 		t.Fatalf("after resume: %+v %v", prims[docs], err)
+	}
+}
+
+// TestPrimaryHeirOrder: a standby hands a primary role to an always-on
+// replica before a faster one, then to the fastest, then by name.
+func TestPrimaryHeirOrder(t *testing.T) {
+	node := func(name string, rate float64, always bool) meta.NodeStatus {
+		return meta.NodeStatus{NodeRecord: meta.NodeRecord{Name: name, Rate: rate, AlwaysOn: always}}
+	}
+	cands := []meta.NodeStatus{node("a", 50, false), node("c", 1, true), node("b", 90, false), node("d", 1, false), node("aa", 90, false)}
+	sortHeirs(cands)
+	var got []string
+	for _, c := range cands {
+		got = append(got, c.Name)
+	}
+	if want := []string{"c", "aa", "b", "a", "d"}; !slices.Equal(got, want) {
+		t.Fatalf("heirs in order %v, want %v", got, want)
 	}
 }
