@@ -67,6 +67,9 @@ type Service struct {
 	// format is the realm record's format as last read or raised by
 	// UseFormat (0: not known yet).
 	format atomic.Int32
+
+	// off is whether etcd can be reached (offline.go).
+	off offlineState
 }
 
 // New returns a Service using cli.
@@ -80,6 +83,7 @@ func New(cli *clientv3.Client, opts Options) (*Service, error) {
 // Close ends the Service's lease (releasing any locks it still holds). The
 // etcd client stays open: it belongs to the caller.
 func (s *Service) Close() error {
+	s.stopProbe()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.session != nil {
