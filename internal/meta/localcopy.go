@@ -404,7 +404,7 @@ func writeFileSync(path string, b []byte) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err = os.Rename(tmp.Name(), path); err != nil {
 		return err
 	}
 	d, err := os.Open(dir)
