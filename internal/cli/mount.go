@@ -137,7 +137,7 @@ directory and logs where. A volume is mounted once per device.`,
 			if attrTimeout < 0 {
 				return withCode(ExitUsage, errors.New("mount: --attr-timeout must not be negative"))
 			}
-			o := mount.Options{AttrTimeout: attrTimeout, Debug: debug, CacheDir: filepath.Join(e.home, "mountcache"), AllowOther: allowOther, Devices: devices}
+			o := mount.Options{AttrTimeout: attrTimeout, Debug: debug, CacheDir: filepath.Join(e.home, "mountcache"), LocalCopyDir: filepath.Join(e.home, "offline"), AllowOther: allowOther, Devices: devices}
 			if devices && os.Geteuid() != 0 {
 				return withCode(ExitUsage, errors.New("mount: --dev needs root (fusermount3 mounts every other user's FUSE mount nodev)"))
 			}

@@ -277,6 +277,14 @@ func (c *LocalCopy) BeginReplace() {
 	c.scanning, c.pending = true, nil
 }
 
+// AbortReplace ends a BeginReplace whose listing failed: the copy stays
+// as it is (with the changes applied meanwhile).
+func (c *LocalCopy) AbortReplace() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.scanning, c.pending = false, nil
+}
+
 // Replace takes in a full listing of the volume read at revision rev.
 func (c *LocalCopy) Replace(ents []Entry, rev int64) {
 	c.mu.Lock()

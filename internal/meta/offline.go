@@ -163,6 +163,9 @@ type volLocal struct {
 	logged atomic.Uint64 // the episode it last logged
 }
 
+// Service returns the Service v belongs to.
+func (v *Vol) Service() *Service { return v.s }
+
 // UseLocalCopy makes v answer from lc while the Service is offline.
 func (v *Vol) UseLocalCopy(lc *LocalCopy) { v.loc().lc.Store(lc) }
 
