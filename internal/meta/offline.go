@@ -124,10 +124,13 @@ func (s *Service) probe(stop chan struct{}) {
 		}
 		s.off.mu.Lock()
 		since := s.off.since
+		// Logged before the state changes: whoever sees it online can
+		// find the line. At the level of the line that said offline, so
+		// that a log showing one shows the other.
+		s.opts.Logger.Warn("online: metadata service reachable again", "offline_for", time.Since(since).Round(time.Millisecond).String())
 		s.off.since, s.off.cause, s.off.probing = time.Time{}, nil, false
 		fs := append([]func(){}, s.off.online...)
 		s.off.mu.Unlock()
-		s.opts.Logger.Info("online: metadata service reachable again", "offline_for", time.Since(since).Round(time.Millisecond).String())
 		for _, f := range fs {
 			go f()
 		}

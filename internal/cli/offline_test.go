@@ -1,0 +1,151 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/apitypes"
+)
+
+// mountStatus returns r's running mounts as 'cairn status --json' says.
+func (r *realmT) mountStatus() []apitypes.MountStatus {
+	r.t.Helper()
+	var out []apitypes.MountStatus
+	if err := json.Unmarshal([]byte(r.ok("status", "--json")), &out); err != nil {
+		r.t.Fatalf("status --json: %v", err)
+	}
+	return out
+}
+
+// TestOfflineMount: device B (joined, its metadata through A's node, the
+// gateway) mounts the volume and reads one of A's files; then A's node
+// stops (SIGSTOP of the process the test started: the gateway and A's
+// store vanish for B, A's own commands still reach its etcd). B's mount
+// goes offline and says so (its log, 'cairn status'): it lists the
+// volume and reads the file it read before and the file it wrote itself,
+// a read of A's other file fails at once (EIO, well under 2 s) instead of
+// hanging, and a write is refused (EROFS). A writes a file meanwhile;
+// once A's node runs again, B is online again and its mount shows A's
+// new file.
+func TestOfflineMount(t *testing.T) {
+	skipWithoutFUSE(t)
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	as := a.serve("2s")
+	a.waitState("desk", "awake", 10*time.Second)
+	a.ok("mkdir", "home:/s")
+	src := t.TempDir()
+	one, two := randBytes(100<<10), randBytes(100<<10)
+	writeFile(t, filepath.Join(src, "one"), one, 0o644)
+	writeFile(t, filepath.Join(src, "two"), two, 0o644)
+	a.ok("put", filepath.Join(src, "one"), filepath.Join(src, "two"), "home:/s/")
+
+	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "laptop"))
+	b := joiner(t)
+	b.ok("join", tok, "--no-passphrase")
+	mnt := t.TempDir()
+	_, exited, out := b.foregroundWith(mnt, nil, "--mode", "blocking")
+	if got, err := os.ReadFile(filepath.Join(mnt, "s", "one")); err != nil || string(got) != string(one) {
+		t.Fatalf("read one online: %v", err)
+	}
+	mine := []byte("written on the laptop\n")
+	if err := os.WriteFile(filepath.Join(mnt, "s", "mine"), mine, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The local copy is saved with the file just written.
+	copies := filepath.Join(b.home, "offline")
+	waitFor(t, "the local copy holding mine", 20*time.Second, func() bool {
+		ents, _ := os.ReadDir(copies)
+		for _, e := range ents {
+			if b, err := os.ReadFile(filepath.Join(copies, e.Name())); err == nil && strings.Contains(string(b), `"name":"mine"`) {
+				return true
+			}
+		}
+		return false
+	})
+
+	// A's node stops: B loses its gateway (and A's store).
+	pid := as.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	resume := func() {
+		if stopped {
+			stopped = false
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	defer resume()
+
+	var st []apitypes.MountStatus
+	waitFor(t, "b's mount offline", 60*time.Second, func() bool {
+		st = b.mountStatus()
+		return len(st) == 1 && st[0].Offline != nil
+	})
+	if !st[0].Offline.Serving || st[0].Offline.CopyRev == 0 {
+		t.Fatalf("offline status: %+v", st[0].Offline)
+	}
+	if s := b.ok("status"); !strings.Contains(s, "offline since") {
+		t.Fatalf("status offline:\n%s", s)
+	}
+	// Listing, and the data this device holds.
+	ents, err := os.ReadDir(filepath.Join(mnt, "s"))
+	if err != nil {
+		t.Fatalf("list offline: %v", err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != "mine one two" {
+		t.Fatalf("offline listing %q", names)
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "s", "one")); err != nil || string(got) != string(one) {
+		t.Fatalf("read a cached file offline: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "s", "mine")); err != nil || string(got) != string(mine) {
+		t.Fatalf("read this device's own file offline: %v", err)
+	}
+	// Data only A holds: at once, EIO.
+	t0 := time.Now()
+	_, err = os.ReadFile(filepath.Join(mnt, "s", "two"))
+	took := time.Since(t0)
+	if !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read of data not on this device offline: %v", err)
+	}
+	if took > 2*time.Second {
+		t.Fatalf("read of data not on this device took %v offline", took)
+	}
+	t.Logf("offline read of data not on this device failed in %v", took)
+	if err := os.WriteFile(filepath.Join(mnt, "s", "new"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("write offline: %v", err)
+	}
+	if !strings.Contains(out.String(), "offline: metadata service unreachable since") || !strings.Contains(out.String(), "serving the local copy from") {
+		t.Fatalf("mount log says nothing of offline:\n%s", out.String())
+	}
+
+	// A writes meanwhile (its etcd runs); then its node runs again.
+	three := []byte("made while the laptop was offline\n")
+	writeFile(t, filepath.Join(src, "three"), three, 0o644)
+	a.ok("put", filepath.Join(src, "three"), "home:/s/")
+	resume()
+	waitFor(t, "b's mount online", 60*time.Second, func() bool {
+		st = b.mountStatus()
+		return len(st) == 1 && st[0].Offline == nil
+	})
+	waitFor(t, "a's new file on b's mount", 30*time.Second, func() bool {
+		got, err := os.ReadFile(filepath.Join(mnt, "s", "three"))
+		return err == nil && string(got) == string(three)
+	})
+	if !strings.Contains(out.String(), "online: metadata service reachable again") {
+		t.Fatalf("mount log says nothing of being online again:\n%s", out.String())
+	}
+	b.ok("umount", mnt)
+	waitExit(t, exited, out)
+}
