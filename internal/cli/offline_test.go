@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"cairn.dev/cairn/internal/apitypes"
+	"cairn.dev/cairn/internal/cli"
 )
 
 // mountStatus returns r's running mounts as 'cairn status --json' says.
@@ -93,6 +94,15 @@ func TestOfflineMount(t *testing.T) {
 	}
 	if s := b.ok("status"); !strings.Contains(s, "offline since") {
 		t.Fatalf("status offline:\n%s", s)
+	}
+	if res := b.fails(cli.ExitUnavailable, "devices"); !strings.Contains(res.stdout, "offline: the metadata service cannot be reached") ||
+		!strings.Contains(res.stdout, mnt+": offline since") || !strings.Contains(res.stdout, "serving the local copy from") {
+		t.Fatalf("devices offline: %+v", res)
+	}
+	res := b.fails(cli.ExitUnavailable, "devices", "--json")
+	var dj cli.DevicesOffline
+	if err := json.Unmarshal([]byte(res.stdout), &dj); err != nil || !dj.Offline || len(dj.Mounts) != 1 || dj.Mounts[0].Offline == nil {
+		t.Fatalf("devices --json offline: %v %+v", err, res)
 	}
 	// Listing, and the data this device holds.
 	ents, err := os.ReadDir(filepath.Join(mnt, "s"))
