@@ -75,7 +75,7 @@ func TestOfflineMount(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	stopped := true
+	stopped, stoppedAt := true, time.Now()
 	resume := func() {
 		if stopped {
 			stopped = false
@@ -89,6 +89,7 @@ func TestOfflineMount(t *testing.T) {
 		st = b.mountStatus()
 		return len(st) == 1 && st[0].Offline != nil
 	})
+	t.Logf("%v after the stop: the mount is offline", time.Since(stoppedAt))
 	if !st[0].Offline.Serving || st[0].Offline.CopyRev == 0 {
 		t.Fatalf("offline status: %+v", st[0].Offline)
 	}
@@ -136,6 +137,19 @@ func TestOfflineMount(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mnt, "s", "new"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
 		t.Fatalf("write offline: %v", err)
 	}
+	// The read-only commands too, from the same copy and this device's data.
+	if got := b.ok("ls", "home:/s"); got != "mine\none\ntwo\n" {
+		t.Fatalf("ls offline: %q", got)
+	}
+	if got := b.ok("cat", "home:/s/one"); got != string(one) {
+		t.Fatal("cat of a cached file offline: wrong content")
+	}
+	t0 = time.Now()
+	res = b.fails(cli.ExitUnavailable, "cat", "home:/s/two")
+	if !strings.Contains(res.stderr, "offline: home:/s/two is not on this device") {
+		t.Fatalf("cat of data not on this device offline: %+v", res)
+	}
+	t.Logf("cat of data not on this device failed offline in %v", time.Since(t0))
 	if !strings.Contains(out.String(), "offline: metadata service unreachable since") || !strings.Contains(out.String(), "serving the local copy from") {
 		t.Fatalf("mount log says nothing of offline:\n%s", out.String())
 	}
@@ -145,14 +159,17 @@ func TestOfflineMount(t *testing.T) {
 	writeFile(t, filepath.Join(src, "three"), three, 0o644)
 	a.ok("put", filepath.Join(src, "three"), "home:/s/")
 	resume()
+	t.Logf("%v after the stop: the service is back", time.Since(stoppedAt))
 	waitFor(t, "b's mount online", 60*time.Second, func() bool {
 		st = b.mountStatus()
 		return len(st) == 1 && st[0].Offline == nil
 	})
+	t.Logf("%v after the stop: the mount is online", time.Since(stoppedAt))
 	waitFor(t, "a's new file on b's mount", 30*time.Second, func() bool {
 		got, err := os.ReadFile(filepath.Join(mnt, "s", "three"))
 		return err == nil && string(got) == string(three)
 	})
+	t.Logf("%v after the stop: the mount shows the file made meanwhile", time.Since(stoppedAt))
 	if !strings.Contains(out.String(), "online: metadata service reachable again") {
 		t.Fatalf("mount log says nothing of being online again:\n%s", out.String())
 	}

@@ -31,6 +31,10 @@ type Options struct {
 	// OpTimeout bounds each single etcd request. Default 10 s.
 	OpTimeout time.Duration
 	Logger    *slog.Logger
+	// LocalCopyDir, if set, holds this device's local copies of
+	// namespaces (a file per volume ID: doc/offline.md): while the
+	// Service is offline, Open opens a volume from its copy.
+	LocalCopyDir string
 }
 
 func (o *Options) fill() error {
@@ -294,6 +298,11 @@ func (s *Service) Volumes(ctx context.Context) ([]Volume, error) {
 
 // Open returns a handle on the named volume; NotFound if there is none.
 func (s *Service) Open(ctx context.Context, name string) (*Vol, error) {
+	if s.isOffline() && s.opts.LocalCopyDir != "" {
+		if v := s.openCopy(name); v != nil {
+			return v, nil
+		}
+	}
 	var v Volume
 	if _, err := s.getJSON(ctx, "open volume", s.key("vol", name), &v); err != nil {
 		if errors.Is(err, cairn.ErrNotFound) {

@@ -3,7 +3,10 @@ package meta
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,6 +119,13 @@ func (s *Service) probe(stop chan struct{}) {
 			return
 		case <-t.C:
 		}
+		// gRPC waits longer and longer between its attempts to connect
+		// again (up to 2 minutes) while nothing answers: the probe asks
+		// it to try now, so that the service is found within a probe of
+		// its return however long it was gone.
+		if cc := s.cli.ActiveConnection(); cc != nil {
+			cc.ResetConnectBackoff()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 		_, err := s.cli.Get(ctx, s.key("realm"))
 		cancel()
@@ -215,6 +225,45 @@ func (v *Vol) offlineWrite(op, path string) error {
 		return nil
 	}
 	return cairn.E(op, cairn.Unavailable, path, ErrOfflineWrites)
+}
+
+// HasLocalCopies reports whether dir holds any local copy file.
+func HasLocalCopies(dir string) bool {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.Type().IsRegular() && !strings.Contains(e.Name(), ".") {
+			return true
+		}
+	}
+	return false
+}
+
+// openCopy returns volume name answered from its local copy in
+// LocalCopyDir, or nil if there is no usable one.
+func (s *Service) openCopy(name string) *Vol {
+	ents, _ := os.ReadDir(s.opts.LocalCopyDir)
+	for _, e := range ents {
+		if !e.Type().IsRegular() || strings.Contains(e.Name(), ".") {
+			continue
+		}
+		p := filepath.Join(s.opts.LocalCopyDir, e.Name())
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		f, err := DecodeLocalCopy(b)
+		if err != nil || f.Volume.Name != name || f.Volume.ID != e.Name() {
+			continue
+		}
+		lc := OpenLocalCopy(p, f.Volume, s.opts.Logger)
+		if !lc.Usable() {
+			continue
+		}
+		v := &Vol{s: s, V: f.Volume, base: s.key("v", f.Volume.ID) + "/"}
+		v.UseLocalCopy(lc)
+		return v
+	}
+	return nil
 }
 
 // Snapshot reads every namespace record of the volume at one revision
