@@ -36,6 +36,8 @@ func (r *realmT) mountStatus() []apitypes.MountStatus {
 // new file.
 func TestOfflineMount(t *testing.T) {
 	skipWithoutFUSE(t)
+	began := time.Now()
+	defer func() { t.Logf("%v in all", time.Since(began)) }()
 	a := newRealm(t, "--no-passphrase", "--name", "desk")
 	as := a.serve("2s")
 	a.waitState("desk", "awake", 10*time.Second)
@@ -70,6 +72,7 @@ func TestOfflineMount(t *testing.T) {
 		return false
 	})
 
+	t.Logf("%v: b's mount serving, its copy saved", time.Since(began))
 	// A's node stops: B loses its gateway (and A's store).
 	pid := as.cmd.Process.Pid
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
@@ -175,4 +178,5 @@ func TestOfflineMount(t *testing.T) {
 	}
 	b.ok("umount", mnt)
 	waitExit(t, exited, out)
+	t.Logf("%v after the stop: unmounted", time.Since(stoppedAt))
 }
