@@ -176,6 +176,13 @@ func TestOfflineMount(t *testing.T) {
 	if !strings.Contains(out.String(), "online: metadata service reachable again") {
 		t.Fatalf("mount log says nothing of being online again:\n%s", out.String())
 	}
+	// Online again, the commands ask the service (a copy lies on disk).
+	if got := b.ok("ls", "home:/s"); got != "mine\none\nthree\ntwo\n" {
+		t.Fatalf("ls online again: %q", got)
+	}
+	if got := b.ok("cat", "home:/s/two"); got != string(two) {
+		t.Fatal("cat online again: wrong content")
+	}
 	b.ok("umount", mnt)
 	waitExit(t, exited, out)
 	t.Logf("%v after the stop: unmounted", time.Since(stoppedAt))

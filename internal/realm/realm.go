@@ -260,7 +260,11 @@ func Open(ctx context.Context, home string, opts Options) (*Realm, error) {
 	// With local copies to fall back on, the service is asked for a short
 	// while only.
 	cctx, cancel := ctx, context.CancelFunc(func() {})
-	offlineOK := opts.AllowOffline && meta.HasLocalCopies(LocalCopyDir(home))
+	// Not with the embedded service (this device runs it: starting it
+	// may take longer than the try, and there is nothing to be offline
+	// from).
+	remote := len(cfg.Etcd) > 0 || len(cfg.Gateway) > 0
+	offlineOK := opts.AllowOffline && remote && meta.HasLocalCopies(LocalCopyDir(home))
 	if offlineOK {
 		cctx, cancel = context.WithTimeout(ctx, offlineTry)
 	}
