@@ -61,7 +61,11 @@ proxy that sends the packet, if set; or "no wake method"), its address,
 the capacity and use of its store's disk, and when it last reported; then
 where the realm's metadata lives (the devices whose etcd member serves it,
 their gateways, and each member's health: leader, follower, learner, not
-started).`,
+started).
+
+When the metadata service cannot be reached, the list cannot be read: it
+says so, with what each mount of this device serves meanwhile (its local
+copy of the namespace: doc/offline.md), and exits 6.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()

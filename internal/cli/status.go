@@ -44,7 +44,11 @@ Each mount answers on a unix socket, $CAIRN_HOME/run/mount-VOLUME-PID.sock
 (mode 0600, removed at unmount; a socket left by a killed mount is removed here).
 --wait-idle waits until no mount has anything pending (every file closed on them
 is committed, every namespace change written), then prints the status; it fails
-(exit 1) after --timeout with what is still pending.`,
+(exit 1) after --timeout with what is still pending.
+
+A mount that cannot reach the metadata service says so below the table:
+since when, and the local copy of the namespace it serves meanwhile (its
+revision and when it was saved; doc/offline.md). --json: its "offline".`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
