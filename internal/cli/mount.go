@@ -126,6 +126,9 @@ the fsync made durable): the next mount keeps them in the cache's unsaved/
 directory and logs where. A volume is mounted once per device.`,
 		Args: exactArgs(2, "VOLUME and MOUNTPOINT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// A mount starts offline from the volume's local copy when
+			// the metadata service cannot be reached (doc/offline.md).
+			e.allowOffline = true
 			name, err := mountVolumeName(args[0])
 			if err != nil {
 				return err

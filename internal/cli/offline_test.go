@@ -157,6 +157,26 @@ func TestOfflineMount(t *testing.T) {
 		t.Fatalf("mount log says nothing of offline:\n%s", out.String())
 	}
 
+	// The copy survives a restart: unmounted and mounted again offline,
+	// the mount serves it at once.
+	b.ok("umount", mnt)
+	waitExit(t, exited, out)
+	_, exited, out = b.foregroundWith(mnt, nil, "--mode", "blocking")
+	t.Logf("%v after the stop: mounted again offline", time.Since(stoppedAt))
+	if ents, err := os.ReadDir(filepath.Join(mnt, "s")); err != nil || len(ents) != 3 {
+		t.Fatalf("list after the restart offline: %v %v", ents, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "s", "one")); err != nil || string(got) != string(one) {
+		t.Fatalf("read a cached file after the restart offline: %v", err)
+	}
+	t0 = time.Now()
+	if _, err := os.ReadFile(filepath.Join(mnt, "s", "two")); !errors.Is(err, syscall.EIO) || time.Since(t0) > 2*time.Second {
+		t.Fatalf("read of data not here after the restart offline: %v after %v", err, time.Since(t0))
+	}
+	if st = b.mountStatus(); len(st) != 1 || st[0].Offline == nil {
+		t.Fatalf("status after the restart offline: %+v", st)
+	}
+
 	// A writes meanwhile (its etcd runs); then its node runs again.
 	three := []byte("made while the laptop was offline\n")
 	writeFile(t, filepath.Join(src, "three"), three, 0o644)

@@ -359,7 +359,14 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 	// cannot serve fails the mount instead of its first request.
 	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stopWatch, m.watchDone = stop, make(chan struct{})
-	first, err := v.Meta.WatchEntries(wctx)
+	var first *meta.EntryWatch
+	if _, off := v.Meta.Service().Offline(); off {
+		// Started offline (from the local copy): the watch loop
+		// watches once the service is back, without holding the start.
+		err = cairn.E("watch", cairn.Unavailable, v.Name(), errors.New("offline"))
+	} else {
+		first, err = v.Meta.WatchEntries(wctx)
+	}
 	if err != nil {
 		m.log.Warn("no watch on the volume: every open asks the metadata service until there is one", "err", err)
 		if cairn.KindOf(err) == cairn.Unavailable {

@@ -18,10 +18,6 @@ func LocalCopyDir(home string) string { return filepath.Join(home, "offline") }
 // serve) tries to reach the metadata service before it opens offline.
 const offlineTry = 3 * time.Second
 
-// offlineOpTimeout bounds each request an offline realm still sends to
-// the service (what no local copy answers), so that none hangs.
-const offlineOpTimeout = 2 * time.Second
-
 // openOffline opens the realm without its metadata service, which could
 // not be reached (cause): its Meta is offline, answers the volumes this
 // device holds local copies of from them, and turns online by itself
@@ -50,7 +46,7 @@ func openOffline(home string, cfg Config, opts Options, cause error) (*Realm, er
 	if err != nil {
 		return nil, cause
 	}
-	ms, err := meta.New(conn.Client(), meta.Options{Logger: opts.Logger, LockTTL: opts.LockTTL, OpTimeout: offlineOpTimeout, LocalCopyDir: LocalCopyDir(home)})
+	ms, err := meta.New(conn.Client(), meta.Options{Logger: opts.Logger, LockTTL: opts.LockTTL, LocalCopyDir: LocalCopyDir(home)})
 	if err != nil {
 		conn.Close()
 		return nil, err
