@@ -105,9 +105,29 @@ type MountStatus struct {
 	// the data is kept in the cache's unsaved/ directory).
 	CommitsDone   int64 `json:"commits_done"`
 	CommitsFailed int64 `json:"commits_failed"`
+	// Offline is set while the metadata service cannot be reached and
+	// the mount serves its local copy of the namespace (doc/offline.md).
+	Offline *Offline `json:"offline,omitempty"`
 	// Error is set, and nothing else, in the reply to a request the
 	// mount cannot answer.
 	Error string `json:"error,omitempty"`
+}
+
+// Offline says since when a device or mount has worked without the
+// metadata service, and what it serves meanwhile.
+type Offline struct {
+	// Since is when the service was found unreachable; Cause is the
+	// error that said so.
+	Since time.Time `json:"since"`
+	Cause string    `json:"cause,omitempty"`
+	// Serving is true when a local copy of the namespace answers (a
+	// mount's volume whose copy took in a whole listing); CopyRev is the
+	// etcd revision it reflects, CopySaved when it was last saved, and
+	// CopyEntries how many records it holds.
+	Serving     bool      `json:"serving"`
+	CopyRev     int64     `json:"copy_revision,omitempty"`
+	CopySaved   time.Time `json:"copy_saved,omitzero"`
+	CopyEntries int       `json:"copy_entries,omitempty"`
 }
 
 // Queue is the state of this device's background upload queue ('cairn

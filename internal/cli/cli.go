@@ -96,6 +96,7 @@ type env struct {
 	cpuprofile     string
 	target         string        // put --store: the node that receives the data
 	noCache        bool          // cat/get --no-cache: read from the stores, past every local cache
+	allowOffline   bool          // ls, cat, get: open the realm offline (local copies) if the service cannot be reached
 	wakeTimeout    time.Duration // get/cat/mount/dav --wake-timeout: the wait for a node a read wakes (-1 in other commands: they never wake one)
 	log            *slog.Logger
 	realm          *realm.Realm
@@ -254,7 +255,7 @@ func (e *env) etcdEndpoints() []string {
 }
 
 func (e *env) options() realm.Options {
-	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Target: e.target, NoCache: e.noCache, Logger: e.log,
+	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Target: e.target, NoCache: e.noCache, Logger: e.log, AllowOffline: e.allowOffline,
 		WakeTimeout: e.wakeTimeout, OnWake: e.showWake}
 	if s := os.Getenv("CAIRN_CHUNK_CACHE"); s != "" {
 		if n, err := parseSize(s); err == nil && n > 0 {

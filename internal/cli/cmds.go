@@ -204,6 +204,7 @@ subdirectories too. --help (not -h) prints this help.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			e.allowOffline = true
 			if len(args) == 0 {
 				args = []string{realm.DefaultVolume + ":/"}
 			}
@@ -370,6 +371,7 @@ func (e *env) catCmd() *cobra.Command {
 		Args:  usageArgs(1, "one or more VOLUME:/PATH"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			e.allowOffline = true
 			w := bufio.NewWriterSize(e.stdout, 1<<20)
 			defer w.Flush()
 			for _, a := range args {
@@ -391,6 +393,9 @@ func (e *env) catCmd() *cobra.Command {
 					}
 				}
 				if err := v.ReadFile(ctx, ent, ver, w); err != nil {
+					if nh := notHere("cat", p.String(), err); nh != nil {
+						return nh
+					}
 					return fmt.Errorf("%s: %w", p, err)
 				}
 			}

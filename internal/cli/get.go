@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/director"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/vpath"
@@ -47,6 +48,7 @@ end, and get exits 0 for them (as rsync does: the rest is restored).`,
 		Args: exactArgs(2, "VOLUME:/PATH and a local DEST"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			e.allowOffline = true
 			if !vpath.IsRemote(args[0]) {
 				return withCode(ExitUsage, fmt.Errorf("get: %q is not a cairn path (VOLUME:/PATH)", args[0]))
 			}
@@ -73,7 +75,11 @@ end, and get exits 0 for them (as rsync does: the rest is restored).`,
 			if workers <= 0 {
 				workers = 2 * runtime.GOMAXPROCS(0)
 			}
-			return e.get(ctx, v, ent, p.String(), dest, ver, workers)
+			err = e.get(ctx, v, ent, p.String(), dest, ver, workers)
+			if nh := notHere("get", p.String(), err); nh != nil {
+				return nh
+			}
+			return err
 		},
 	}
 	c.Flags().Uint64Var(&version, "version", 0, "version number of a file to get (see 'cairn versions')")
@@ -328,4 +334,14 @@ func (l getLink) make(top int) error {
 		return cairn.E("get", cairn.IO, filepath.Join(l.to.dir.path, l.to.name), err)
 	}
 	return nil
+}
+
+// notHere returns, for a read that failed offline because data is not on
+// this device (director.ErrNotHere), the error that says so of path
+// (Kind Unavailable: exit 6); nil for any other error.
+func notHere(op, path string, err error) error {
+	if err == nil || !errors.Is(err, director.ErrNotHere) {
+		return nil
+	}
+	return cairn.E(op, cairn.Unavailable, path, fmt.Errorf("offline: %s is not on this device (%w)", path, err))
 }

@@ -126,6 +126,9 @@ the fsync made durable): the next mount keeps them in the cache's unsaved/
 directory and logs where. A volume is mounted once per device.`,
 		Args: exactArgs(2, "VOLUME and MOUNTPOINT"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// A mount starts offline from the volume's local copy when
+			// the metadata service cannot be reached (doc/offline.md).
+			e.allowOffline = true
 			name, err := mountVolumeName(args[0])
 			if err != nil {
 				return err
@@ -137,7 +140,7 @@ directory and logs where. A volume is mounted once per device.`,
 			if attrTimeout < 0 {
 				return withCode(ExitUsage, errors.New("mount: --attr-timeout must not be negative"))
 			}
-			o := mount.Options{AttrTimeout: attrTimeout, Debug: debug, CacheDir: filepath.Join(e.home, "mountcache"), AllowOther: allowOther, Devices: devices}
+			o := mount.Options{AttrTimeout: attrTimeout, Debug: debug, CacheDir: filepath.Join(e.home, "mountcache"), LocalCopyDir: filepath.Join(e.home, "offline"), AllowOther: allowOther, Devices: devices}
 			if devices && os.Geteuid() != 0 {
 				return withCode(ExitUsage, errors.New("mount: --dev needs root (fusermount3 mounts every other user's FUSE mount nodev)"))
 			}

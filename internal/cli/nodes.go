@@ -14,6 +14,7 @@ import (
 	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/mount"
 	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/realm"
 )
@@ -61,15 +62,31 @@ proxy that sends the packet, if set; or "no wake method"), its address,
 the capacity and use of its store's disk, and when it last reported; then
 where the realm's metadata lives (the devices whose etcd member serves it,
 their gateways, and each member's health: leader, follower, learner, not
-started).`,
+started).
+
+When the metadata service cannot be reached, the list cannot be read: it
+says so, with what each mount of this device serves meanwhile (its local
+copy of the namespace: doc/offline.md), and exits 6.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := e.open(cmd.Context())
-			if err != nil {
-				return err
+			ctx := cmd.Context()
+			// A mount of this device that serves its local copy knows the
+			// service is gone: ask it for a short while only.
+			offline := e.offlineMounts(ctx)
+			if len(offline) > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, offlineDevicesTry)
+				defer cancel()
 			}
-			nodes, err := r.Meta.Nodes(cmd.Context())
+			r, err := e.open(ctx)
+			var nodes []meta.NodeStatus
+			if err == nil {
+				nodes, err = r.Meta.Nodes(ctx)
+			}
 			if err != nil {
+				if cairn.KindOf(err) == cairn.Unavailable || ctx.Err() != nil {
+					return e.devicesOffline(cmd.Context(), asJSON, err)
+				}
 				return err
 			}
 			out := devicesOf(nodes)
@@ -479,4 +496,53 @@ func (e *env) serveStandalone(cmd *cobra.Command, c *pki.Credentials, o realm.St
 	}
 	fmt.Fprintf(e.stdout, "stopped %s\n", name)
 	return nil
+}
+
+// offlineDevicesTry bounds the attempt of 'cairn devices' to reach the metadata
+// service when a mount of this device already finds it unreachable.
+const offlineDevicesTry = 3 * time.Second
+
+// offlineMounts returns this device's running mounts that are offline.
+func (e *env) offlineMounts(ctx context.Context) []mount.Status {
+	all, _ := e.mountStatus(ctx, false)
+	var out []mount.Status
+	for _, s := range all {
+		if s.Offline != nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// DevicesOffline is what 'cairn devices --json' prints when the metadata
+// service cannot be reached: the registry is not readable, and this
+// device's mounts that serve their local copies (doc/offline.md).
+type DevicesOffline struct {
+	Offline bool           `json:"offline"`
+	Error   string         `json:"error"`
+	Mounts  []mount.Status `json:"mounts"`
+}
+
+// devicesOffline says that the registry cannot be read because the
+// metadata service cannot be reached, and what this device serves
+// meanwhile; it returns err (exit 6).
+func (e *env) devicesOffline(ctx context.Context, asJSON bool, err error) error {
+	mounts := e.offlineMounts(ctx)
+	if cairn.KindOf(err) != cairn.Unavailable {
+		err = cairn.E("devices", cairn.Unavailable, "", fmt.Errorf("the metadata service did not answer in %v: %w", offlineDevicesTry, err))
+	}
+	if asJSON {
+		if mounts == nil {
+			mounts = []mount.Status{}
+		}
+		if perr := e.printJSON(DevicesOffline{Offline: true, Error: err.Error(), Mounts: mounts}); perr != nil {
+			return perr
+		}
+		return err
+	}
+	fmt.Fprintln(e.stdout, "offline: the metadata service cannot be reached; the device list is not available")
+	for _, s := range mounts {
+		fmt.Fprintln(e.stdout, offlineLine(s.Mountpoint, s.Offline))
+	}
+	return err
 }

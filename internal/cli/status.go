@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/mount"
 )
@@ -43,7 +44,11 @@ Each mount answers on a unix socket, $CAIRN_HOME/run/mount-VOLUME-PID.sock
 (mode 0600, removed at unmount; a socket left by a killed mount is removed here).
 --wait-idle waits until no mount has anything pending (every file closed on them
 is committed, every namespace change written), then prints the status; it fails
-(exit 1) after --timeout with what is still pending.`,
+(exit 1) after --timeout with what is still pending.
+
+A mount that cannot reach the metadata service says so below the table:
+since when, and the local copy of the namespace it serves meanwhile (its
+revision and when it was saved; doc/offline.md). --json: its "offline".`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -72,7 +77,15 @@ is committed, every namespace change written), then prints the status; it fails
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", s.Mountpoint, s.Volume, s.Mode, s.PID,
 					s.Pending, s.Closed, s.Queued, s.Namespace, s.CommitsDone, s.CommitsFailed)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, s := range all {
+				if s.Offline != nil {
+					fmt.Fprintln(e.stdout, offlineLine(s.Mountpoint, s.Offline))
+				}
+			}
+			return nil
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array, one object per mount (doc/format.md, \"Mount status socket\")")
@@ -107,4 +120,16 @@ func (e *env) mountStatus(ctx context.Context, idle bool) ([]mount.Status, error
 		case <-time.After(statusPoll):
 		}
 	}
+}
+
+// offlineLine says that a mount (or this device) works without the
+// metadata service, and what it serves meanwhile.
+func offlineLine(who string, o *apitypes.Offline) string {
+	l := fmt.Sprintf("%s: offline since %s (metadata service unreachable)", who, o.Since.Format(time.RFC3339))
+	if o.Serving {
+		l += fmt.Sprintf("; serving the local copy from %s, revision %d", o.CopySaved.Format(time.RFC3339), o.CopyRev)
+	} else {
+		l += "; no local copy of the namespace to serve"
+	}
+	return l
 }

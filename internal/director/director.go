@@ -88,7 +88,13 @@ type Options struct {
 	WakeTimeout time.Duration
 	// OnWake, if set, is told how a wake goes (see WakeProgress).
 	OnWake WakeProgress
-	Logger *slog.Logger
+	// Offline, if set, says whether this device is offline (the metadata
+	// service cannot be reached: doc/offline.md). While it is, a read
+	// is served by this device's store and chunk cache only: a chunk
+	// they lack fails at once (Kind Unavailable, "offline: ... is not on
+	// this device") instead of asking other nodes and stores.
+	Offline func() bool
+	Logger  *slog.Logger
 }
 
 // Use says what a node that is not awake was wanted for.

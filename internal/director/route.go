@@ -42,6 +42,10 @@ type router struct {
 	closed bool
 }
 
+// ErrNotHere is the cause of a read, offline, of a chunk this device's
+// store and chunk cache lack (Options.Offline).
+var ErrNotHere = errors.New("offline: not on this device")
+
 // registryTTL is how long the router trusts its copy of the registry.
 const registryTTL = 5 * time.Second
 
@@ -84,6 +88,9 @@ func (rt *router) Close() error {
 // it (shared with every other read that needs it meanwhile) and asks
 // again: a node is never woken while an awake copy answers.
 func (rt *router) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
+	if off := rt.d.opts.Offline; off != nil && off() {
+		return nil, cairn.E("fetch", cairn.Unavailable, id.String(), ErrNotHere)
+	}
 	woken := map[string]bool{}
 	for {
 		data, sleepers, err := rt.get(ctx, id)

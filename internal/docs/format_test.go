@@ -56,6 +56,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"upload queue (`put --background`)":               fmt.Sprint(cli.QueueFormat),
 		"journal (work accepted locally, finished later)": fmt.Sprint(journal.Version),
 		"mount status socket":                             fmt.Sprint(mount.StatusVersion),
+		"local copy of a volume's namespace":              fmt.Sprint(meta.LocalCopyVersion),
 		"keyring":                                         fmt.Sprint(keyring.FormatVersion),
 		"realm config":                                    one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
 		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),

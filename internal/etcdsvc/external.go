@@ -72,6 +72,22 @@ func ConnectExternal(ctx context.Context, endpoints []string, opts ConnectOption
 	return &Conn{cli: cli, endpoints: append([]string(nil), endpoints...)}, nil
 }
 
+// ConnectLazy returns a Conn to endpoints without reaching them first:
+// its requests fail (after their own timeouts) while nothing answers, and
+// work once something does. For a device that works offline: its
+// metadata Service answers from local copies and probes the service.
+func ConnectLazy(endpoints []string, opts ConnectOptions) (*Conn, error) {
+	opts.fill()
+	if len(endpoints) == 0 {
+		return nil, cairn.E("connect etcd", cairn.Invalid, "", errors.New("no endpoints"))
+	}
+	cli, err := newClient(endpoints, opts, opts.TLS)
+	if err != nil {
+		return nil, cairn.E("connect etcd", cairn.Unavailable, strings.Join(endpoints, ","), err)
+	}
+	return &Conn{cli: cli, endpoints: append([]string(nil), endpoints...)}, nil
+}
+
 // anyReachable returns nil as soon as one endpoint passes probe, or the
 // errors of all of them, and whether any of those was a TLS refusal.
 func anyReachable(ctx context.Context, endpoints []string, tlsConf *tls.Config) (refused bool, err error) {

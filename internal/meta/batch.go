@@ -66,6 +66,9 @@ type BatchResult struct {
 // for, ErrLocked (another writer holds the name's lock: write it without).
 func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error) {
 	var res BatchResult
+	if err := v.offlineWrite("put batch", v.V.Name); err != nil {
+		return res, err
+	}
 	if len(puts) == 0 {
 		return res, nil
 	}

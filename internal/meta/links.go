@@ -124,6 +124,9 @@ func (v *Vol) copyOps(n *Entry, names []*Entry) ([]clientv3.Cmp, []clientv3.Op) 
 // Invalid, ErrTooManyLinks); a name taken is Exist; a stale src is
 // Conflict.
 func (v *Vol) Link(ctx context.Context, src *Entry, dstParent *Entry, name string) (*Entry, error) {
+	if err := v.offlineWrite("link", name); err != nil {
+		return nil, err
+	}
 	if src.IsDir() {
 		return nil, cairn.E("link", cairn.Permission, src.Name, ErrLinkDir)
 	}

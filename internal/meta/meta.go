@@ -31,6 +31,10 @@ type Options struct {
 	// OpTimeout bounds each single etcd request. Default 10 s.
 	OpTimeout time.Duration
 	Logger    *slog.Logger
+	// LocalCopyDir, if set, holds this device's local copies of
+	// namespaces (a file per volume ID: doc/offline.md): while the
+	// Service is offline, Open opens a volume from its copy.
+	LocalCopyDir string
 }
 
 func (o *Options) fill() error {
@@ -67,6 +71,9 @@ type Service struct {
 	// format is the realm record's format as last read or raised by
 	// UseFormat (0: not known yet).
 	format atomic.Int32
+
+	// off is whether etcd can be reached (offline.go).
+	off offlineState
 }
 
 // New returns a Service using cli.
@@ -80,6 +87,7 @@ func New(cli *clientv3.Client, opts Options) (*Service, error) {
 // Close ends the Service's lease (releasing any locks it still holds). The
 // etcd client stays open: it belongs to the caller.
 func (s *Service) Close() error {
+	s.stopProbe()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.session != nil {
@@ -290,6 +298,11 @@ func (s *Service) Volumes(ctx context.Context) ([]Volume, error) {
 
 // Open returns a handle on the named volume; NotFound if there is none.
 func (s *Service) Open(ctx context.Context, name string) (*Vol, error) {
+	if s.isOffline() && s.opts.LocalCopyDir != "" {
+		if v := s.openCopy(name); v != nil {
+			return v, nil
+		}
+	}
 	var v Volume
 	if _, err := s.getJSON(ctx, "open volume", s.key("vol", name), &v); err != nil {
 		if errors.Is(err, cairn.ErrNotFound) {

@@ -21,6 +21,10 @@ type Vol struct {
 	s    *Service
 	V    Volume
 	base string // <prefix>v/<volID>/
+
+	// local is the copy v answers from offline (offline.go).
+	locOnce sync.Once
+	local   *volLocal
 }
 
 func inoHex(ino uint64) string { return fmt.Sprintf("%016x", ino) }
@@ -192,12 +196,19 @@ func (v *Vol) Root(ctx context.Context) (*Entry, error) { return v.Get(ctx, 0, "
 
 // Get returns the entry name in directory parent (parent 0: the root).
 func (v *Vol) Get(ctx context.Context, parent uint64, name string) (*Entry, error) {
+	if lc := v.offlineCopy(nil); lc != nil {
+		return lc.Get(parent, name)
+	}
 	ctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
 	k := v.entryKey(parent, name)
 	resp, err := v.s.cli.Get(ctx, k)
 	if err != nil {
-		return nil, etcdErr("lookup", name, err)
+		err = etcdErr("lookup", name, err)
+		if lc := v.offlineCopy(err); lc != nil {
+			return lc.Get(parent, name)
+		}
+		return nil, err
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, cairn.E("lookup", cairn.NotFound, name, nil)
@@ -250,6 +261,23 @@ func (v *Vol) ReadDirSkip(ctx context.Context, ino uint64, bad func(error)) ([]E
 }
 
 func (v *Vol) readDir(ctx context.Context, ino uint64, bad func(error)) ([]Entry, int64, error) {
+	if lc := v.offlineCopy(nil); lc != nil {
+		return lc.ReadDir(ino), lc.State().Rev, nil
+	}
+	out, at, err := v.readDirEtcd(ctx, ino, bad)
+	if err != nil {
+		if lc := v.offlineCopy(err); lc != nil {
+			return lc.ReadDir(ino), lc.State().Rev, nil
+		}
+		return out, at, err
+	}
+	if lc := v.LocalCopy(); lc != nil {
+		lc.ListedDir(ino, out, at)
+	}
+	return out, at, nil
+}
+
+func (v *Vol) readDirEtcd(ctx context.Context, ino uint64, bad func(error)) ([]Entry, int64, error) {
 	var out []Entry
 	at, err := v.s.scanAt(ctx, "read dir", v.dirPrefix(ino), func(k, val []byte, rev int64) error {
 		e, err := v.decode("read dir", k, val, rev)
@@ -289,6 +317,9 @@ func (v *Vol) CreateLocked(ctx context.Context, parent *Entry, e Entry) (*Entry,
 }
 
 func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (*Entry, *Lock, error) {
+	if err := v.offlineWrite("create", e.Name); err != nil {
+		return nil, nil, err
+	}
 	if !parent.IsDir() {
 		return nil, nil, cairn.E("create", cairn.NotDir, parent.Name, nil)
 	}
@@ -461,6 +492,9 @@ var ErrFenced = errors.New("a garbage collection ran during the write")
 // on the file's record). It keeps the newest KeepVersions versions and
 // returns the ones it dropped. Directories and symlinks are refused.
 func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c Commit) (*Entry, []Version, error) {
+	if err := v.offlineWrite("commit", name); err != nil {
+		return nil, nil, err
+	}
 	if !parent.IsDir() {
 		return nil, nil, cairn.E("commit", cairn.NotDir, parent.Name, nil)
 	}
@@ -616,6 +650,9 @@ func (v *Vol) nextVersion(parent *Entry, name string, cur *Entry, c *Commit) (En
 // Update replaces an entry's attributes (mode, uid, gid, mtime, target)
 // with a compare-and-swap on the revision it was read at.
 func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
+	if err := v.offlineWrite("update", e.Name); err != nil {
+		return nil, err
+	}
 	if e.Rev == 0 {
 		// ModRevision 0 would also match a name with no record at all.
 		return nil, cairn.E("update", cairn.Invalid, e.Name, errors.New("an entry not read from the metadata (no revision)"))
@@ -665,6 +702,9 @@ func (v *Vol) Remove(ctx context.Context, parent *Entry, name, path string, recu
 // cache kept current by a watch), saving its read; nil: read it. A stale
 // one fails the remove with Conflict, and the caller tries again without.
 func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string, recursive bool, e *Entry) (*TrashItem, error) {
+	if err := v.offlineWrite("remove", path); err != nil {
+		return nil, err
+	}
 	if e == nil || e.Parent != parent.Ino || e.Name != name {
 		var err error
 		if e, err = v.Get(ctx, parent.Ino, name); err != nil {
@@ -749,6 +789,9 @@ func (v *Vol) Trash(ctx context.Context) ([]TrashItem, error) {
 
 // RestoreTrash puts trash item id back as name in directory parent.
 func (v *Vol) RestoreTrash(ctx context.Context, id string, parent *Entry, name string) (*Entry, error) {
+	if err := v.offlineWrite("restore", name); err != nil {
+		return nil, err
+	}
 	var item TrashItem
 	tk := v.base + "trash/" + id
 	trev, err := v.s.getJSON(ctx, "restore", tk, &item)
@@ -946,6 +989,9 @@ func appendHistory(older, newer []Version, keep int) []Version {
 }
 
 func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known, o renameOpts) (*Entry, error) {
+	if err := v.offlineWrite("rename", dstPath); err != nil {
+		return nil, err
+	}
 	noReplace := o.noReplace
 	if !dstParent.IsDir() {
 		return nil, cairn.E("rename", cairn.NotDir, dstPath, nil)
@@ -1172,6 +1218,9 @@ func (l *Lock) Unlock(ctx context.Context) error {
 // lease, so they first queue on an in-process lock for the same key; the
 // etcd key then serializes processes.
 func (v *Vol) Lock(ctx context.Context, parent uint64, name string) (*Lock, error) {
+	if err := v.offlineWrite("lock", name); err != nil {
+		return nil, err
+	}
 	key := v.lockKey(parent, name)
 	timeout := func() error {
 		return cairn.E("lock", cairn.Conflict, name, errors.New("another writer holds this file; timed out waiting"))

@@ -41,6 +41,9 @@ func checkXattrName(op, name string) error {
 
 // Xattrs returns every extended attribute of inode ino.
 func (v *Vol) Xattrs(ctx context.Context, ino uint64) (map[string][]byte, error) {
+	if v.s.isOffline() {
+		return nil, cairn.E("listxattr", cairn.Unavailable, "", errOfflineXattrs)
+	}
 	ctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
 	p := v.xattrPrefix(ino)
@@ -60,6 +63,9 @@ func (v *Vol) Xattr(ctx context.Context, ino uint64, name string) ([]byte, error
 	if err := checkXattrName("getxattr", name); err != nil {
 		return nil, err
 	}
+	if v.s.isOffline() {
+		return nil, cairn.E("getxattr", cairn.Unavailable, name, errOfflineXattrs)
+	}
 	ctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
 	resp, err := v.s.cli.Get(ctx, v.xattrPrefix(ino)+name)
@@ -74,6 +80,9 @@ func (v *Vol) Xattr(ctx context.Context, ino uint64, name string) ([]byte, error
 
 // SetXattr sets attribute name of inode ino, as flag allows.
 func (v *Vol) SetXattr(ctx context.Context, ino uint64, name string, value []byte, flag XattrFlag) error {
+	if err := v.offlineWrite("setxattr", name); err != nil {
+		return err
+	}
 	if err := checkXattrName("setxattr", name); err != nil {
 		return err
 	}
@@ -108,6 +117,9 @@ func (v *Vol) SetXattr(ctx context.Context, ino uint64, name string, value []byt
 
 // RemoveXattr removes attribute name of inode ino, or returns NotFound.
 func (v *Vol) RemoveXattr(ctx context.Context, ino uint64, name string) error {
+	if err := v.offlineWrite("removexattr", name); err != nil {
+		return err
+	}
 	if err := checkXattrName("removexattr", name); err != nil {
 		return err
 	}

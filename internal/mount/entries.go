@@ -484,6 +484,14 @@ func (c *entryCache) apply(ev meta.EntryEvents) []meta.EntryChange {
 	return known
 }
 
+// silent reports whether the watch is established and has not answered
+// for the trust period: its progress notices stopped coming.
+func (c *entryCache) silent() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.live && time.Since(c.heard) >= c.trust
+}
+
 // progressEvery returns how often the watch is asked for progress.
 func (c *entryCache) progressEvery() time.Duration {
 	c.mu.Lock()

@@ -643,6 +643,9 @@ func (n *node) forgetClosed(c *content) {
 // file's writer lock. The kernel keeps its page cache of the file when the
 // copy is the one it read last (the memory buffer of an open file).
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC) != 0 && n.m.offlineWrite() {
+		return nil, 0, syscall.EROFS
+	}
 	ctx = bg(ctx)
 	n.mu.Lock()
 	told := n.last
@@ -776,6 +779,9 @@ func (n *node) open(ctx context.Context, e *meta.Entry, flags uint32) (*handle, 
 // Create makes an empty file (no version yet) and opens it. A name made
 // meanwhile by someone else is opened instead, unless O_EXCL.
 func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	if n.m.offlineWrite() {
+		return nil, nil, 0, syscall.EROFS
+	}
 	ctx = bg(ctx)
 	write := flags&syscall.O_ACCMODE != syscall.O_RDONLY
 	// A new file's writer lock is taken by the create's own transaction.

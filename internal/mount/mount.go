@@ -114,6 +114,11 @@ type Options struct {
 	// kept and shown, and an open of one fails with EACCES, so that a
 	// node made on another device, or restored by get, opens no disk here.
 	Devices bool
+	// LocalCopyDir holds this device's local copies of the namespaces
+	// of the volumes it mounts, a file per volume ID (doc/offline.md):
+	// what the mount serves while the metadata service cannot be
+	// reached. Default: CacheDir's "offline" subdirectory.
+	LocalCopyDir string
 }
 
 // FuseConf is the configuration file fusermount3 reads.
@@ -228,6 +233,14 @@ type Mount struct {
 	watchMu   sync.Mutex
 	curWatch  *meta.EntryWatch
 	watchHold chan struct{} // tests: hold a new watch until closed
+
+	// lc is the volume's local copy, kept by keepCopy (offline.go).
+	lc       *meta.LocalCopy
+	copyStop chan struct{}
+	copyDone chan struct{}
+	copyKick chan struct{}
+	// refusedOnce is set once a write was refused offline (logged once).
+	refusedOnce atomic.Bool
 	// releaseHold, for tests, holds each RELEASE request until closed
 	// (HoldRelease): the kernel's release late after the close.
 	releaseHold atomic.Pointer[chan struct{}]
@@ -341,15 +354,27 @@ func Start(ctx context.Context, v *fs.Volume, dir string, o Options) (*Mount, er
 		m.ents.wb = m.wb
 		go m.wb.run()
 	}
+	m.startCopy(o)
 	// The watch first, then the root: a volume the metadata service
 	// cannot serve fails the mount instead of its first request.
 	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stopWatch, m.watchDone = stop, make(chan struct{})
-	first, err := v.Meta.WatchEntries(wctx)
+	var first *meta.EntryWatch
+	if _, off := v.Meta.Service().Offline(); off {
+		// Started offline (from the local copy): the watch loop
+		// watches once the service is back, without holding the start.
+		err = cairn.E("watch", cairn.Unavailable, v.Name(), errors.New("offline"))
+	} else {
+		first, err = v.Meta.WatchEntries(wctx)
+	}
 	if err != nil {
 		m.log.Warn("no watch on the volume: every open asks the metadata service until there is one", "err", err)
+		if cairn.KindOf(err) == cairn.Unavailable {
+			v.Meta.Service().MarkUnreachable(err)
+		}
 	} else {
 		m.ents.established(first.Start)
+		m.resyncCopy()
 	}
 	go m.watchLoop(wctx, first)
 	go q.run(wctx)
@@ -457,6 +482,7 @@ func (m *Mount) shutdown() {
 	m.unlockAll(context.Background())
 	m.stopWatch()
 	<-m.watchDone
+	m.stopCopy()
 	m.cache.close()
 }
 
@@ -488,6 +514,9 @@ func (m *Mount) watchLoop(ctx context.Context, w *meta.EntryWatch) {
 					m.log.Warn("cannot watch the volume: every open asks the metadata service until the watch is back", "err", err)
 					down = true
 				}
+				if cairn.KindOf(err) == cairn.Unavailable {
+					m.vol.Meta.Service().MarkUnreachable(err)
+				}
 				select {
 				case <-time.After(backoff):
 				case <-ctx.Done():
@@ -501,6 +530,7 @@ func (m *Mount) watchLoop(ctx context.Context, w *meta.EntryWatch) {
 			}
 			down, backoff = false, 100*time.Millisecond
 			m.ents.established(w.Start)
+			m.resyncCopy()
 		}
 		m.watchMu.Lock()
 		m.curWatch = w
@@ -511,6 +541,11 @@ func (m *Mount) watchLoop(ctx context.Context, w *meta.EntryWatch) {
 				select {
 				case <-time.After(m.ents.progressEvery()):
 					w.RequestProgress()
+					if m.ents.silent() {
+						// The watch stopped answering: etcd (or the way
+						// to it) is gone, or too slow to serve.
+						m.vol.Meta.Service().MarkUnreachable(cairn.E("watch", cairn.Unavailable, m.vol.Name(), errWatchSilent))
+					}
 				case <-stop:
 					return
 				}
@@ -523,6 +558,7 @@ func (m *Mount) watchLoop(ctx context.Context, w *meta.EntryWatch) {
 				break
 			}
 			m.ents.apply(ev)
+			m.lc.Apply(ev)
 		}
 		close(stop)
 		w.Close()
@@ -787,6 +823,9 @@ func (m *Mount) errno(op, path string, err error) syscall.Errno {
 	var en syscall.Errno
 	if errors.As(err, &en) {
 		return en
+	}
+	if errors.Is(err, meta.ErrOfflineWrites) {
+		return syscall.EROFS
 	}
 	switch cairn.KindOf(err) {
 	case cairn.NotFound:

@@ -615,6 +615,9 @@ func (n *node) getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 // the open copy; a truncate by path commits at once). atime is not kept:
 // it reads as mtime.
 func (n *node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if n.m.offlineWrite() {
+		return syscall.EROFS
+	}
 	ctx = bg(ctx)
 	h, _ := asHandle(f)
 	if size, ok := in.GetSize(); ok {
@@ -803,6 +806,9 @@ func (n *node) createLocked(ctx context.Context, e meta.Entry, locked bool) (*me
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.m.offlineWrite() {
+		return nil, syscall.EROFS
+	}
 	ctx = bg(ctx)
 	e, errno := n.create(ctx, meta.Entry{Name: name, Type: meta.TypeDir, Mode: mode & 07777})
 	if errno != 0 {
@@ -812,6 +818,9 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.m.offlineWrite() {
+		return nil, syscall.EROFS
+	}
 	ctx = bg(ctx)
 	e, errno := n.create(ctx, meta.Entry{Name: name, Type: meta.TypeSymlink, Mode: 0o777, Target: target, Size: int64(len(target))})
 	if errno != 0 {
@@ -829,6 +838,9 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 // the kernel. In write-back mode a special file is made as a mkdir is:
 // answered at once, written in the next batch.
 func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.m.offlineWrite() {
+		return nil, syscall.EROFS
+	}
 	ctx = bg(ctx)
 	e := meta.Entry{Name: name, Type: meta.TypeFile, Mode: mode & 07777}
 	if t, ok := meta.SpecialType(mode); ok {
@@ -858,6 +870,9 @@ func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fu
 // files (cairn keeps hard links of regular files only); an inode with
 // meta.MaxLinks names is EMLINK.
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.m.offlineWrite() {
+		return nil, syscall.EROFS
+	}
 	ctx = bg(ctx)
 	if errno := checkName(name); errno != 0 {
 		return nil, errno
@@ -1074,9 +1089,15 @@ func (n *node) removedHere(ctx context.Context, name string) {
 }
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	if n.m.offlineWrite() {
+		return syscall.EROFS
+	}
 	return n.remove(ctx, name, false)
 }
 func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if n.m.offlineWrite() {
+		return syscall.EROFS
+	}
 	return n.remove(ctx, name, true)
 }
 
@@ -1086,6 +1107,9 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 // own content is still to be committed here (unsaved): its commit then
 // lands as that version. RENAME_EXCHANGE is not supported (EINVAL).
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if n.m.offlineWrite() {
+		return syscall.EROFS
+	}
 	ctx = bg(ctx)
 	if len(name) > vpath.MaxName || len(newName) > vpath.MaxName {
 		return syscall.ENAMETOOLONG

@@ -54,6 +54,7 @@ func (m *Mount) Status() Status {
 	}
 	s.Pending = s.Closed + s.Queued + s.Namespace
 	s.CommitsDone, s.CommitsFailed = m.commitsDone.Load(), m.commitsFailed.Load()
+	s.Offline = m.offlineStatus()
 	return s
 }
 

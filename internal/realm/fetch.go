@@ -38,7 +38,8 @@ func (r *Realm) dir() *director.Director {
 // newDirector makes a director over this realm with the realm's options.
 func (r *Realm) newDirector() *director.Director {
 	o := director.Options{Target: r.opts.Target, NoCache: r.opts.NoCache, CacheBytes: r.opts.CacheBytes,
-		PolicyDir: filepath.Join(r.Home, policyDir), Logger: r.log}
+		PolicyDir: filepath.Join(r.Home, policyDir), Logger: r.log,
+		Offline: func() bool { _, off := r.Meta.Offline(); return off }}
 	if r.opts.WakeTimeout >= 0 {
 		// Reads wake what holds their data alone (doc/power.md, "Wake").
 		o.Decide, o.Wake, o.WakeTimeout, o.OnWake = director.WakeDecide, r.wakeNode, r.opts.WakeTimeout, r.opts.OnWake

@@ -90,6 +90,11 @@ func DefaultHome() (string, error) {
 
 // Options for Init and Open.
 type Options struct {
+	// AllowOffline lets Open succeed when the metadata service cannot be
+	// reached and this device holds local copies of namespaces
+	// (doc/offline.md): the Realm's Meta is then offline and answers
+	// reads of those volumes from them. For read-only commands.
+	AllowOffline bool
 	// Etcd overrides the configured endpoints (for Init: records them).
 	Etcd []string
 	// Passphrase is asked for when a sealed keyring must be opened, or for
@@ -252,13 +257,34 @@ func Open(ctx context.Context, home string, opts Options) (*Realm, error) {
 	if len(opts.Etcd) > 0 {
 		cfg.Etcd = opts.Etcd
 	}
-	r, err := connect(ctx, home, cfg, opts)
+	// With local copies to fall back on, the service is asked for a short
+	// while only.
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	// Not with the embedded service (this device runs it: starting it
+	// may take longer than the try, and there is nothing to be offline
+	// from).
+	remote := len(cfg.Etcd) > 0 || len(cfg.Gateway) > 0
+	offlineOK := opts.AllowOffline && remote && meta.HasLocalCopies(LocalCopyDir(home))
+	if offlineOK {
+		cctx, cancel = context.WithTimeout(ctx, offlineTry)
+	}
+	defer cancel()
+	unreachable := func(err error) bool {
+		return offlineOK && (cairn.KindOf(err) == cairn.Unavailable || (cctx.Err() != nil && ctx.Err() == nil))
+	}
+	r, err := connect(cctx, home, cfg, opts)
 	if err != nil {
+		if unreachable(err) {
+			return openOffline(home, cfg, opts, err)
+		}
 		return nil, err
 	}
-	info, err := r.Meta.Realm(ctx)
+	info, err := r.Meta.Realm(cctx)
 	if err != nil {
 		r.Close()
+		if unreachable(err) {
+			return openOffline(home, cfg, opts, err)
+		}
 		if errors.Is(err, cairn.ErrNotFound) {
 			return nil, cairn.E("open realm", cairn.NotFound, strings.Join(cfg.Etcd, ","), errors.New("the metadata service holds no realm"))
 		}
@@ -313,7 +339,7 @@ func connect(ctx context.Context, home string, cfg Config, opts Options) (*Realm
 	if err != nil {
 		return nil, err
 	}
-	ms, err := meta.New(conn.Client(), meta.Options{Logger: opts.Logger, LockTTL: opts.LockTTL})
+	ms, err := meta.New(conn.Client(), meta.Options{Logger: opts.Logger, LockTTL: opts.LockTTL, LocalCopyDir: LocalCopyDir(home)})
 	if err != nil {
 		conn.Close()
 		return nil, err

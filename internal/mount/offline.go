@@ -1,0 +1,149 @@
+package mount
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"time"
+
+	"cairn.dev/cairn/internal/apitypes"
+	"cairn.dev/cairn/internal/meta"
+)
+
+// The mount keeps this device's local copy of the volume's namespace
+// (meta.LocalCopy, doc/offline.md): it takes a whole listing each time
+// its watch is (re)established, applies every change the watch reports,
+// and saves the copy every copySaveEvery while it changes (and at the
+// unmount). While the metadata service cannot be reached, the volume's
+// reads answer from the copy (meta.Vol), reads of data not on this device
+// fail at once (director.Options.Offline), and writes are refused (EROFS).
+
+// copySaveEvery is the least time between two saves of the local copy;
+// a save that took long waits copySaveFactor times as long before the
+// next, so that a large namespace costs the disk at most a twentieth of
+// its time.
+const (
+	copySaveEvery  = 2 * time.Second
+	copySaveFactor = 20
+)
+
+// errWatchSilent is why a mount finds the metadata service unreachable
+// when its watch stops answering.
+var errWatchSilent = errors.New("the watch on the volume stopped answering")
+
+// localCopyPath is where the copy of volume id is kept.
+func localCopyPath(o Options, id string) string {
+	dir := o.LocalCopyDir
+	if dir == "" {
+		dir = filepath.Join(o.CacheDir, "offline")
+	}
+	return filepath.Join(dir, id)
+}
+
+// startCopy opens the volume's local copy and makes the volume answer
+// from it while offline.
+func (m *Mount) startCopy(o Options) {
+	lc := meta.OpenLocalCopy(localCopyPath(o, m.vol.Meta.V.ID), m.vol.Meta.V, m.log)
+	m.vol.Meta.UseLocalCopy(lc)
+	m.lc = lc
+	if st := lc.State(); st.Complete {
+		m.log.Info("local copy of the namespace loaded", "revision", st.Rev, "entries", st.Entries, "saved", st.Saved.Format(time.RFC3339))
+	}
+	m.copyStop, m.copyDone = make(chan struct{}), make(chan struct{})
+	m.copyKick = make(chan struct{}, 1)
+	go m.keepCopy()
+}
+
+// resyncCopy asks the copy keeper to take a whole listing (the watch was
+// just established: what happened while there was none is in no change).
+func (m *Mount) resyncCopy() {
+	if m.copyKick == nil {
+		return
+	}
+	select {
+	case m.copyKick <- struct{}{}:
+	default:
+	}
+}
+
+// keepCopy takes the listings resyncCopy asks for and saves the copy.
+func (m *Mount) keepCopy() {
+	defer close(m.copyDone)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-m.copyStop
+		cancel()
+	}()
+	wait := copySaveEvery
+	for {
+		select {
+		case <-m.copyStop:
+			m.saveCopy(context.Background())
+			return
+		case <-m.copyKick:
+			m.lc.BeginReplace()
+			ents, rev, err := m.vol.Meta.Snapshot(ctx)
+			if err != nil {
+				m.lc.AbortReplace()
+				m.log.Warn("local copy of the namespace not refreshed", "err", err)
+				continue
+			}
+			m.lc.Replace(ents, rev)
+			m.log.Debug("local copy of the namespace refreshed", "revision", rev, "entries", len(ents))
+		case <-time.After(wait):
+		}
+		t0 := time.Now()
+		m.saveCopy(ctx)
+		wait = max(copySaveEvery, copySaveFactor*time.Since(t0))
+	}
+}
+
+func (m *Mount) saveCopy(ctx context.Context) {
+	if err := m.lc.Save(ctx); err != nil && ctx.Err() == nil {
+		m.log.Warn("local copy of the namespace not saved", "err", err)
+	}
+}
+
+// stopCopy saves the copy a last time and stops its keeper.
+func (m *Mount) stopCopy() {
+	if m.copyStop == nil {
+		return
+	}
+	close(m.copyStop)
+	<-m.copyDone
+	m.copyStop = nil
+}
+
+// offlineStatus is the mount's offline state for its status.
+func (m *Mount) offlineStatus() *apitypes.Offline {
+	info, off := m.vol.Meta.Service().Offline()
+	if !off {
+		return nil
+	}
+	o := &apitypes.Offline{Since: info.Since, Cause: info.Cause}
+	if m.lc != nil {
+		st := m.lc.State()
+		o.CopyRev, o.CopySaved, o.CopyEntries, o.Serving = st.Rev, st.Saved, st.Entries, st.Complete
+	}
+	return o
+}
+
+// offline reports whether the metadata service cannot be reached now.
+func (m *Mount) offline() bool {
+	_, off := m.vol.Meta.Service().Offline()
+	return off
+}
+
+// offlineWrite reports whether a change must be refused because the
+// metadata service cannot be reached (EROFS: offline writes are not yet
+// taken; doc/offline.md), logging the first refusal of each episode.
+func (m *Mount) offlineWrite() bool {
+	if !m.offline() {
+		return false
+	}
+	if m.refusedOnce.CompareAndSwap(false, true) {
+		m.log.Warn(meta.ErrOfflineWrites.Error())
+	}
+	return true
+}
