@@ -277,6 +277,12 @@ const (
 // which condition failed. Results are in the order of cs.
 func (v *Vol) CommitVersions(ctx context.Context, cs []BatchCommit) []CommitResult {
 	res := make([]CommitResult, len(cs))
+	if v.s.isOffline() {
+		for i := range cs {
+			res[i].Err = v.offlineWrite("commit", cs[i].Name)
+		}
+		return res
+	}
 	var single []int
 	var txns []*commitTxn
 	var t *commitTxn

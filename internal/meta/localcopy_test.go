@@ -211,8 +211,15 @@ func TestOfflineSwitch(t *testing.T) {
 	if !errors.Is(err, meta.ErrOfflineWrites) || cairn.KindOf(err) != cairn.Unavailable {
 		t.Fatalf("offline create: %v", err)
 	}
+	// A put's batched commit is refused the same way, at once.
+	for i, r := range v.CommitVersions(ctx, []meta.BatchCommit{{Parent: root, Name: "new",
+		Commit: meta.Commit{Version: meta.Version{Size: 1}, Mode: 0o644, Cur: meta.KnownEntry(nil), Unlocked: true}}}) {
+		if !errors.Is(r.Err, meta.ErrOfflineWrites) || cairn.KindOf(r.Err) != cairn.Unavailable {
+			t.Fatalf("offline batched commit %d: %+v, %v", i, r.Entry, r.Err)
+		}
+	}
 	if d := time.Since(start); d > 500*time.Millisecond {
-		t.Fatalf("offline reads and a refused write took %v: they asked etcd", d)
+		t.Fatalf("offline reads and refused writes took %v: they asked etcd", d)
 	}
 
 	resume()
