@@ -128,7 +128,7 @@ func (e *env) nodeCmd() *cobra.Command {
 	var noGateway bool
 	var registrars []string
 	var lease, drain time.Duration
-	var sleepBus string
+	var sleepBus, metricsAddr string
 	serve := &cobra.Command{
 		Use:   "serve [--listen HOST:PORT] [--gateway-listen HOST:PORT] [--registrar ADDR] [--donate SIZE]",
 		Short: "Serve this machine's store to the realm's devices (and, on a device, the join and registrar endpoints)",
@@ -169,9 +169,13 @@ the node is awake again when it resumes. Without logind (a container, a
 machine without systemd) it says so once in its log and serves all the
 same: a sleep then reads as offline until the node reports again.
 
-It prints "serving NAME on ADDRESS" once ready.`,
+It prints "serving NAME on ADDRESS" once ready. --metrics ADDR also serves
+Prometheus metrics on http://ADDR/metrics (doc/metrics.md).`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := e.serveMetrics(cmd.Context(), metricsAddr); err != nil {
+				return err
+			}
 			if c, err := pki.LoadCredentials(realm.CredentialsDir(e.home)); err == nil && c.Identity.Role != pki.Device {
 				var donation int64
 				if donate != "" {
@@ -227,6 +231,7 @@ It prints "serving NAME on ADDRESS" once ready.`,
 	serve.Flags().StringVar(&donate, "donate", "", "benefactor: the most its store may hold (e.g. 50GiB); puts past it are refused")
 	serve.Flags().DurationVar(&drain, "drain", realm.DefaultDrainTimeout, "device: how long a node announcing standby waits for the chunk requests in flight")
 	serve.Flags().StringVar(&sleepBus, "sleep-bus", os.Getenv("CAIRN_SLEEP_BUS"), "device: D-Bus address where systemd-logind is (default: $CAIRN_SLEEP_BUS, else the system bus; \"none\": do not take its sleep inhibitor)")
+	metricsFlag(serve, &metricsAddr)
 	serve.Flags().StringSliceVar(&registrars, "registrar", nil, "benefactor or surrogate: the registrars (devices' node addresses HOST:PORT) to report to, instead of those it knows")
 	remove := &cobra.Command{
 		Use:   "remove NAME",

@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/metrics"
 )
 
 // Vol is a handle on one volume's namespace.
@@ -461,6 +462,13 @@ var ErrFenced = errors.New("a garbage collection ran during the write")
 // on the file's record). It keeps the newest KeepVersions versions and
 // returns the ones it dropped. Directories and symlinks are refused.
 func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c Commit) (*Entry, []Version, error) {
+	t0 := time.Now()
+	e, dropped, err := v.commitVersion(ctx, parent, name, c)
+	metrics.Default().ObserveCommit(t0, err) // cairn_commit_duration_seconds
+	return e, dropped, err
+}
+
+func (v *Vol) commitVersion(ctx context.Context, parent *Entry, name string, c Commit) (*Entry, []Version, error) {
 	if !parent.IsDir() {
 		return nil, nil, cairn.E("commit", cairn.NotDir, parent.Name, nil)
 	}
