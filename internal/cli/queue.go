@@ -31,8 +31,8 @@ import (
 	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/journal"
-	"cairn.dev/cairn/internal/metrics"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metrics"
 	"cairn.dev/cairn/internal/store/localstore"
 	"cairn.dev/cairn/internal/vpath"
 )
