@@ -37,6 +37,8 @@ type Metrics struct {
 
 	uploadQueue, commitQueue queues // summed at each scrape
 
+	own []prometheus.Collector // the cairn_ metrics, for Descs
+
 	CommitDuration *prometheus.HistogramVec // result: metadata commit of a version
 
 	Wakes        *prometheus.CounterVec // result
@@ -120,11 +122,14 @@ func New() *Metrics {
 		Help:    "Latency of etcd round trips by gRPC method.",
 		Buckets: latency,
 	}, []string{"method"})
-	m.Registry.MustRegister(
+	m.own = []prometheus.Collector{
 		m.StoreRequests, m.StoreDuration, m.StoreRead, m.StoreWritten,
 		m.CacheHits, m.CacheMisses, uploadQueue, commitQueue,
 		m.CommitDuration, m.Wakes, m.WakeDuration, m.OffloadBytes, m.ReclaimBytes,
 		m.EtcdRequests, m.EtcdDuration,
+	}
+	m.Registry.MustRegister(m.own...)
+	m.Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -283,4 +288,21 @@ func (m *Metrics) TrackUploadQueue(length func() int) (untrack func()) {
 // until untrack is called, as TrackUploadQueue does.
 func (m *Metrics) TrackCommitQueue(length func() int) (untrack func()) {
 	return m.commitQueue.track(length)
+}
+
+// Descs returns the descriptions of the cairn_ metrics (not the Go
+// runtime's and the process's): doc/metrics.md is checked against them.
+func (m *Metrics) Descs() []*prometheus.Desc {
+	ch := make(chan *prometheus.Desc, 64)
+	go func() {
+		for _, c := range m.own {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	var ds []*prometheus.Desc
+	for d := range ch {
+		ds = append(ds, d)
+	}
+	return ds
 }
