@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/metrics"
 )
 
 // MaxBatch is the most entries PutBatch takes at once: etcd refuses a
@@ -64,6 +65,15 @@ type BatchResult struct {
 // (the record changed since Rev) or, for a new file whose lock was asked
 // for, ErrLocked (another writer holds the name's lock: write it without).
 func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error) {
+	t0 := time.Now()
+	res, err := v.putBatch(ctx, puts)
+	if len(puts) > 0 {
+		metrics.Default().ObserveCommit(t0, err) // one transaction: cairn_commit_duration_seconds
+	}
+	return res, err
+}
+
+func (v *Vol) putBatch(ctx context.Context, puts []BatchPut) (BatchResult, error) {
 	var res BatchResult
 	if len(puts) == 0 {
 		return res, nil
