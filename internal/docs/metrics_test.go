@@ -1,6 +1,7 @@
 package docs
 
 import (
+	"encoding/json"
 	"os"
 	"regexp"
 	"slices"
@@ -64,4 +65,52 @@ func labelList(s string) string {
 	}
 	slices.Sort(ls)
 	return strings.Join(ls, ",")
+}
+
+// TestGrafanaDashboard checks that doc/grafana-cairn.json is JSON, that
+// every cairn_ name its queries use is registered, and that it shows every
+// registered metric.
+func TestGrafanaDashboard(t *testing.T) {
+	b, err := os.ReadFile("../../doc/grafana-cairn.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("doc/grafana-cairn.json: %v", err)
+	}
+	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
+	registered := map[string]bool{}
+	for _, desc := range metrics.New().Descs() {
+		registered[fq.FindStringSubmatch(desc.String())[1]] = true
+	}
+	name := regexp.MustCompile(`cairn_[a-z_]+`)
+	used := map[string]bool{}
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			for _, n := range name.FindAllString(tg.Expr, -1) {
+				if !registered[n] {
+					for _, suf := range []string{"_bucket", "_sum", "_count"} {
+						if registered[strings.TrimSuffix(n, suf)] {
+							n = strings.TrimSuffix(n, suf)
+						}
+					}
+				}
+				if !registered[n] {
+					t.Errorf("panel %q queries %s, which is not registered", p.Title, n)
+				}
+				used[n] = true
+			}
+		}
+	}
+	for n := range registered {
+		if !used[n] {
+			t.Errorf("the dashboard shows no panel of %s", n)
+		}
+	}
 }
