@@ -30,6 +30,7 @@ require (
 
 require (
 	github.com/cpuguy83/go-md2man/v2 v2.0.6 // indirect
+	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
 )
 
