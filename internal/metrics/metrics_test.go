@@ -208,3 +208,42 @@ func TestPromlint(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQueueGauges: the queue gauges sum the tracked queues at each scrape
+// and forget an untracked one.
+func TestQueueGauges(t *testing.T) {
+	m := metrics.New()
+	gauge := func(name string) float64 {
+		fams, err := m.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() == name {
+				return f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatalf("%s not gathered", name)
+		return 0
+	}
+	n := 3
+	a := m.TrackUploadQueue(func() int { return n })
+	b := m.TrackUploadQueue(func() int { return 4 })
+	c := m.TrackCommitQueue(func() int { return 2 })
+	if g := gauge("cairn_upload_queue_length"); g != 7 {
+		t.Fatalf("upload queue %v, want 7", g)
+	}
+	n = 1
+	if g := gauge("cairn_upload_queue_length"); g != 5 {
+		t.Fatalf("upload queue %v after a drain, want 5", g)
+	}
+	b()
+	a()
+	if g := gauge("cairn_upload_queue_length"); g != 0 {
+		t.Fatalf("upload queue %v with nothing tracked", g)
+	}
+	if g := gauge("cairn_mount_commit_queue_length"); g != 2 {
+		t.Fatalf("commit queue %v, want 2", g)
+	}
+	c()
+}
