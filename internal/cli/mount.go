@@ -37,7 +37,7 @@ const envQueueDelay = "CAIRN_MOUNT_QUEUE_DELAY"
 func (e *env) mountCmds() []*cobra.Command {
 	var foreground, debug, allowOther, devices bool
 	var attrTimeout time.Duration
-	var cacheSize, mode, passthrough string
+	var cacheSize, mode, passthrough, metricsAddr string
 	m := &cobra.Command{
 		Use:   "mount [--foreground] [--mode blocking|non-blocking|write-back] [--passthrough auto|off] [--cache-size SIZE] [--allow-other] [--dev] VOLUME MOUNTPOINT",
 		Short: "Mount a volume as a directory (FUSE)",
@@ -168,10 +168,16 @@ directory and logs where. A volume is mounted once per device.`,
 					return withCode(ExitUsage, fmt.Errorf("mount: %s=%q: %v", envQueueDelay, s, err))
 				}
 			}
+			var extra []string // flags the background mount process is given
 			if foreground || os.Getenv(envMountChild) != "" {
+				if err := e.serveMetrics(cmd.Context(), metricsAddr); err != nil {
+					return err
+				}
 				return e.mountHere(cmd.Context(), name, dir, o)
 			}
-			var extra []string
+			if metricsAddr != "" {
+				extra = append(extra, "--metrics", metricsAddr)
+			}
 			if cacheSize != "" {
 				extra = append(extra, "--cache-size", cacheSize)
 			}
@@ -194,6 +200,7 @@ directory and logs where. A volume is mounted once per device.`,
 	m.Flags().StringVar(&passthrough, "passthrough", "auto", "auto: the kernel reads and writes open files' local copies itself where it can (FUSE passthrough: Linux 6.9+, root, blocking or write-back mode, file leases on the cache's disk; elsewise the log says why and the mount serves them); off: always through the mount")
 	m.Flags().BoolVar(&allowOther, "allow-other", false, "let other users use the mount, their access checked by the files' modes and owners (not root: needs user_allow_other in /etc/fuse.conf)")
 	m.Flags().BoolVar(&devices, "dev", false, "let device nodes on the mount be opened as devices (root only; default: nodev, an open of one fails with EACCES)")
+	metricsFlag(m, &metricsAddr)
 	m.Flags().StringVar(&cacheSize, "cache-size", "", "bound of the whole-file cache, such as 2GiB (default: a tenth of the free disk, at most 4GiB)")
 
 	var lazy bool

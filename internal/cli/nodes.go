@@ -150,7 +150,7 @@ func (e *env) nodeCmd() *cobra.Command {
 	var noGateway, alwaysOn bool
 	var registrars []string
 	var lease, drain, maintEvery time.Duration
-	var sleepBus string
+	var sleepBus, metricsAddr string
 	serve := &cobra.Command{
 		Use:   "serve [--listen HOST:PORT] [--gateway-listen HOST:PORT] [--registrar ADDR] [--donate SIZE]",
 		Short: "Serve this machine's store to the realm's devices (and, on a device, the join and registrar endpoints)",
@@ -203,9 +203,13 @@ is awake. --maint-every 0 turns it off.
 server, a NAS: see 'cairn node set-always-on'); the mark stays until
 'cairn node set-always-on NAME --off'.
 
-It prints "serving NAME on ADDRESS" once ready.`,
+It prints "serving NAME on ADDRESS" once ready. --metrics ADDR also serves
+Prometheus metrics on http://ADDR/metrics (doc/metrics.md).`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := e.serveMetrics(cmd.Context(), metricsAddr); err != nil {
+				return err
+			}
 			if c, err := pki.LoadCredentials(realm.CredentialsDir(e.home)); err == nil && c.Identity.Role != pki.Device {
 				var donation int64
 				if alwaysOn {
@@ -267,6 +271,7 @@ It prints "serving NAME on ADDRESS" once ready.`,
 	serve.Flags().StringVar(&sleepBus, "sleep-bus", os.Getenv("CAIRN_SLEEP_BUS"), "D-Bus address where systemd-logind is (default: $CAIRN_SLEEP_BUS, else the system bus; \"none\": do not take its sleep inhibitor)")
 	serve.Flags().DurationVar(&maintEvery, "maint-every", realm.DefaultMaintEvery, "device: run gc and repair of the realm's awake stores when one was last done longer ago than this (scrub: 7 times that), while this node is awake and idle; 0: never")
 	serve.Flags().BoolVar(&alwaysOn, "always-on", false, "device: mark this device always-on in the registry (it takes the metadata service first, and wakes its LAN's sleepers)")
+	metricsFlag(serve, &metricsAddr)
 	serve.Flags().StringSliceVar(&registrars, "registrar", nil, "benefactor or surrogate: the registrars (devices' node addresses HOST:PORT) to report to, instead of those it knows")
 	remove := &cobra.Command{
 		Use:   "remove NAME",

@@ -55,6 +55,7 @@ type PutSummary struct {
 func (e *env) putCmd() *cobra.Command {
 	var force, asJSON, background bool
 	var workers int
+	var metricsAddr string
 	c := &cobra.Command{
 		Use:   "put [flags] SRC... VOLUME:/DIR",
 		Short: "Store local files and directories (recursively) into a cairn directory",
@@ -94,6 +95,9 @@ kill loses nothing queued: the next drainer finishes the work.`,
 			if background && e.target != "" {
 				return withCode(ExitUsage, errors.New("put: --background and --store cannot be combined"))
 			}
+			if err := e.serveMetrics(cmd.Context(), metricsAddr); err != nil {
+				return err
+			}
 			sum, err := e.put(cmd.Context(), srcs, dst, force, background, workers, !asJSON)
 			if sum != nil && asJSON {
 				if jerr := e.printJSON(sum); err == nil {
@@ -111,6 +115,7 @@ kill loses nothing queued: the next drainer finishes the work.`,
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON summary on stdout")
 	c.Flags().BoolVar(&background, "background", false, "return once the data is stored on this device; upload and commit in the background (see 'cairn queue')")
 	c.Flags().IntVar(&workers, "workers", 0, "files written in parallel (default 32 per core; memory is bounded separately)")
+	metricsFlag(c, &metricsAddr)
 	return c
 }
 

@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/journal"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metrics"
 	"cairn.dev/cairn/internal/store/localstore"
 	"cairn.dev/cairn/internal/vpath"
 )
@@ -596,8 +598,18 @@ func (e *env) drainPut(ctx context.Context, dir string, sum *DrainSummary, prog 
 			src.Close()
 		}
 	}()
+	var left atomic.Int64 // records of this put not yet acked: cairn_upload_queue_length
+	defer metrics.Default().TrackUploadQueue(func() int { return int(left.Load()) })()
 	d := &journal.Drainer{
-		Apply: func(ctx context.Context, jrecs []journal.Record, ack func(...uint64) error) error {
+		Apply: func(ctx context.Context, jrecs []journal.Record, ack0 func(...uint64) error) error {
+			left.Store(int64(len(jrecs)))
+			ack := func(seqs ...uint64) error {
+				err := ack0(seqs...)
+				if err == nil {
+					left.Add(-int64(len(seqs)))
+				}
+				return err
+			}
 			var pending []queueRecord
 			for _, r := range jrecs {
 				rec, err := decodeQueueRecord(r.Payload)

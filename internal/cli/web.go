@@ -14,6 +14,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/httpauth"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metrics"
 	"cairn.dev/cairn/internal/mount"
 	"cairn.dev/cairn/internal/realm"
 	"cairn.dev/cairn/internal/vpath"
@@ -75,7 +76,7 @@ func (e *env) serveWeb(ctx context.Context, listen string, plain bool, hostnames
 	if err != nil {
 		return err
 	}
-	h, err := web.New(&webSource{e: e, r: r, device: creds.Identity.Name}, web.Options{Users: users, Logger: e.log})
+	h, err := web.New(&webSource{e: e, r: r, device: creds.Identity.Name}, web.Options{Users: users, Logger: e.log, Metrics: metrics.Default().Handler()})
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metrics"
 )
 
 // DefaultWakeTimeout is how long a read waits for a node it woke, unless
@@ -95,6 +96,7 @@ func (d *Director) runWake(c *wakeCall, n meta.NodeStatus) {
 		}
 	}
 	c.err = d.wakeAndPoll(ctx, n, timeout, progress)
+	metrics.Default().ObserveWake(t0, c.err)
 	progress(true, c.err)
 	d.wmu.Lock()
 	delete(d.waking, n.Name)

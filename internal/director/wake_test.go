@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metrics"
 	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/store"
 	"cairn.dev/cairn/internal/store/storetest"
@@ -43,6 +46,10 @@ func TestWake(t *testing.T) {
 	e.setState("desktop", meta.NodeStandby)
 	var wakes atomic.Int64
 	resumes := true
+	// The process's metrics (doc/metrics.md) count wakes, not the reads that wait for one.
+	wokeOK := metrics.Default().Wakes.WithLabelValues("ok")
+	wokeErr := metrics.Default().Wakes.WithLabelValues("error")
+	ok0, err0 := testutil.ToFloat64(wokeOK), testutil.ToFloat64(wokeErr)
 	var progress sync.Map
 	d := New(e, Options{NoCache: true, Decide: WakeDecide, WakeTimeout: 30 * time.Second,
 		Wake: func(ctx context.Context, n meta.NodeStatus) (string, error) {
@@ -88,6 +95,9 @@ func TestWake(t *testing.T) {
 	if wakes.Load() != 1 {
 		t.Fatalf("%d wakes for 8 concurrent reads, want 1", wakes.Load())
 	}
+	if d := testutil.ToFloat64(wokeOK) - ok0; d != 1 {
+		t.Fatalf("cairn_wakes_total{result=ok} moved by %v for one wake", d)
+	}
 	if v, ok := progress.Load("desktop"); !ok || v.(time.Duration) < time.Second {
 		t.Fatalf("progress: %v", v)
 	}
@@ -107,5 +117,8 @@ func TestWake(t *testing.T) {
 	}
 	if wakes.Load() != 2 {
 		t.Fatalf("wakes %d, want 2", wakes.Load())
+	}
+	if d := testutil.ToFloat64(wokeErr) - err0; d != 1 {
+		t.Fatalf("cairn_wakes_total{result=error} moved by %v for one failed wake", d)
 	}
 }

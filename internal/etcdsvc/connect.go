@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/metrics"
 )
 
 // Environment variables of the lazy daemon.
@@ -370,7 +371,8 @@ func dialLocal(ctx context.Context, ep endpoint, opts ConnectOptions) (*clientv3
 }
 
 func newClient(endpoints []string, opts ConnectOptions, tlsConf *tls.Config) (*clientv3.Client, error) {
-	dopts := []grpc.DialOption{RetryLeaderChanges()}
+	// Each round trip, retries included, counts in cairn_etcd_requests_total.
+	dopts := []grpc.DialOption{RetryLeaderChanges(), grpc.WithChainUnaryInterceptor(metrics.Default().EtcdInterceptor())}
 	if opts.sw != nil {
 		// Set after clientv3's own dialer: this one wins.
 		dopts = append(dopts, grpc.WithContextDialer(opts.sw.dial))

@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/metrics"
 )
 
 // MaxBatch is the most entries PutBatch takes at once: etcd refuses a
@@ -65,6 +66,15 @@ type BatchResult struct {
 // (the record changed since Rev) or, for a new file whose lock was asked
 // for, ErrLocked (another writer holds the name's lock: write it without).
 func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error) {
+	t0 := time.Now()
+	res, err := v.putBatch(ctx, puts)
+	if len(puts) > 0 {
+		metrics.Default().ObserveCommit(t0, err) // one transaction: cairn_commit_duration_seconds
+	}
+	return res, err
+}
+
+func (v *Vol) putBatch(ctx context.Context, puts []BatchPut) (BatchResult, error) {
 	var res BatchResult
 	if err := v.offlineWrite("put batch", v.V.Name); err != nil {
 		return res, err
@@ -332,8 +342,10 @@ func (v *Vol) CommitVersions(ctx context.Context, cs []BatchCommit) []CommitResu
 		wg.Go(func() {
 			defer func() { <-sem }()
 			cctx, cancel := v.s.opCtx(ctx)
+			t0 := time.Now()
 			resp, err := v.s.cli.Txn(cctx).If(t.cmps...).Then(t.ops...).Commit()
 			cancel()
+			metrics.Default().ObserveCommit(t0, err) // one transaction: cairn_commit_duration_seconds
 			switch {
 			case err != nil:
 				for _, i := range t.idx {

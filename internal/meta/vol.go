@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/metrics"
 )
 
 // Vol is a handle on one volume's namespace.
@@ -495,6 +496,13 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 	if err := v.offlineWrite("commit", name); err != nil {
 		return nil, nil, err
 	}
+	t0 := time.Now()
+	e, dropped, err := v.commitVersion(ctx, parent, name, c)
+	metrics.Default().ObserveCommit(t0, err) // cairn_commit_duration_seconds
+	return e, dropped, err
+}
+
+func (v *Vol) commitVersion(ctx context.Context, parent *Entry, name string, c Commit) (*Entry, []Version, error) {
 	if !parent.IsDir() {
 		return nil, nil, cairn.E("commit", cairn.NotDir, parent.Name, nil)
 	}

@@ -21,6 +21,7 @@ import (
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/journal"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metrics"
 )
 
 // Mode says what a close waits for (SCFS §2.5 and DESIGN decision 4).
@@ -169,6 +170,8 @@ type queue struct {
 	j     *journal.Journal
 	delay time.Duration
 
+	untrack func() // stops counting j in the metrics
+
 	mu       sync.Mutex
 	jobs     []*job
 	prov     map[uint64]*job // by inode: the fsync records of files still open (queueRecord.Fsync)
@@ -199,10 +202,12 @@ func loadQueue(ctx context.Context, m *Mount, dir string, delay time.Duration) (
 		return nil, nil, err
 	}
 	q.j = jn
+	q.untrack = metrics.Default().TrackCommitQueue(jn.Len) // cairn_mount_commit_queue_length
 	for _, d := range jn.Damage() {
 		m.log.Error("the commit queue's journal is damaged: queued commits may be lost (their data, if any, is kept in unsaved/)", "err", d)
 	}
 	if err := q.migrate(ctx); err != nil {
+		q.untrack()
 		jn.Close()
 		return nil, nil, err
 	}
@@ -444,6 +449,7 @@ func (q *queue) stop() {
 	if err := q.j.Sync(context.Background()); err != nil {
 		q.m.log.Warn("could not fsync the commit queue's journal", "err", err)
 	}
+	q.untrack()
 	q.j.Close()
 }
 

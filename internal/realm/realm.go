@@ -25,6 +25,7 @@ import (
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metrics"
 	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/store/localstore"
 	"cairn.dev/cairn/internal/vpath"
@@ -358,7 +359,8 @@ func (r *Realm) Store(ctx context.Context) (cairn.Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.store = st
+		// Counted as store "local" in the process's metrics (/metrics).
+		r.store = metrics.Default().WrapStore("local", st)
 	}
 	return r.store, nil
 }

@@ -25,6 +25,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/durable"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metrics"
 	"cairn.dev/cairn/internal/node"
 	"cairn.dev/cairn/internal/node/wire"
 	"cairn.dev/cairn/internal/pki"
@@ -179,7 +180,7 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 		return err
 	}
 	defer st.Close()
-	m := &meteredStore{Store: st}
+	m := &meteredStore{Store: metrics.Default().WrapStore("local", st)}
 	g := &guardedStore{Store: m, role: creds.Identity.Role, donation: o.Donation}
 	if o.Donation < 0 {
 		return cairn.E(op, cairn.Invalid, name, fmt.Errorf("donation %d below 0", o.Donation))

@@ -48,6 +48,9 @@ type Options struct {
 	// it asks) and Volumes (which walks every namespace) are reused.
 	// Default one minute.
 	SlowTTL time.Duration
+	// Metrics, if set, serves GET /metrics (Prometheus' text format,
+	// doc/metrics.md) behind the same login as the page.
+	Metrics http.Handler
 }
 
 // Handler serves the page and the API.
@@ -136,6 +139,9 @@ func New(src Source, o Options) (*Handler, error) {
 		items, err := src.Trash(r.Context(), vol)
 		h.answer(w, r, items, err)
 	})
+	if o.Metrics != nil {
+		h.mux.Handle("GET /metrics", o.Metrics)
+	}
 	h.mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such API endpoint: "+r.URL.Path+" (see /api/v1/)")
 	})

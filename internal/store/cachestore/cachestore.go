@@ -39,6 +39,7 @@ import (
 	"github.com/zeebo/blake3"
 
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/metrics"
 	"cairn.dev/cairn/internal/store"
 )
 
@@ -233,6 +234,7 @@ func (s *Store) getCached(ctx context.Context, id cairn.ID) (data []byte, ok boo
 	switch {
 	case err == nil && cairn.ID(blake3.Sum256(data)) == id:
 		s.hits.Add(1)
+		metrics.Default().CacheHits.Inc()
 		store.NoteVerified(ctx, id, data)
 		return data, true, nil
 	case err == nil:
@@ -291,8 +293,10 @@ func (s *Store) fetch(ctx context.Context, id cairn.ID) ([]byte, error) {
 	}
 	if done {
 		s.hits.Add(1) // fetched already, still being inserted into the cache
+		metrics.Default().CacheHits.Inc()
 	} else {
 		s.misses.Add(1)
+		metrics.Default().CacheMisses.Inc()
 		select {
 		case <-f.done:
 		case <-ctx.Done():

@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/metrics"
 	"cairn.dev/cairn/internal/store/cachestore"
 	"cairn.dev/cairn/internal/store/localstore"
 	"cairn.dev/cairn/internal/store/memstore"
@@ -130,19 +133,27 @@ func TestHitMakesNoBackingGet(t *testing.T) {
 		if err := s.Put(bg, id, data); err != nil {
 			t.Fatal(err)
 		}
+		misses0 := testutil.ToFloat64(metrics.Default().CacheMisses)
 		mustGet(t, s, id, data) // cached on Put, or fetched here
 		want := int64(0)
 		if !onPut {
 			want = 1
 		}
+		if d := testutil.ToFloat64(metrics.Default().CacheMisses) - misses0; d != float64(want) {
+			t.Errorf("cache on Put %v: the first Get moved cairn_chunk_cache_misses_total by %v, want %d", onPut, d, want)
+		}
 		if g := back.gets.Load(); g != want {
 			t.Errorf("cache on Put %v: first Get made %d backing Gets, want %d", onPut, g, want)
 		}
 		st0 := s.Stats()
+		hits0 := testutil.ToFloat64(metrics.Default().CacheHits)
 		for range 5 {
 			mustGet(t, s, id, data)
 		}
 		st := s.Stats()
+		if d := testutil.ToFloat64(metrics.Default().CacheHits) - hits0; d != 5 {
+			t.Errorf("5 cached Gets moved cairn_chunk_cache_hits_total by %v", d)
+		}
 		if back.gets.Load() != want || st.Fetches != st0.Fetches || st.FetchedBytes != st0.FetchedBytes {
 			t.Errorf("5 cached Gets: %d backing Gets, stats %+v -> %+v; want no transfer", back.gets.Load()-want, st0, st)
 		}
