@@ -159,8 +159,8 @@ type job struct {
 	rec     queueRecord
 	jseq    uint64   // the record's sequence number in the journal (0: none yet)
 	payload []byte   // the record as written at jseq
-	n    *node    // nil for a commit queued before a restart
-	c    *content // the copy whose file is the data (nil likewise)
+	n       *node    // nil for a commit queued before a restart
+	c       *content // the copy whose file is the data (nil likewise)
 }
 
 // queue runs the queued commits of one mount, one at a time, in order,
