@@ -1001,7 +1001,8 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	if !dir {
 		// A new file whose creation waits for its first commit
 		// (write-back) is not in the metadata: removed here alone.
-		if _, ok := n.m.wb.dropDeferred(n.ino, name); ok {
+		if ino, ok := n.m.wb.dropDeferred(n.ino, name); ok {
+			n.m.queue.drop(ino, true)
 			n.m.ents.removed(n.ino, name)
 			n.m.dirTimes.touch(n.ino)
 			n.removedHere(ctx, name)
@@ -1019,6 +1020,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	// directory or as a file, on another device.
 	fresh, tried := false, false
 	var others *meta.Entry // the removed name's file has other names
+	var gone uint64        // the file removed
 	tp := n.m.touching(parent)
 	tpRev := tp.Rev
 	err := retryConflict(func() error {
@@ -1040,6 +1042,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 		if err == nil && e.Nlink() > 1 {
 			others = e
 		}
+		gone = e.Ino
 		return err
 	})
 	if !tried { // refused before any removal was tried
@@ -1057,6 +1060,9 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 		// tree still has it: not removed, and its writer lock stays.
 		n.m.refreshNames(ctx, others)
 		return 0
+	}
+	if !dir && n.m.queue != nil {
+		n.m.queue.drop(gone, false)
 	}
 	n.removedHere(ctx, name)
 	return 0

@@ -157,9 +157,12 @@ func dataCRC(f *os.File, size int64) (uint32, error) {
 
 type job struct {
 	rec     queueRecord
-	jseq    uint64   // the record's sequence number in the journal (0: none yet)
-	payload []byte   // the record as written at jseq
-	n       *node    // nil for a commit queued before a restart
+	jseq    uint64 // the record's sequence number in the journal (0: none yet)
+	payload []byte // the record as written at jseq
+	n       *node  // nil for a commit queued before a restart
+	// dropped: the file was removed, or replaced by a rename, on this
+	// mount (queue.drop); its record is acked, its commit makes nothing.
+	dropped bool
 	c       *content // the copy whose file is the data (nil likewise)
 }
 
@@ -607,6 +610,12 @@ func (q *queue) pathOf(j *job) string {
 // before a restart, or for a live one whose node the kernel let go.
 func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	m, rec := q.m, &j.rec
+	q.mu.Lock()
+	dropped := j.dropped
+	q.mu.Unlock()
+	if dropped {
+		return nil, errDropped
+	}
 	// The file's own entry, and its directories, may be pending
 	// (write-back mode): written first.
 	if err := m.wb.flush(ctx); err != nil {
@@ -980,11 +989,34 @@ func (q *queue) moved(ino uint64, dir *meta.Entry, name, path string, replacedIn
 			if err := q.write(context.Background(), j); err != nil {
 				q.m.log.Warn("could not write a queued commit's record again with the file's new name", "seq", j.jseq, "path", path, "err", err)
 			}
-		case replacedIno != 0 && j.rec.Ino == replacedIno && j.n != nil:
-			if err := q.j.Ack(context.Background(), j.jseq); err != nil {
-				q.m.log.Warn("could not mark the queued commit's record of a file replaced by a rename done", "seq", j.jseq, "err", err)
-			}
+		case replacedIno != 0 && j.rec.Ino == replacedIno:
+			q.dropJob(j)
 		}
+	}
+}
+
+// drop records that this mount removed file ino (its last name): its
+// queued commits, this mount's and those a killed one left, are dropped
+// and their records acked, as on a local disk, so that a next mount does
+// not commit them again under the name (which would bring the file
+// back). Unless linked is false (the metadata said the name was the
+// file's last), a commit of a file with other names made here
+// (queueRecord.Alt) is kept.
+func (q *queue) drop(ino uint64, linked bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, j := range q.withProv() {
+		if j.rec.Ino == ino && (!linked || len(j.rec.Alt) == 0) {
+			q.dropJob(j)
+		}
+	}
+}
+
+// dropJob drops job j (q.mu held): acked, its commit a no-op.
+func (q *queue) dropJob(j *job) {
+	j.dropped = true
+	if err := q.j.Ack(context.Background(), j.jseq); err != nil {
+		q.m.log.Warn("could not mark the queued commit's record of a file removed or replaced done", "seq", j.jseq, "err", err)
 	}
 }
 
