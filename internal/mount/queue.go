@@ -160,8 +160,8 @@ type job struct {
 	jseq    uint64 // the record's sequence number in the journal (0: none yet)
 	payload []byte // the record as written at jseq
 	n       *node  // nil for a commit queued before a restart
-	// dropped: the file was removed, or replaced by a rename, on this
-	// mount (queue.drop); its record is acked, its commit makes nothing.
+	// dropped: the file was removed on this mount (queue.drop); its
+	// record is acked, its commit makes nothing.
 	dropped bool
 	c       *content // the copy whose file is the data (nil likewise)
 }
@@ -989,13 +989,19 @@ func (q *queue) moved(ino uint64, dir *meta.Entry, name, path string, replacedIn
 			if err := q.write(context.Background(), j); err != nil {
 				q.m.log.Warn("could not write a queued commit's record again with the file's new name", "seq", j.jseq, "path", path, "err", err)
 			}
-		case replacedIno != 0 && j.rec.Ino == replacedIno:
-			q.dropJob(j)
+		case replacedIno != 0 && j.rec.Ino == replacedIno && j.n != nil:
+			// Acked, not dropped: its commit still lands, as a version
+			// of the file that took its place and history (node.heir).
+			if err := q.j.Ack(context.Background(), j.jseq); err != nil {
+				q.m.log.Warn("could not mark the queued commit's record of a file replaced by a rename done", "seq", j.jseq, "err", err)
+			}
 		}
 	}
 }
 
-// drop records that this mount removed file ino (its last name): its
+// drop records that this mount removed file ino (its last name, by
+// unlink: a file replaced by a rename leaves its history, and the commits
+// of this mount still to land in it, to the file that replaced it): its
 // queued commits, this mount's and those a killed one left, are dropped
 // and their records acked, as on a local disk, so that a next mount does
 // not commit them again under the name (which would bring the file
@@ -1016,7 +1022,7 @@ func (q *queue) drop(ino uint64, linked bool) {
 func (q *queue) dropJob(j *job) {
 	j.dropped = true
 	if err := q.j.Ack(context.Background(), j.jseq); err != nil {
-		q.m.log.Warn("could not mark the queued commit's record of a file removed or replaced done", "seq", j.jseq, "err", err)
+		q.m.log.Warn("could not mark the queued commit's record of a removed file done", "seq", j.jseq, "err", err)
 	}
 }
 
