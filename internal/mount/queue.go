@@ -574,8 +574,8 @@ func (q *queue) apply(ctx context.Context, recs []journal.Record, ack func(...ui
 		if err != nil && !permanent(err) {
 			return err
 		}
-		if err := q.finish(ctx, j, e, err, ack); err != nil {
-			return err
+		if aerr := q.finish(ctx, j, e, err, ack); aerr != nil {
+			return aerr
 		}
 	}
 	return nil
