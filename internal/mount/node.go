@@ -1191,8 +1191,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	// The entry the rename wrote under the new name (nil: it failed, or
 	// did nothing), for the entry cache (entryCache.renamed).
 	var moved *meta.Entry
+	// The records of queued commits of the file replaced, acked before
+	// the rename (queue.moving): written again unless it was replaced.
+	var unqueued []*job
 	if !inMemory {
 		epoch := n.m.ents.writing()
+		dstPlace := queuePlace{Dir: dst.Ino, DirParent: dst.Parent, DirName: dst.Name, Name: newName, Path: volPath(np, newName)}
 		renameErr = retryConflict(func() error {
 			se, err := n.m.ents.get(ctx, n.ino, name, fresh)
 			if err != nil {
@@ -1201,6 +1205,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			movedIno, replacedIno = se.Ino, 0
 			if noReplace {
 				fresh = true
+				unqueued = append(unqueued, n.m.queue.moving(se.Ino, dstPlace, 0)...)
 				moved, err = n.m.vol.Meta.RenameNoReplace(ctx, tsrc, name, se, tdst, newName, np.path(newName))
 				return err
 			}
@@ -1218,6 +1223,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			}
 			fresh = true
 			follows = de != nil && meta.FollowsPath(se, de, unsaved)
+			if replacedLinked {
+				unqueued = append(unqueued, n.m.queue.moving(se.Ino, dstPlace, 0)...)
+			} else {
+				unqueued = append(unqueued, n.m.queue.moving(se.Ino, dstPlace, replacedIno)...)
+			}
 			if unsaved {
 				moved, err = n.m.vol.Meta.RenamePending(ctx, tsrc, name, se, tdst, newName, np.path(newName), meta.KnownEntry(de))
 			} else {
@@ -1238,6 +1248,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if replacedLinked {
 		replacedIno = 0
 		replaced = nil
+	}
+	if len(unqueued) > 0 {
+		n.m.queue.restore(unqueued, renameErr == nil, replacedIno)
 	}
 	if err == nil && movedIno != 0 && n.m.queue != nil {
 		n.m.queue.moved(movedIno, dst, newName, volPath(np, newName), replacedIno)

@@ -986,6 +986,8 @@ func (q *queue) moved(ino uint64, dir *meta.Entry, name, path string, replacedIn
 		case j.rec.Ino == ino:
 			j.rec.Name, j.rec.Path = name, path
 			j.rec.Dir, j.rec.DirParent, j.rec.DirName = dir.Ino, dir.Parent, dir.Name
+			// The new place is no longer an other name (moving).
+			j.rec.Alt = slices.DeleteFunc(j.rec.Alt, func(a queuePlace) bool { return a.Dir == dir.Ino && a.Name == name })
 			if err := q.write(context.Background(), j); err != nil {
 				q.m.log.Warn("could not write a queued commit's record again with the file's new name", "seq", j.jseq, "path", path, "err", err)
 			}
@@ -1023,6 +1025,59 @@ func (q *queue) dropJob(j *job) {
 	j.dropped = true
 	if err := q.j.Ack(context.Background(), j.jseq); err != nil {
 		q.m.log.Warn("could not mark the queued commit's record of a removed file done", "seq", j.jseq, "err", err)
+	}
+}
+
+// moving, called before this mount renames file ino to place p (in
+// etcd), writes the records of its queued commits again with p among
+// their places (queueRecord.Alt), and acks the records of this mount's
+// queued commits of replacedIno (0: none), the file the rename replaces,
+// whose commits land in the renamed file's history (node.heir) or
+// nowhere: a kill between the rename and moved, after it, leaves a next
+// mount records that commit the renamed file where it is, and none that
+// commits the replaced file's content onto it. It returns the jobs whose
+// records it acked, for restore.
+func (q *queue) moving(ino uint64, p queuePlace, replacedIno uint64) []*job {
+	if q == nil {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var acked []*job
+	for _, j := range q.withProv() {
+		switch {
+		case j.rec.Ino == ino:
+			if j.rec.Dir == p.Dir && j.rec.Name == p.Name || slices.ContainsFunc(j.rec.Alt, func(a queuePlace) bool { return a.Dir == p.Dir && a.Name == p.Name }) {
+				continue
+			}
+			j.rec.Alt = append(j.rec.Alt, p)
+			if err := q.write(context.Background(), j); err != nil {
+				q.m.log.Warn("could not write a queued commit's record again with the name it is being renamed to", "seq", j.jseq, "path", p.Path, "err", err)
+			}
+		case replacedIno != 0 && j.rec.Ino == replacedIno && j.n != nil && !j.dropped:
+			if err := q.j.Ack(context.Background(), j.jseq); err != nil {
+				q.m.log.Warn("could not mark the queued commit's record of a file being replaced done", "seq", j.jseq, "err", err)
+				continue
+			}
+			acked = append(acked, j)
+		}
+	}
+	return acked
+}
+
+// restore writes again the records moving acked, of the jobs still
+// queued, unless the rename succeeded (ok) and replaced their file
+// (replacedIno).
+func (q *queue) restore(js []*job, ok bool, replacedIno uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, j := range js {
+		if ok && j.rec.Ino == replacedIno || j.dropped || !slices.Contains(q.jobs, j) {
+			continue
+		}
+		if err := q.write(context.Background(), j); err != nil {
+			q.m.log.Warn("could not write again the record of a queued commit of a file a failed rename would have replaced", "seq", j.jseq, "err", err)
+		}
 	}
 }
 
