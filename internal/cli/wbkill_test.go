@@ -103,15 +103,7 @@ func killedRound(t *testing.T, r *realmT, mnt string, round int) []string {
 		}
 	}()
 	time.Sleep(killIn)
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-exited.done
-	close(stop)
-	<-wrote
-	if err := exec.Command("fusermount3", "-u", "-z", mnt).Run(); err != nil {
-		t.Fatalf("fusermount3 -u -z after the kill: %v", err)
-	}
+	killMount(t, cmd, exited, mnt, func() { close(stop); <-wrote })
 	mu.Lock()
 	files := make(map[string][]byte, len(done))
 	for k, v := range done {
@@ -119,14 +111,7 @@ func killedRound(t *testing.T, r *realmT, mnt string, round int) []string {
 	}
 	mu.Unlock()
 
-	// The next mount finishes the queue; its unmount waits for it.
-	_, exited2, out2 := r.foregroundWith(mnt, nil, "--mode", "write-back")
-	waitFor(t, "the queued commits are done", 60*time.Second, func() bool { return len(queueRecords(t, r.home)) == 0 })
-	r.ok("umount", mnt)
-	waitExit(t, exited2, out2)
-	waitFor(t, "unmounted", 60*time.Second, func() bool { return !isMounted(mnt) })
-
-	logs := out.String() + out2.String()
+	logs := out.String() + remountDrain(t, r, mnt, "write-back")
 	unsaved, _ := filepath.Glob(filepath.Join(r.home, "mountcache", "*", "unsaved", "*"))
 	var lost []string
 	for name, data := range files {
@@ -143,6 +128,34 @@ func killedRound(t *testing.T, r *realmT, mnt string, round int) []string {
 		t.Logf("round %d: %d of %d files lost; logs:\n%s", round, len(lost), len(files), logs)
 	}
 	return lost
+}
+
+// killMount kills a mount's process with SIGKILL, waits for it, runs
+// then (the workload's end: its calls fail once the process is gone),
+// and detaches the dead mount.
+func killMount(t *testing.T, cmd *exec.Cmd, exited *proc, mnt string, then func()) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited.done
+	then()
+	if err := exec.Command("fusermount3", "-u", "-z", mnt).Run(); err != nil {
+		t.Fatalf("fusermount3 -u -z after the kill: %v", err)
+	}
+}
+
+// remountDrain mounts the volume again in mode, waits for it to finish
+// the queue a killed mount left (within 120 s), unmounts it and returns
+// its log.
+func remountDrain(t *testing.T, r *realmT, mnt, mode string) string {
+	t.Helper()
+	_, exited, out := r.foregroundWith(mnt, nil, "--mode", mode)
+	waitFor(t, "the queued commits are done", 120*time.Second, func() bool { return len(queueRecords(t, r.home)) == 0 })
+	r.ok("umount", mnt)
+	waitExit(t, exited, out)
+	waitFor(t, "unmounted", 60*time.Second, func() bool { return !isMounted(mnt) })
+	return out.String()
 }
 
 // keptUnsaved reports whether one of the files holds data.

@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -217,21 +216,8 @@ func tarGitRound(t *testing.T, r *realmT, mnt string, k int, state map[string][]
 		}
 	}()
 	time.Sleep(time.Duration(100+rng.IntN(2500)) * time.Millisecond)
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-exited.done
-	close(stop)
-	wg.Wait()
-	if err := exec.Command("fusermount3", "-u", "-z", mnt).Run(); err != nil {
-		t.Fatalf("fusermount3 -u -z after the kill: %v", err)
-	}
-
-	_, exited2, out2 := r.foregroundWith(mnt, nil, "--mode", "write-back")
-	waitFor(t, "the queued commits are done", 120*time.Second, func() bool { return len(queueRecords(t, r.home)) == 0 })
-	r.ok("umount", mnt)
-	waitExit(t, exited2, out2)
-	waitFor(t, "unmounted", 60*time.Second, func() bool { return !isMounted(mnt) })
+	killMount(t, cmd, exited, mnt, func() { close(stop); wg.Wait() })
+	out2 := remountDrain(t, r, mnt, "write-back")
 
 	dest := filepath.Join(t.TempDir(), "got")
 	for _, d := range []string{"t", filepath.Base(gdir), filepath.Base(fdir)} {
@@ -281,7 +267,7 @@ func tarGitRound(t *testing.T, r *realmT, mnt string, k int, state map[string][]
 	}
 	fails = append(fails, checkLooseObjects(k, filepath.Join(dest, filepath.Base(gdir), ".git", "objects"), &st.objects)...)
 	if len(fails) > 0 {
-		t.Logf("kill %d: logs of the killed mount:\n%s\nof the next:\n%s", k, out.String(), out2.String())
+		t.Logf("kill %d: logs of the killed mount:\n%s\nof the next:\n%s", k, out.String(), out2)
 	}
 	return fails
 }

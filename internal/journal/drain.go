@@ -62,34 +62,80 @@ var ErrBusy = errors.New("the journal is locked by another process")
 // Drainer applies a journal's pending records.
 //
 // Contract: Apply is called on the draining goroutine with the records
-// not yet given to it in this run, in sequence order (a record it
-// neither acked nor failed stays pending and is given again by the next
-// run, not this one: a record that fails for its own reason is not
-// retried in a loop). Apply calls ack with the sequence numbers it has
-// applied, as soon as it has (after each batch, say): they are acked and
-// the journal fsynced before ack returns, so a kill after it never
-// applies them again; a kill before it does (Apply must recognise work
-// already done: at least once, made exactly once by the consumer).
-// Apply returns an error to stop the run: one Retry accepts is retried
-// with backoff (the records not acked are given again) until RetryFor
-// has passed, any other ends the run.
+// to apply, in order (sequence order, or Order's), and applies them in
+// that order. It calls ack with the sequence numbers it has applied, as
+// soon as it has (after each batch, say): they are acked and the journal
+// fsynced before ack returns, so a kill after it never applies them
+// again; a kill before it does (Apply must recognise work already done:
+// at least once, made exactly once by the consumer). A record it neither
+// acked nor failed stays pending: Run does not give it again (a record
+// that fails for its own reason is not retried in a loop; the next run
+// does), Serve gives it again at its next wake-up (a kick, a gate's
+// time). Apply returns an error to stop the pass: one Retry accepts is
+// retried with backoff (the records not acked are given again) while
+// RetryFor allows, any other ends the drain.
+//
+// Run drains what is there and returns (put --background); Serve runs
+// until told to stop, woken by kicks as records are appended (the
+// mount's commit queue). Both are the one loop: the same order, gates,
+// acks and retries.
 type Drainer struct {
 	Apply func(ctx context.Context, recs []Record, ack func(seqs ...uint64) error) error
 	// Retry tells the errors worth retrying (a store or the metadata
 	// service unreachable); nil: none is.
 	Retry func(error) bool
-	// RetryFor bounds the retrying (0: no retry); MinBackoff and
-	// MaxBackoff bound the wait between tries (defaults 1 s and 30 s).
+	// RetryFor bounds how long a failure is retried, from the first
+	// failure since the last pass that succeeded (0: no retry; Forever:
+	// no bound, a long-running drainer's choice while the metadata
+	// service is away). MinBackoff and MaxBackoff bound the wait between
+	// tries (defaults 1 s and 30 s): it doubles from the one to the
+	// other, and a success brings it back.
 	RetryFor               time.Duration
 	MinBackoff, MaxBackoff time.Duration
 	// OnRetry, if set, is told of each error retried and the wait.
 	OnRetry func(err error, wait time.Duration)
+	// Order, if set, lists the records to drain, in the order to apply
+	// them, in place of the journal's pending records in sequence order:
+	// the caller's own order (a rename after the create it depends on),
+	// or a subset (records that are not the drainer's yet, such as one
+	// still being written). Each must be a pending record of the journal
+	// (its Payload is the caller's to set). Called once per pass, on the
+	// draining goroutine.
+	Order func() []Record
+	// Gate, if set, tells how long record r must still wait before it
+	// may be applied (zero or less: now): a delay, a quiet period, a
+	// hold. A record that waits stays pending, and so do the records
+	// after it (the order holds); the drain goes on at its time, or at
+	// the next kick (Serve), when Gate is asked again. Serve's last
+	// pass, after stop, asks no gate. Called on the draining goroutine.
+	Gate func(r Record) time.Duration
 }
+
+// Forever is the RetryFor of a drainer that never gives up retrying.
+const Forever time.Duration = -1
 
 // Run drains j, which the caller has open (and holds the lock of): it
 // gives Apply the pending records, then those appended meanwhile, until
-// a pass finds none new.
+// a pass finds none new; a gated record is waited for.
 func (d *Drainer) Run(ctx context.Context, j *Journal) error {
+	return d.drain(ctx, j, nil, nil, false)
+}
+
+// Serve drains j until stop is closed or ctx ends: it applies what is
+// pending, then waits for a kick (a send on kick, made by whoever
+// appends a record; a buffered channel of one, sent to without
+// blocking), a gated record's time, or the end of a backoff (which a
+// kick cuts short), and drains again; a retryable failure is retried
+// while RetryFor allows. Once stop is closed it makes a last pass
+// without gates and returns: nil when Apply took every record it was
+// given, else the error that ended the pass (the records not acked stay
+// in the journal for the next drainer). A cancelled ctx returns an error
+// of Kind Canceled, at once.
+func (d *Drainer) Serve(ctx context.Context, j *Journal, kick, stop <-chan struct{}) error {
+	return d.drain(ctx, j, kick, stop, true)
+}
+
+func (d *Drainer) drain(ctx context.Context, j *Journal, kick, stop <-chan struct{}, serve bool) error {
 	minB, maxB := d.MinBackoff, d.MaxBackoff
 	if minB <= 0 {
 		minB = time.Second
@@ -97,47 +143,113 @@ func (d *Drainer) Run(ctx context.Context, j *Journal) error {
 	if maxB < minB {
 		maxB = max(minB, 30*time.Second)
 	}
-	deadline := time.Now().Add(d.RetryFor)
 	wait := minB
+	var failing time.Time // the first failure since the last success
 	given := map[uint64]bool{}
+	acked := 0
 	ack := func(seqs ...uint64) error {
 		if err := j.Ack(ctx, seqs...); err != nil {
 			return err
 		}
-		return j.Sync(ctx)
+		if err := j.Sync(ctx); err != nil {
+			return err
+		}
+		acked += len(seqs)
+		return nil
+	}
+	canceled := func() error { return cairn.E("drain journal", cairn.Canceled, j.dir, ctx.Err()) }
+	// sleep waits for t (less than zero: no timer), a kick, stop or the
+	// end of ctx; false: ctx ended.
+	sleep := func(t time.Duration) bool {
+		var tc <-chan time.Time
+		if t >= 0 {
+			tm := time.NewTimer(t)
+			defer tm.Stop()
+			tc = tm.C
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tc:
+		case <-kick:
+		case <-stop:
+		}
+		return true
 	}
 	for {
-		if err := ctx.Err(); err != nil {
-			return cairn.E("drain journal", cairn.Canceled, j.dir, err)
+		if ctx.Err() != nil {
+			return canceled()
+		}
+		final := false
+		if serve {
+			select {
+			case <-stop:
+				final = true
+			default:
+			}
+		}
+		all := d.Order
+		if all == nil {
+			all = j.Pending
 		}
 		var recs []Record
-		for _, r := range j.Pending() {
+		for _, r := range all() {
 			if !given[r.Seq] {
 				recs = append(recs, r)
 			}
 		}
-		if len(recs) == 0 {
-			return nil
-		}
-		err := d.Apply(ctx, recs, ack)
-		if err == nil {
-			for _, r := range recs {
-				given[r.Seq] = true
+		gated := time.Duration(-1)
+		if d.Gate != nil && !final {
+			for i, r := range recs {
+				if t := d.Gate(r); t > 0 {
+					recs, gated = recs[:i], t
+					break
+				}
 			}
-			wait = minB
+		}
+		if len(recs) == 0 {
+			if final || (!serve && gated < 0) {
+				return nil
+			}
+			if !sleep(gated) {
+				return canceled()
+			}
 			continue
 		}
-		if d.Retry == nil || !d.Retry(err) || time.Now().After(deadline) || ctx.Err() != nil {
+		acked = 0
+		err := d.Apply(ctx, recs, ack)
+		if err == nil {
+			wait, failing = minB, time.Time{}
+			switch {
+			case !serve:
+				for _, r := range recs {
+					given[r.Seq] = true
+				}
+			case acked > 0:
+			case final:
+				return nil // what is left is declined: the next drainer's
+			default:
+				// Nothing taken: given again at the next wake-up, not in
+				// a loop.
+				if !sleep(gated) {
+					return canceled()
+				}
+			}
+			continue
+		}
+		if failing.IsZero() {
+			failing = time.Now()
+		}
+		if final || ctx.Err() != nil || d.Retry == nil || !d.Retry(err) || d.RetryFor == 0 ||
+			(d.RetryFor > 0 && time.Since(failing) >= d.RetryFor) {
 			return err
 		}
 		// Retried: what was acked is not given again, the rest is.
 		if d.OnRetry != nil {
 			d.OnRetry(err, wait)
 		}
-		select {
-		case <-ctx.Done():
-			return cairn.E("drain journal", cairn.Canceled, j.dir, ctx.Err())
-		case <-time.After(wait):
+		if !sleep(wait) {
+			return canceled()
 		}
 		wait = min(2*wait, maxB)
 	}

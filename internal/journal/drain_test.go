@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -251,4 +252,354 @@ func TestDrainDirDamage(t *testing.T) {
 			t.Fatalf("applied %v, want [1 3]", got)
 		}
 	}
+}
+
+// serve runs d.Serve on j in a goroutine; the returned func stops it
+// (closes stop) and returns Serve's error.
+func serve(t *testing.T, d *Drainer, j *Journal, kick chan struct{}) (stop func() error) {
+	t.Helper()
+	st, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- d.Serve(ctx, j, kick, st) }()
+	return func() error {
+		close(st)
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(time.Minute):
+			t.Fatal("Serve did not return after stop")
+			return nil
+		}
+	}
+}
+
+func poke(kick chan struct{}) {
+	select {
+	case kick <- struct{}{}:
+	default:
+	}
+}
+
+// waitFor polls cond until it holds (a generous deadline: the machine
+// may be loaded).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// ackAll is an Apply that acks every record and tells of each on got.
+func ackAll(got chan<- int) func(context.Context, []Record, func(...uint64) error) error {
+	return func(ctx context.Context, recs []Record, ack func(...uint64) error) error {
+		for _, r := range recs {
+			if err := ack(r.Seq); err != nil {
+				return err
+			}
+			id, _ := checkPayload(r.Payload)
+			got <- id
+		}
+		return nil
+	}
+}
+
+// TestDrainerServeKick: Serve drains what is pending, then waits; a
+// record appended later is applied once a kick wakes it (and not before
+// while there is no kick: no polling); stop ends it with nil.
+func TestDrainerServeKick(t *testing.T) {
+	dir := t.TempDir()
+	j := open(t, dir, 0)
+	defer j.Close()
+	appendN(t, j, 1)
+	got := make(chan int, 10)
+	kick := make(chan struct{}, 1)
+	stop := serve(t, &Drainer{Apply: ackAll(got)}, j, kick)
+	if id := <-got; id != 1 {
+		t.Fatalf("applied %d, want 1", id)
+	}
+	appendN(t, j, 2)
+	select {
+	case id := <-got:
+		t.Fatalf("record %d applied without a kick", id)
+	case <-time.After(200 * time.Millisecond):
+	}
+	poke(kick)
+	select {
+	case id := <-got:
+		if id != 2 {
+			t.Fatalf("applied %d, want 2", id)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the kick did not wake Serve")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if j.Len() != 0 {
+		t.Fatalf("%d pending after Serve", j.Len())
+	}
+}
+
+// TestDrainerServeGate: a gated record, and the records after it, stay
+// pending until its time; then they are applied in order. A record that
+// is held (gated far ahead) is applied after a kick once its gate lets
+// it, and by the last pass after stop regardless of its gate.
+func TestDrainerServeGate(t *testing.T) {
+	j := open(t, t.TempDir(), 0)
+	defer j.Close()
+	appendN(t, j, 1, 2, 3)
+	var mu sync.Mutex
+	notBefore := map[int]time.Time{}
+	at := time.Now().Add(300 * time.Millisecond)
+	notBefore[2] = at
+	var applied []int
+	var appliedAt []time.Time
+	got := make(chan int, 10)
+	kick := make(chan struct{}, 1)
+	d := &Drainer{
+		Apply: func(ctx context.Context, recs []Record, ack func(...uint64) error) error {
+			for _, r := range recs {
+				id, _ := checkPayload(r.Payload)
+				mu.Lock()
+				applied, appliedAt = append(applied, id), append(appliedAt, time.Now())
+				mu.Unlock()
+				if err := ack(r.Seq); err != nil {
+					return err
+				}
+				got <- id
+			}
+			return nil
+		},
+		Gate: func(r Record) time.Duration {
+			id, _ := checkPayload(r.Payload)
+			mu.Lock()
+			defer mu.Unlock()
+			return time.Until(notBefore[id])
+		},
+	}
+	stop := serve(t, d, j, kick)
+	for range 3 {
+		<-got
+	}
+	mu.Lock()
+	if !slices.Equal(applied, []int{1, 2, 3}) {
+		t.Fatalf("applied %v, want [1 2 3]", applied)
+	}
+	if appliedAt[1].Before(at) || appliedAt[2].Before(at) {
+		t.Fatalf("records 2 and 3 applied before the gate's time (%v, %v < %v)", appliedAt[1], appliedAt[2], at)
+	}
+	// Held: far ahead; released by a kick once the gate lets it.
+	notBefore[4] = time.Now().Add(time.Hour)
+	mu.Unlock()
+	appendN(t, j, 4)
+	poke(kick)
+	select {
+	case id := <-got:
+		t.Fatalf("held record %d applied", id)
+	case <-time.After(200 * time.Millisecond):
+	}
+	mu.Lock()
+	delete(notBefore, 4)
+	mu.Unlock()
+	poke(kick)
+	if id := <-got; id != 4 {
+		t.Fatalf("applied %d, want 4", id)
+	}
+	// Held at stop: the last pass asks no gate.
+	mu.Lock()
+	notBefore[5] = time.Now().Add(time.Hour)
+	mu.Unlock()
+	appendN(t, j, 5)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if id := <-got; id != 5 || j.Len() != 0 {
+		t.Fatalf("after stop: applied %d, %d pending; want 5, 0", id, j.Len())
+	}
+}
+
+// TestDrainerServeRetry: with RetryFor Forever, a failure is retried far
+// past any count, the backoff doubling up to MaxBackoff and staying
+// there; a kick cuts a backoff short; once the failures end the records
+// are applied; a failure at the last pass after stop ends it with the
+// error, leaving the record pending.
+func TestDrainerServeRetry(t *testing.T) {
+	dir := t.TempDir()
+	j := open(t, dir, 0)
+	appendN(t, j, 1, 2)
+	unavailable := cairn.E("apply", cairn.Unavailable, "", errors.New("metadata service away"))
+	var mu sync.Mutex
+	down, calls := true, 0
+	var waits []time.Duration
+	got := make(chan int, 10)
+	apply := ackAll(got)
+	kick := make(chan struct{}, 1)
+	d := &Drainer{
+		Apply: func(ctx context.Context, recs []Record, ack func(...uint64) error) error {
+			mu.Lock()
+			calls++
+			dn := down
+			mu.Unlock()
+			if dn {
+				return unavailable
+			}
+			return apply(ctx, recs, ack)
+		},
+		Retry:      func(err error) bool { return cairn.KindOf(err) == cairn.Unavailable },
+		RetryFor:   Forever,
+		MinBackoff: time.Millisecond, MaxBackoff: 8 * time.Millisecond,
+		OnRetry: func(err error, wait time.Duration) {
+			mu.Lock()
+			waits = append(waits, wait)
+			mu.Unlock()
+		},
+	}
+	stop := serve(t, d, j, kick)
+	waitFor(t, "100 failures", func() bool { mu.Lock(); defer mu.Unlock(); return calls >= 100 })
+	mu.Lock()
+	down = false
+	w := slices.Clone(waits)
+	mu.Unlock()
+	want := []time.Duration{1, 2, 4, 8, 8, 8}
+	for i := range want {
+		want[i] *= time.Millisecond
+	}
+	if !slices.Equal(w[:6], want) || slices.Max(w) != 8*time.Millisecond {
+		t.Fatalf("waits %v..., max %v; want %v... capped at 8ms", w[:6], slices.Max(w), want)
+	}
+	if a, b := <-got, <-got; a != 1 || b != 2 {
+		t.Fatalf("applied %d %d, want 1 2", a, b)
+	}
+	// A long backoff, cut short by a kick.
+	mu.Lock()
+	down = true
+	mu.Unlock()
+	d.MinBackoff, d.MaxBackoff = time.Hour, time.Hour // read at Serve's start: a new Serve
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	appendN(t, j, 3)
+	mu.Lock()
+	calls = 0
+	mu.Unlock()
+	stop = serve(t, d, j, kick)
+	waitFor(t, "the first failure", func() bool { mu.Lock(); defer mu.Unlock(); return calls >= 1 })
+	mu.Lock()
+	down = false
+	mu.Unlock()
+	poke(kick)
+	select {
+	case id := <-got:
+		if id != 3 {
+			t.Fatalf("applied %d, want 3", id)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a kick did not cut the backoff short")
+	}
+	// Down at stop: the last pass fails, the record stays.
+	mu.Lock()
+	down = true
+	mu.Unlock()
+	appendN(t, j, 4)
+	poke(kick)
+	if err := stop(); cairn.KindOf(err) != cairn.Unavailable {
+		t.Fatalf("Serve after stop with the service away: %v, want Unavailable", err)
+	}
+	j.Close()
+	j = open(t, dir, 0)
+	defer j.Close()
+	if got := ids(t, j.Pending()); !slices.Equal(got, []int{4}) {
+		t.Fatalf("after a reopen pending %v, want [4]", got)
+	}
+}
+
+// TestDrainerServeCancel: a cancelled ctx ends Serve at once (Kind
+// Canceled), whether it waits for a kick, a gate or a backoff, and
+// applies nothing more.
+func TestDrainerServeCancel(t *testing.T) {
+	for _, waiting := range []string{"kick", "gate", "backoff"} {
+		j := open(t, t.TempDir(), 0)
+		if waiting != "kick" {
+			appendN(t, j, 1)
+		}
+		entered := make(chan struct{}, 1)
+		d := &Drainer{
+			Apply: func(ctx context.Context, recs []Record, ack func(...uint64) error) error {
+				poke(entered)
+				return cairn.E("apply", cairn.Unavailable, "", errors.New("down"))
+			},
+			Retry:      func(error) bool { return true },
+			RetryFor:   Forever,
+			MinBackoff: time.Hour,
+		}
+		if waiting == "gate" {
+			d.Gate = func(Record) time.Duration { poke(entered); return time.Hour }
+		}
+		if waiting == "kick" {
+			d.Order = func() []Record { poke(entered); return j.Pending() }
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- d.Serve(cctx, j, make(chan struct{}, 1), make(chan struct{})) }()
+		<-entered
+		cancel()
+		select {
+		case err := <-done:
+			if cairn.KindOf(err) != cairn.Canceled {
+				t.Fatalf("%s: Serve returned %v, want Canceled", waiting, err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: Serve did not return after the cancel", waiting)
+		}
+		j.Close()
+	}
+}
+
+// TestDrainerOrder: Order replaces the sequence order (and may leave
+// records out: they stay pending); what Apply acked is in the journal's
+// files when ack returns, and a record given, not acked, stays.
+func TestDrainerOrder(t *testing.T) {
+	dir := t.TempDir()
+	j := open(t, dir, 0)
+	appendN(t, j, 1, 2, 3, 4)
+	var got []int
+	d := &Drainer{
+		Order: func() []Record { // newest first, 3 left out
+			var out []Record
+			for _, r := range slices.Backward(j.Pending()) {
+				if id, _ := checkPayload(r.Payload); id != 3 {
+					out = append(out, r)
+				}
+			}
+			return out
+		},
+		Apply: func(ctx context.Context, recs []Record, ack func(...uint64) error) error {
+			for _, r := range recs {
+				id, _ := checkPayload(r.Payload)
+				got = append(got, id)
+				if id != 1 { // 1 given, not acked
+					if err := ack(r.Seq); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+	}
+	if err := d.Run(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, []int{4, 2, 1}) {
+		t.Fatalf("applied %v, want [4 2 1]", got)
+	}
+	// No Close: the acks are in the files already.
+	recs, err := Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := ids(t, recs); !slices.Equal(p, []int{1, 3}) {
+		t.Fatalf("on disk after the drain: %v, want [1 3]", p)
+	}
+	j.Close()
 }

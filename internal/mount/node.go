@@ -1016,7 +1016,8 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	if !dir {
 		// A new file whose creation waits for its first commit
 		// (write-back) is not in the metadata: removed here alone.
-		if _, ok := n.m.wb.dropDeferred(n.ino, name); ok {
+		if ino, ok := n.m.wb.dropDeferred(n.ino, name); ok {
+			n.m.queue.drop(ino, true)
 			n.m.ents.removed(n.ino, name)
 			n.m.dirTimes.touch(n.ino)
 			n.removedHere(ctx, name)
@@ -1034,6 +1035,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	// directory or as a file, on another device.
 	fresh, tried := false, false
 	var others *meta.Entry // the removed name's file has other names
+	var gone uint64        // the file removed
 	tp := n.m.touching(parent)
 	tpRev := tp.Rev
 	err := retryConflict(func() error {
@@ -1055,6 +1057,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 		if err == nil && e.Nlink() > 1 {
 			others = e
 		}
+		gone = e.Ino
 		return err
 	})
 	if !tried { // refused before any removal was tried
@@ -1072,6 +1075,9 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 		// tree still has it: not removed, and its writer lock stays.
 		n.m.refreshNames(ctx, others)
 		return 0
+	}
+	if !dir && n.m.queue != nil {
+		n.m.queue.drop(gone, false)
 	}
 	n.removedHere(ctx, name)
 	return 0
@@ -1209,8 +1215,12 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	// The entry the rename wrote under the new name (nil: it failed, or
 	// did nothing), for the entry cache (entryCache.renamed).
 	var moved *meta.Entry
+	// The records of queued commits of the file replaced, acked before
+	// the rename (queue.moving): written again unless it was replaced.
+	var unqueued []*job
 	if !inMemory {
 		epoch := n.m.ents.writing()
+		dstPlace := queuePlace{Dir: dst.Ino, DirParent: dst.Parent, DirName: dst.Name, Name: newName, Path: volPath(np, newName)}
 		renameErr = retryConflict(func() error {
 			se, err := n.m.ents.get(ctx, n.ino, name, fresh)
 			if err != nil {
@@ -1219,6 +1229,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			movedIno, replacedIno = se.Ino, 0
 			if noReplace {
 				fresh = true
+				unqueued = append(unqueued, n.m.queue.moving(se.Ino, dstPlace, 0)...)
 				moved, err = n.m.vol.Meta.RenameNoReplace(ctx, tsrc, name, se, tdst, newName, np.path(newName))
 				return err
 			}
@@ -1236,6 +1247,11 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			}
 			fresh = true
 			follows = de != nil && meta.FollowsPath(se, de, unsaved)
+			if replacedLinked {
+				unqueued = append(unqueued, n.m.queue.moving(se.Ino, dstPlace, 0)...)
+			} else {
+				unqueued = append(unqueued, n.m.queue.moving(se.Ino, dstPlace, replacedIno)...)
+			}
 			if unsaved {
 				moved, err = n.m.vol.Meta.RenamePending(ctx, tsrc, name, se, tdst, newName, np.path(newName), meta.KnownEntry(de))
 			} else {
@@ -1256,6 +1272,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if replacedLinked {
 		replacedIno = 0
 		replaced = nil
+	}
+	if len(unqueued) > 0 {
+		n.m.queue.restore(unqueued, renameErr == nil, replacedIno)
 	}
 	if err == nil && movedIno != 0 && n.m.queue != nil {
 		n.m.queue.moved(movedIno, dst, newName, volPath(np, newName), replacedIno)

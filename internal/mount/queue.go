@@ -157,13 +157,20 @@ func dataCRC(f *os.File, size int64) (uint32, error) {
 }
 
 type job struct {
-	rec  queueRecord
-	jseq uint64   // the record's sequence number in the journal (0: none yet)
-	n    *node    // nil for a commit queued before a restart
-	c    *content // the copy whose file is the data (nil likewise)
+	rec     queueRecord
+	jseq    uint64 // the record's sequence number in the journal (0: none yet)
+	payload []byte // the record as written at jseq
+	n       *node  // nil for a commit queued before a restart
+	// dropped: the file was removed on this mount (queue.drop); its
+	// record is acked, its commit makes nothing.
+	dropped bool
+	c       *content // the copy whose file is the data (nil likewise)
 }
 
-// queue runs the queued commits of one mount, one at a time, in order.
+// queue runs the queued commits of one mount, one at a time, in order,
+// through the one drainer of journals (journal.Drainer.Serve): its job
+// order is the drainer's Order, its delay, write-back's quiet period and
+// the tests' hold are its Gate.
 type queue struct {
 	m     *Mount
 	dir   string
@@ -179,13 +186,21 @@ type queue struct {
 	seq      uint64
 	stopping bool
 	kick     chan struct{}
+	stopc    chan struct{} // closed by stop
 	done     chan struct{}
+	// listed is the jobs of the drainer's current pass, by journal
+	// sequence number (order); the drainer's goroutine's alone.
+	listed map[uint64]*job
 	// hold, for tests, keeps the commits queued while it is set
 	// (HoldQueue).
 	hold chan struct{}
 }
 
 const maxQueueBackoff = 30 * time.Second
+
+// heldGate is how long a held queue's gate says to wait: the release
+// kicks the drainer.
+const heldGate = time.Hour
 
 // queueAge bounds how long a commit queued in write-back mode waits for
 // the mount to be quiet (quiet.go) before it is made anyway.
@@ -196,7 +211,7 @@ const queueAge = 5 * time.Second
 // commits not done. It returns the data files they name (work copies
 // that are not leftovers).
 func loadQueue(ctx context.Context, m *Mount, dir string, delay time.Duration) (*queue, map[string]bool, error) {
-	q := &queue{m: m, dir: dir, delay: delay, old: map[uint64]int{}, prov: map[uint64]*job{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	q := &queue{m: m, dir: dir, delay: delay, old: map[uint64]int{}, prov: map[uint64]*job{}, kick: make(chan struct{}, 1), stopc: make(chan struct{}), done: make(chan struct{})}
 	jn, err := journal.Open(ctx, dir, journal.Options{})
 	if err != nil {
 		return nil, nil, err
@@ -231,7 +246,7 @@ func loadQueue(ctx context.Context, m *Mount, dir string, delay time.Duration) (
 		if o := latest[rec.Seq]; o != nil {
 			stale = append(stale, o.jseq)
 		}
-		latest[rec.Seq] = &job{rec: rec, jseq: r.Seq}
+		latest[rec.Seq] = &job{rec: rec, jseq: r.Seq, payload: r.Payload}
 	}
 	jobs := make([]*job, 0, len(latest))
 	closed := map[uint64]uint64{} // inode -> the seq of its last commit queued at a close
@@ -344,7 +359,8 @@ func (q *queue) dataPath(rec *queueRecord) string {
 // write appends rec to the journal (one write) and, unless it has a
 // CRC32C (write-back mode, where a close fsyncs nothing), fsyncs the
 // journal; a record j had before (a rename writes it again) is acked
-// after. It returns the record's new journal sequence number.
+// after, and the drainer kicked (a pass that listed the old record gives
+// the new one). It sets the record's new journal sequence number.
 func (q *queue) write(ctx context.Context, j *job) error {
 	b, _ := json.Marshal(&j.rec)
 	seq, err := q.j.Append(ctx, b)
@@ -358,8 +374,9 @@ func (q *queue) write(ctx context.Context, j *job) error {
 		if err := q.j.Ack(ctx, old); err != nil {
 			q.m.log.Warn("could not mark a queue record written again done", "seq", old, "err", err)
 		}
+		defer q.poke()
 	}
-	j.jseq = seq
+	j.jseq, j.payload = seq, b
 	return nil
 }
 
@@ -440,9 +457,11 @@ func (q *queue) len() int {
 // is left stays on disk for the next mount), and waits for it.
 func (q *queue) stop() {
 	q.mu.Lock()
+	if !q.stopping {
+		close(q.stopc)
+	}
 	q.stopping = true
 	q.mu.Unlock()
-	q.poke()
 	<-q.done
 	// The acks of the commits done reach the disk; the records left are
 	// the next mount's.
@@ -453,69 +472,119 @@ func (q *queue) stop() {
 	q.j.Close()
 }
 
-// run commits the queued jobs in order until stop.
+// run commits the queued jobs in order until stop, through the one
+// drainer (journal.Drainer.Serve): woken by add (poke), retrying while
+// the stores or the metadata service are away (backoff 1 s to 30 s,
+// without end: the mount cannot give its closes back), and at stop
+// making the commits it can without waiting for their time.
 func (q *queue) run(ctx context.Context) {
 	defer close(q.done)
-	backoff := time.Second
-	for {
-		q.mu.Lock()
-		var j *job
-		if len(q.jobs) > 0 {
-			j = q.jobs[0]
+	d := &journal.Drainer{
+		Apply:      q.apply,
+		Retry:      func(err error) bool { return !permanent(err) },
+		RetryFor:   journal.Forever,
+		MinBackoff: time.Second,
+		MaxBackoff: maxQueueBackoff,
+		OnRetry: func(err error, wait time.Duration) {
+			q.m.log.Warn("a queued commit failed; trying again", "retry_in", wait, "err", err)
+		},
+		Order: q.order,
+		Gate:  q.gate,
+	}
+	if err := d.Serve(ctx, q.j, q.kick, q.stopc); err != nil && !errors.Is(err, context.Canceled) {
+		q.m.log.Warn("unmounting with commits still queued: the next mount of the volume finishes them", "count", q.len(), "err", err)
+	}
+}
+
+// order lists the records of the queued commits in the queue's order
+// (the drainer's Order): a commit runs after those queued before it.
+func (q *queue) order() []journal.Record {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.listed = make(map[uint64]*job, len(q.jobs))
+	recs := make([]journal.Record, 0, len(q.jobs))
+	for _, j := range q.jobs {
+		if j.jseq != 0 {
+			recs = append(recs, journal.Record{Seq: j.jseq, Payload: j.payload})
+			q.listed[j.jseq] = j
 		}
-		stopping := q.stopping
-		q.mu.Unlock()
+	}
+	return recs
+}
+
+// listedJob returns the job of record seq of the current pass, nil if
+// its record was written again since (its new one comes in the next
+// pass) or it is done.
+func (q *queue) listedJob(seq uint64) *job {
+	j := q.listed[seq]
+	if j == nil {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if j.jseq != seq || !slices.Contains(q.jobs, j) {
+		return nil
+	}
+	return j
+}
+
+// gate tells how long the commit of record r must still wait (the
+// drainer's Gate): the queue's delay, write-back's quiet period
+// (quiet.go), the tests' hold; nothing once the queue stops.
+func (q *queue) gate(r journal.Record) time.Duration {
+	j := q.listedJob(r.Seq)
+	if j == nil {
+		return 0 // Apply finds it gone
+	}
+	return q.wait(j)
+}
+
+func (q *queue) wait(j *job) time.Duration {
+	q.mu.Lock()
+	hold, stopping := q.hold, q.stopping
+	q.mu.Unlock()
+	if stopping {
+		return 0
+	}
+	queued := time.Unix(0, j.rec.Queued)
+	if w := time.Until(queued.Add(q.delay)); w > 0 {
+		return w
+	}
+	// Write-back mode commits while the mount is quiet (quiet.go).
+	if q.m.mode == WriteBack && j.n != nil {
+		if w := q.m.quietFor(queued, queueAge); w > 0 {
+			return w
+		}
+	}
+	if hold != nil {
+		return heldGate
+	}
+	return 0
+}
+
+// apply makes the commits of recs, in order (the drainer's Apply): each
+// done or failed for good is finished (and its record acked); one to
+// retry stops the pass with its error. A commit whose time has not come
+// since the pass began (the mount got busy) ends the pass: the drainer
+// asks the gate again.
+func (q *queue) apply(ctx context.Context, recs []journal.Record, ack func(...uint64) error) error {
+	for i, r := range recs {
+		j := q.listedJob(r.Seq)
 		if j == nil {
-			if stopping {
-				return
-			}
-			<-q.kick
-			continue
+			return nil // written again: its new record comes next pass
 		}
-		if wait := time.Until(time.Unix(0, j.rec.Queued).Add(q.delay)); wait > 0 && !stopping {
-			select {
-			case <-time.After(wait):
-			case <-q.kick:
-			}
-			continue
-		}
-		// Write-back mode commits while the mount is quiet (quiet.go).
-		if q.m.mode == WriteBack && j.n != nil && !stopping {
-			if wait := q.m.quietFor(time.Unix(0, j.rec.Queued), queueAge); wait > 0 {
-				select {
-				case <-time.After(wait):
-				case <-q.kick:
-				}
-				continue
-			}
-		}
-		q.mu.Lock()
-		hold := q.hold
-		q.mu.Unlock()
-		if hold != nil && !stopping {
-			select {
-			case <-hold:
-			case <-q.kick:
-			}
-			continue
+		if i > 0 && q.wait(j) > 0 {
+			return nil
 		}
 		e, err := q.commit(ctx, j)
-		if err == nil || permanent(err) {
-			q.finish(ctx, j, e, err)
-			backoff = time.Second
-			continue
+		if err != nil && !permanent(err) {
+			return err
 		}
-		if stopping {
-			q.m.log.Warn("unmounting with commits still queued: the next mount of the volume finishes them", "count", q.len(), "err", err)
-			return
+		if aerr := q.finish(ctx, j, e, err, ack); aerr != nil {
+			return aerr
 		}
-		q.m.log.Warn("a queued commit failed; trying again", "path", q.pathOf(j), "retry_in", backoff, "err", err)
-		select {
-		case <-time.After(backoff):
-		case <-q.kick:
-		}
-		backoff = min(2*backoff, maxQueueBackoff)
 	}
+	return nil
 }
 
 // permanent tells a commit that can never succeed (its directory or name
@@ -547,6 +616,12 @@ func (q *queue) pathOf(j *job) string {
 // before a restart, or for a live one whose node the kernel let go.
 func (q *queue) commit(ctx context.Context, j *job) (*meta.Entry, error) {
 	m, rec := q.m, &j.rec
+	q.mu.Lock()
+	dropped := j.dropped
+	q.mu.Unlock()
+	if dropped {
+		return nil, errDropped
+	}
 	// The file's own entry, and its directories, may be pending
 	// (write-back mode): written first.
 	if err := m.wb.flush(ctx); err != nil {
@@ -784,8 +859,10 @@ func (q *queue) touched(ino uint64, t time.Time) {
 }
 
 // finish ends a job: done (its copy becomes the clean copy of the new
-// version), dropped, or failed for good (its data kept in unsaved/).
-func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
+// version), dropped, or failed for good (its data kept in unsaved/). Its
+// record is acked last, by ack (the drainer's: fsynced before it
+// returns), whose error it returns.
+func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error, ack func(...uint64) error) error {
 	m, rec := q.m, &j.rec
 	data := q.dataPath(rec)
 	failed := err != nil && !errors.Is(err, errDropped)
@@ -854,19 +931,25 @@ func (q *queue) finish(ctx context.Context, j *job, e *meta.Entry, err error) {
 			os.Remove(data)
 		}
 	}
+	// Out of the queue first, so that no rename writes its record again
+	// (withProv), then acked: a kill in between leaves a record whose
+	// data is gone, dropped by the next mount.
 	q.mu.Lock()
-	if aerr := q.j.Ack(ctx, j.jseq); aerr != nil {
-		m.log.Warn("could not mark a done commit's record done (the next mount finds its data gone, or commits it again)", "seq", j.jseq, "err", aerr)
-	}
-	if len(q.jobs) > 0 && q.jobs[0] == j {
-		q.jobs = q.jobs[1:]
+	if i := slices.Index(q.jobs, j); i >= 0 {
+		q.jobs = slices.Delete(q.jobs, i, i+1)
 	}
 	if j.n == nil {
 		if q.old[rec.Ino]--; q.old[rec.Ino] <= 0 {
 			delete(q.old, rec.Ino)
 		}
 	}
+	jseq := j.jseq
 	q.mu.Unlock()
+	if aerr := ack(jseq); aerr != nil {
+		m.log.Warn("could not mark a done commit's record done (the next mount finds its data gone, or commits it again)", "seq", jseq, "err", aerr)
+		return aerr
+	}
+	return nil
 }
 
 // renamed records that this mount gave file ino, in directory dir, the
@@ -909,13 +992,97 @@ func (q *queue) moved(ino uint64, dir *meta.Entry, name, path string, replacedIn
 		case j.rec.Ino == ino:
 			j.rec.Name, j.rec.Path = name, path
 			j.rec.Dir, j.rec.DirParent, j.rec.DirName = dir.Ino, dir.Parent, dir.Name
+			// The new place is no longer an other name (moving).
+			j.rec.Alt = slices.DeleteFunc(j.rec.Alt, func(a queuePlace) bool { return a.Dir == dir.Ino && a.Name == name })
 			if err := q.write(context.Background(), j); err != nil {
 				q.m.log.Warn("could not write a queued commit's record again with the file's new name", "seq", j.jseq, "path", path, "err", err)
 			}
 		case replacedIno != 0 && j.rec.Ino == replacedIno && j.n != nil:
+			// Acked, not dropped: its commit still lands, as a version
+			// of the file that took its place and history (node.heir).
 			if err := q.j.Ack(context.Background(), j.jseq); err != nil {
 				q.m.log.Warn("could not mark the queued commit's record of a file replaced by a rename done", "seq", j.jseq, "err", err)
 			}
+		}
+	}
+}
+
+// drop records that this mount removed file ino (its last name, by
+// unlink: a file replaced by a rename leaves its history, and the commits
+// of this mount still to land in it, to the file that replaced it): its
+// queued commits, this mount's and those a killed one left, are dropped
+// and their records acked, as on a local disk, so that a next mount does
+// not commit them again under the name (which would bring the file
+// back). Unless linked is false (the metadata said the name was the
+// file's last), a commit of a file with other names made here
+// (queueRecord.Alt) is kept.
+func (q *queue) drop(ino uint64, linked bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, j := range q.withProv() {
+		if j.rec.Ino == ino && (!linked || len(j.rec.Alt) == 0) {
+			q.dropJob(j)
+		}
+	}
+}
+
+// dropJob drops job j (q.mu held): acked, its commit a no-op.
+func (q *queue) dropJob(j *job) {
+	j.dropped = true
+	if err := q.j.Ack(context.Background(), j.jseq); err != nil {
+		q.m.log.Warn("could not mark the queued commit's record of a removed file done", "seq", j.jseq, "err", err)
+	}
+}
+
+// moving, called before this mount renames file ino to place p (in
+// etcd), writes the records of its queued commits again with p among
+// their places (queueRecord.Alt), and acks the records of this mount's
+// queued commits of replacedIno (0: none), the file the rename replaces,
+// whose commits land in the renamed file's history (node.heir) or
+// nowhere: a kill between the rename and moved, after it, leaves a next
+// mount records that commit the renamed file where it is, and none that
+// commits the replaced file's content onto it. It returns the jobs whose
+// records it acked, for restore.
+func (q *queue) moving(ino uint64, p queuePlace, replacedIno uint64) []*job {
+	if q == nil {
+		return nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var acked []*job
+	for _, j := range q.withProv() {
+		switch {
+		case j.rec.Ino == ino:
+			if j.rec.Dir == p.Dir && j.rec.Name == p.Name || slices.ContainsFunc(j.rec.Alt, func(a queuePlace) bool { return a.Dir == p.Dir && a.Name == p.Name }) {
+				continue
+			}
+			j.rec.Alt = append(j.rec.Alt, p)
+			if err := q.write(context.Background(), j); err != nil {
+				q.m.log.Warn("could not write a queued commit's record again with the name it is being renamed to", "seq", j.jseq, "path", p.Path, "err", err)
+			}
+		case replacedIno != 0 && j.rec.Ino == replacedIno && j.n != nil && !j.dropped:
+			if err := q.j.Ack(context.Background(), j.jseq); err != nil {
+				q.m.log.Warn("could not mark the queued commit's record of a file being replaced done", "seq", j.jseq, "err", err)
+				continue
+			}
+			acked = append(acked, j)
+		}
+	}
+	return acked
+}
+
+// restore writes again the records moving acked, of the jobs still
+// queued, unless the rename succeeded (ok) and replaced their file
+// (replacedIno).
+func (q *queue) restore(js []*job, ok bool, replacedIno uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, j := range js {
+		if ok && j.rec.Ino == replacedIno || j.dropped || !slices.Contains(q.jobs, j) {
+			continue
+		}
+		if err := q.write(context.Background(), j); err != nil {
+			q.m.log.Warn("could not write again the record of a queued commit of a file a failed rename would have replaced", "seq", j.jseq, "err", err)
 		}
 	}
 }
