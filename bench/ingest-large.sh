@@ -20,7 +20,7 @@ fi
 cat "$INPUT" >/dev/null # warm the page cache; both tools read the same cached file
 MB=$(calc "$SIZE_MIB * 1048576 / 1e6")
 
-c_mbs=() r_mbs=() ratios=() c_rss=() r_rss=() rows=()
+c_mbs=() c_s=() r_mbs=() ratios=() c_rss=() r_rss=() rows=()
 for i in $(seq 1 "$RUNS"); do
 	cw=- crss=- cmbs=- rw=- rrss=- rmbs=- ratio=-
 	if want cairn; then
@@ -33,7 +33,7 @@ for i in $(seq 1 "$RUNS"); do
 		# the put process plus the etcd daemon it talks to (a separate process)
 		crss=$(calc "$T_RSS_MB + ${drss/-/0}")
 		crss="$crss ($T_RSS_MB + $drss)"
-		c_mbs+=("$cmbs") c_rss+=("${crss%% *}")
+		c_mbs+=("$cmbs") c_rss+=("${crss%% *}") c_s+=("$cw")
 		remove_realm "$realm"
 	fi
 	if want restic; then
@@ -62,6 +62,13 @@ if want cairn && want restic; then
 	ge "$RATIO" "$MIN_RATIO" || verdict="FAIL (ratio)"
 	lt "$C_RSS" "$MAX_RSS_MB" || if [[ $verdict == PASS ]]; then verdict="FAIL (RSS)"; else verdict="FAIL (ratio, RSS)"; fi
 fi
+
+if want cairn; then
+	figure "put s" "$(median "${c_s[@]}")"
+	figure "put MB/s" "$C_MBS"
+	figure "peak RSS MB (put + etcd daemon, max)" "$C_RSS"
+fi
+want restic && figure "restic MB/s" "$R_MBS"
 
 record "ingest of one ${SIZE_MIB} MiB incompressible file" <<END
 Per run: fresh realm / repo (init not timed), then \`cairn put --json FILE home:/\` and

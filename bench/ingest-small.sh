@@ -75,6 +75,13 @@ if want cairn; then
 	if ((${#fails[@]})); then verdict="FAIL ($(IFS=,; echo "${fails[*]}" | sed "s/,/, /g"))"; else verdict=PASS; fi
 fi
 
+if want cairn; then
+	figure "first put s" "$C1"
+	figure "first put files/s" "$C_FPS"
+	figure "second put s" "$C2"
+fi
+want restic && figure "restic files/s" "$R_FPS"
+
 record "ingest of $NFILES files of $FILESIZE bytes, then an unchanged second put" <<END
 Per run: fresh realm / repo (init not timed); \`cairn put --json DIR home:/\` twice into the same
 realm (the second over the unchanged tree), and \`restic backup --repo REPO --json DIR\` into a

@@ -13,6 +13,8 @@
 #   KEEP=1        keep the work dir for inspection
 #   TOOLS         which tools to run (default "cairn restic"); TOOLS=restic measures the
 #                 baseline alone (no acceptance check, exit 0)
+#   BENCH_FIGURES file the harness's main figures are appended to, one "NAME<TAB>VALUE" a
+#                 line (see figure; bench/ab.sh reads them)
 
 set -euo pipefail
 
@@ -157,6 +159,13 @@ timed() {
 	T_RSS_MB=$(awk -F': ' '/Maximum resident set size/ { printf "%.1f", $2 / 1024 }' "$prefix.time")
 	T_USER=$(awk -F': ' '/User time \(seconds\)/ { print $2 }' "$prefix.time")
 	T_SYS=$(awk -F': ' '/System time \(seconds\)/ { print $2 }' "$prefix.time")
+}
+
+# figure NAME VALUE: with BENCH_FIGURES set, appends "NAME<TAB>VALUE" to it: the figures
+# bench/ab.sh compares between two binaries. NAME ends with its unit (" s", " ops/s", " B").
+figure() {
+	[[ -n ${BENCH_FIGURES:-} ]] || return 0
+	printf '%s\t%s\n' "$1" "$2" >>"$BENCH_FIGURES"
 }
 
 # median N...: the median of the numbers given.
