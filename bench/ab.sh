@@ -6,13 +6,15 @@
 # the per-pair ratios. The invocations record nothing themselves (BENCH_RESULTS=/dev/null);
 # this script appends one section to RESULTS.md (BENCH_RESULTS as in lib.sh).
 #
-# Usage: A=BINARY B=BINARY [A_NAME=a] [B_NAME=b] [RUNS=5] bench/ab.sh HARNESS.sh
+# Usage: A=BINARY B=BINARY [A_NAME=a] [B_NAME=b] [RUNS=5] [RETRIES=1] bench/ab.sh HARNESS.sh
 #   e.g. A=/tmp/cairn-old B=/tmp/cairn-new A_NAME=850bc79 B_NAME=HEAD TOOLS=cairn bench/ab.sh ingest-small.sh
 # Other environment (TOOLS, SIZE_MIB, MOUNT_OPTS, SETTLE, BENCH_CACHE, ...) is passed on to the
-# harness. A harness's acceptance failure (exit 1) is noted and its figures kept; exit 2 (the
-# harness could not run) stops the comparison.
+# harness. A harness's acceptance failure (exit 1) is noted and its figures kept; an invocation
+# that fails (exit 2: a command failed, e.g. on an overloaded machine) is noted with its first
+# error line and run again, up to RETRIES times, then stops the comparison.
 USER_TOOLS=${TOOLS:-}
 RUNS=${RUNS:-5}
+RETRIES=${RETRIES:-1}
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -39,12 +41,19 @@ for i in $(seq 1 "$RUNS"); do
 		echo "pair $i: $s (${NAME[$s]}), load ${LOAD[$s,$i]}" >&2
 		envs=(RUNS=1 "CAIRN=${BIN[$s]}" BENCH_RESULTS=/dev/null "BENCH_FIGURES=$figs")
 		[[ -z $USER_TOOLS ]] || envs+=("TOOLS=$USER_TOOLS")
-		env -u TOOLS "${envs[@]}" "$HARNESS" >"$log" 2>&1 </dev/null || rc=$?
+		for try in $(seq 0 "$RETRIES"); do
+			rc=0
+			: >"$figs"
+			env -u TOOLS "${envs[@]}" "$HARNESS" >"$log" 2>&1 </dev/null || rc=$?
+			((rc >= 2)) || break
+			# The harness could not finish (a command failed): noted, and tried again.
+			notes+=("pair $i, ${NAME[$s]}: failed (exit $rc): $({ grep -m1 '^cairn:' "$log" || grep -m1 -E '^(command failed|[a-z-]+\.sh):' "$log"; } | tail -c 300)")
+			tail -n 30 "$log" >&2
+		done
 		if ((rc == 1)); then
 			notes+=("pair $i, ${NAME[$s]}: the harness reported an acceptance failure (exit 1)")
 		elif ((rc != 0)); then
-			tail -n 30 "$log" >&2
-			die "$(basename "$HARNESS") with ${NAME[$s]} failed (exit $rc; KEEP=1 keeps $log)"
+			die "$(basename "$HARNESS") with ${NAME[$s]} failed $((RETRIES + 1)) times (exit $rc; KEEP=1 keeps $log)"
 		fi
 		while IFS=$'\t' read -r k v; do
 			[[ $s$i != A1 ]] || names+=("$k")
