@@ -107,6 +107,11 @@ daemon_rss_mb() { # daemon_rss_mb REALM: the daemon's peak RSS (VmHWM) so far, M
 	pid=$(daemon_pid "$1")
 	if [[ -n $pid ]]; then awk '/VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$pid/status"; else echo -; fi
 }
+daemon_cpu_s() { # daemon_cpu_s REALM: the daemon's CPU seconds (user + sys) so far, or 0
+	local pid
+	pid=$(daemon_pid "$1")
+	if [[ -n $pid ]]; then awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$pid/stat"; else echo 0; fi
+}
 stop_daemon() { # stop_daemon REALM: SIGTERM the realm's daemon and wait for it to exit
 	local pid i
 	pid=$(daemon_pid "$1")
