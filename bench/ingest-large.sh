@@ -20,20 +20,22 @@ fi
 cat "$INPUT" >/dev/null # warm the page cache; both tools read the same cached file
 MB=$(calc "$SIZE_MIB * 1048576 / 1e6")
 
-c_mbs=() r_mbs=() ratios=() c_rss=() r_rss=() rows=()
+c_mbs=() c_s=() c_cpu=() c_dcpu=() r_mbs=() ratios=() c_rss=() r_rss=() rows=()
 for i in $(seq 1 "$RUNS"); do
 	cw=- crss=- cmbs=- rw=- rrss=- rmbs=- ratio=-
 	if want cairn; then
 		realm=$WORK/realm-$i
 		new_realm "$realm"
 		settle
+		d0=$(daemon_cpu_s "$realm")
 		timed "$WORK/cairn-$i" env CAIRN_HOME="$realm" "$CAIRN" put --json "$INPUT" home:/
 		cw=$T_WALL cmbs=$(calc "$MB / $cw")
+		c_cpu+=("$(calc "$T_USER + $T_SYS")") c_dcpu+=("$(calc "$(daemon_cpu_s "$realm") - $d0")")
 		drss=$(daemon_rss_mb "$realm")
 		# the put process plus the etcd daemon it talks to (a separate process)
 		crss=$(calc "$T_RSS_MB + ${drss/-/0}")
 		crss="$crss ($T_RSS_MB + $drss)"
-		c_mbs+=("$cmbs") c_rss+=("${crss%% *}")
+		c_mbs+=("$cmbs") c_rss+=("${crss%% *}") c_s+=("$cw")
 		remove_realm "$realm"
 	fi
 	if want restic; then
@@ -62,6 +64,15 @@ if want cairn && want restic; then
 	ge "$RATIO" "$MIN_RATIO" || verdict="FAIL (ratio)"
 	lt "$C_RSS" "$MAX_RSS_MB" || if [[ $verdict == PASS ]]; then verdict="FAIL (RSS)"; else verdict="FAIL (ratio, RSS)"; fi
 fi
+
+if want cairn; then
+	figure "put s" "$(median "${c_s[@]}")"
+	figure "put MB/s" "$C_MBS"
+	figure "put CPU s (user + sys)" "$(median "${c_cpu[@]}")"
+	figure "etcd daemon CPU s during the put" "$(median "${c_dcpu[@]}")"
+	figure "peak RSS MB (put + etcd daemon, max)" "$C_RSS"
+fi
+want restic && figure "restic MB/s" "$R_MBS"
 
 record "ingest of one ${SIZE_MIB} MiB incompressible file" <<END
 Per run: fresh realm / repo (init not timed), then \`cairn put --json FILE home:/\` and

@@ -38,7 +38,7 @@ SRC=$WORK/small
 rsync -a --exclude=.complete "$TREE/" "$SRC/"
 find "$SRC" -type f -exec cat {} + >/dev/null # warm the page cache
 
-c1=() c2=() c_fps=() r_fps=() b_fps=() speedups=() js2=() rows=() chunks_ok=1
+c1=() c2=() cpu1=() dcpu1=() c_fps=() r_fps=() b_fps=() speedups=() js2=() rows=() chunks_ok=1
 vs_r=() vs_b=() vs_r2=() vs_b2=() r2s=() b2s=()
 for i in $(seq 1 "$RUNS"); do
 	w1=- fps=- w2=- sp=- nc2=- j1=- j2=- rw=- rfps=- rw2=- bw=- bfps=- bw2=-
@@ -46,8 +46,10 @@ for i in $(seq 1 "$RUNS"); do
 		settle
 		realm=$WORK/realm-$i
 		new_realm "$realm"
+		d0=$(daemon_cpu_s "$realm")
 		timed "$WORK/cairn-$i-a" env CAIRN_HOME="$realm" "$CAIRN" put --json "$SRC" home:/
 		w1=$T_WALL fps=$(calc "$NFILES / $w1")
+		cpu1+=("$(calc "$T_USER + $T_SYS")") dcpu1+=("$(calc "$(daemon_cpu_s "$realm") - $d0")")
 		j1=$(jq -r '.seconds' "$WORK/cairn-$i-a.out")
 		files1=$(jq -r '.files' "$WORK/cairn-$i-a.out")
 		[[ $files1 == "$NFILES" ]] || echo "warning: first put reports files=$files1, want $NFILES" >&2
@@ -111,6 +113,16 @@ if want cairn; then
 	ge "$SPEEDUP" "$MIN_SPEEDUP" || fails+=("second put speedup")
 	if ((${#fails[@]})); then verdict="FAIL ($(IFS=,; echo "${fails[*]}" | sed "s/,/, /g"))"; else verdict=PASS; fi
 fi
+
+if want cairn; then
+	figure "first put s" "$C1"
+	figure "first put files/s" "$C_FPS"
+	figure "second put s" "$C2"
+	# CPU seconds: the work done, whatever else the machine runs
+	figure "first put CPU s (user + sys)" "$(median "${cpu1[@]}")"
+	figure "etcd daemon CPU s during the first put" "$(median "${dcpu1[@]}")"
+fi
+want restic && figure "restic files/s" "$R_FPS"
 
 record "ingest of $NFILES files of $FILESIZE bytes, then an unchanged second put" <<END
 Per run: fresh realm / repo (init not timed); \`cairn put --json DIR home:/\` twice into the same

@@ -232,6 +232,18 @@ for w in $WORKLOADS; do
 done
 sizes=$(IFS=';'; echo "${sizes[*]}" | sed 's/;/; /g')
 
+if want cairn; then
+	for w in $WORKLOADS; do
+		figure "$w old version: cairn put s" "$(med "$w" cairn old .seconds)"
+		figure "$w old version: cairn up B" "$(med "$w" cairn old .up)"
+		figure "$w: cairn put s" "$(med "$w" cairn new .seconds)"
+		figure "$w: cairn up B" "$(med "$w" cairn new .up)"
+		figure "$w: cairn down B" "$(med "$w" cairn new .down)"
+		figure "$w: cairn put --force s" "$(med "$w" cairn force .seconds)"
+		figure "$w: cairn put --force up B" "$(med "$w" cairn force .up)"
+	done
+fi
+
 record "issue 3: bytes on the wire over a 1.5 Mbit/s, 30 ms link — cairn put --store vs rsync -az vs a full copy" <<END
 Link: internal/netnstest, 2 hosts, each uplink $RATE and $DELAY one-way (round trip about twice that). Host 0 = client (realm,
 embedded etcd, \`cairn node serve\`), host 1 = node (benefactor store1 running \`cairn node serve\`, rsync daemon;

@@ -13,6 +13,8 @@
 #   KEEP=1        keep the work dir for inspection
 #   TOOLS         which tools to run (default "cairn restic"); TOOLS=restic measures the
 #                 baseline alone (no acceptance check, exit 0)
+#   BENCH_FIGURES file the harness's main figures are appended to, one "NAME<TAB>VALUE" a
+#                 line (see figure; bench/ab.sh reads them)
 
 set -euo pipefail
 
@@ -105,6 +107,11 @@ daemon_rss_mb() { # daemon_rss_mb REALM: the daemon's peak RSS (VmHWM) so far, M
 	pid=$(daemon_pid "$1")
 	if [[ -n $pid ]]; then awk '/VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$pid/status"; else echo -; fi
 }
+daemon_cpu_s() { # daemon_cpu_s REALM: the daemon's CPU seconds (user + sys) so far, or 0
+	local pid
+	pid=$(daemon_pid "$1")
+	if [[ -n $pid ]]; then awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$pid/stat"; else echo 0; fi
+}
 stop_daemon() { # stop_daemon REALM: SIGTERM the realm's daemon and wait for it to exit
 	local pid i
 	pid=$(daemon_pid "$1")
@@ -157,6 +164,13 @@ timed() {
 	T_RSS_MB=$(awk -F': ' '/Maximum resident set size/ { printf "%.1f", $2 / 1024 }' "$prefix.time")
 	T_USER=$(awk -F': ' '/User time \(seconds\)/ { print $2 }' "$prefix.time")
 	T_SYS=$(awk -F': ' '/System time \(seconds\)/ { print $2 }' "$prefix.time")
+}
+
+# figure NAME VALUE: with BENCH_FIGURES set, appends "NAME<TAB>VALUE" to it: the figures
+# bench/ab.sh compares between two binaries. NAME ends with its unit (" s", " ops/s", " B").
+figure() {
+	[[ -n ${BENCH_FIGURES:-} ]] || return 0
+	printf '%s\t%s\n' "$1" "$2" >>"$BENCH_FIGURES"
 }
 
 # median N...: the median of the numbers given.

@@ -323,6 +323,16 @@ ratio_vs() { # ratio_vs CAIRNMETRIC LOCALMETRIC: median over runs of local s / c
 	median "${out[@]}"
 }
 
+for tool in cairn local; do
+	want "$tool" || continue
+	for m in write read1 read2 clone tar; do figure "$tool $m s" "$(med "$m" "$tool")"; done
+	for m in create stat; do figure "$tool $m ops/s" "$(med "$m" "$tool")"; done
+done
+if want cairn; then
+	for m in writedone clonedone tardone; do figure "cairn $m s" "$(med "$m" cairn)"; done
+	figure "cairn mount peak RSS MB" "$MOUNT_RSS"
+fi
+
 W_RATIO=$(ratio_vs write write)
 WF_RATIO=$(ratio_vs write writefsync)
 R1_RATIO=$(ratio_runs read1 rate)
