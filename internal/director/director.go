@@ -88,7 +88,11 @@ type Options struct {
 	WakeTimeout time.Duration
 	// OnWake, if set, is told how a wake goes (see WakeProgress).
 	OnWake WakeProgress
-	Logger *slog.Logger
+	// OffloadTo is where a write whose target is not awake goes when
+	// Decide says Offload (offload.go): a node or registered store, or
+	// "" or "auto" for the first awake one that fits.
+	OffloadTo string
+	Logger    *slog.Logger
 }
 
 // Use says what a node that is not awake was wanted for.
@@ -127,8 +131,10 @@ const (
 	// copy answered (Options.Wake, wake.go); elsewhere, or with no
 	// Options.Wake, it fails as Fail does, saying so.
 	Wake
-	// Offload writes elsewhere and records the move for later (issue 17:
-	// not implemented, fails as Fail does, saying so).
+	// Offload, for a write target (ForWrite), writes to an awake offload
+	// target instead and records an offload entry with each commit, for
+	// reclaim to move the data home later (offload.go); elsewhere it
+	// fails as Fail does, saying so.
 	Offload
 	// Fail fails the operation at once with Kind Unavailable, naming the
 	// node and its state.
@@ -174,6 +180,10 @@ type Director struct {
 	closed     bool
 	target     cairn.Store // Options.Target opened, nil until first need
 	ownsTarget bool        // target is a node client the director closes
+	// The offload target (offload.go), chosen on first need.
+	offStore   cairn.Store
+	offName    string
+	offOwns    bool
 	cacheStore cairn.Store
 	cache      *cachestore.Store
 	router     *router
@@ -240,6 +250,9 @@ func (d *Director) Close() error {
 	if d.target != nil && d.ownsTarget {
 		d.target.Close()
 	}
+	if d.offStore != nil && d.offOwns {
+		d.offStore.Close()
+	}
 	return nil
 }
 
@@ -249,7 +262,7 @@ func (d *Director) Close() error {
 func (d *Director) IsTarget(st cairn.Store) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.target != nil && d.target == st
+	return (d.target != nil && d.target == st) || (d.offStore != nil && d.offStore == st)
 }
 
 // self is this device's node name ("" if it has none or it cannot be read).
@@ -266,7 +279,7 @@ func (d *Director) decide(ctx context.Context, op string, n meta.NodeStatus, use
 	case UseOther:
 		return nil
 	case Wake, Offload:
-		return cairn.E(op, cairn.Unavailable, n.Name, fmt.Errorf("%s; cannot %s it: no %s in this build", notAwake(n), dec, map[Decision]string{Wake: "waker", Offload: "offload log"}[dec]))
+		return cairn.E(op, cairn.Unavailable, n.Name, fmt.Errorf("%s; cannot %s it: no %s", notAwake(n), dec, map[Decision]string{Wake: "waker in this build", Offload: "offload for a policy member in this build (only a write target is offloaded)"}[dec]))
 	default:
 		return cairn.E(op, cairn.Unavailable, n.Name, errors.New(notAwake(n)))
 	}
@@ -369,6 +382,9 @@ func (d *Director) targetStore(ctx context.Context) (cairn.Store, string, error)
 	case st.Role == string(pki.Surrogate):
 		return nil, "", ErrSurrogate(t)
 	case st.State != meta.NodeOnline || st.Addr == "":
+		if d.opts.Decide(ctx, *st, ForWrite) == Offload {
+			return nil, "", errOffload{*st}
+		}
 		if derr := d.decide(ctx, "open store", *st, ForWrite); derr != nil {
 			return nil, "", derr
 		}

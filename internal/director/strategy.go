@@ -49,6 +49,10 @@ type Write struct {
 	// Default: the stays-where-created strategy (what Default(policy)
 	// reports).
 	Default bool
+	// Home, if set, is the node the writes were meant for, which is not
+	// awake: they go to Name (an offload target) instead, and each commit
+	// records an offload entry naming Home, for reclaim (offload.go).
+	Home string
 }
 
 // Default reports whether a write under policy goes where writes go by
@@ -76,6 +80,14 @@ func (d *Director) ForWrite(ctx context.Context, policy string) (Write, error) {
 		return Write{}, err
 	}
 	target, name, err := s.Target(ctx)
+	var home string
+	var off errOffload
+	if errors.As(err, &off) {
+		// The write target is not awake: write elsewhere, and have every
+		// commit record where the data was meant to go (offload.go).
+		home = off.n.Name
+		target, name, err = d.offloadTarget(ctx, off.n)
+	}
 	if err != nil {
 		return Write{}, err
 	}
@@ -83,5 +95,5 @@ func (d *Director) ForWrite(ctx context.Context, policy string) (Write, error) {
 	if err != nil {
 		return Write{}, err
 	}
-	return Write{Store: &deviceStore{local: local, target: target, d: d}, Name: name, Default: pol.Kind == meta.PolicyLocal}, nil
+	return Write{Store: &deviceStore{local: local, target: target, d: d}, Name: name, Home: home, Default: pol.Kind == meta.PolicyLocal}, nil
 }

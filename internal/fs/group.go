@@ -202,7 +202,7 @@ func (p *PendingWrite) commit(ctx context.Context, missing map[cairn.ID]bool, r 
 		}
 	}
 	if !redo {
-		e, _, err := v.Meta.CommitVersion(ctx, p.dir, p.name, p.w.commit(p.a, p.lock))
+		e, _, err := v.Meta.CommitVersion(ctx, p.dir, p.name, v.offload(p.w.commit(p.a, p.lock)))
 		if !errors.Is(err, meta.ErrFenced) {
 			r.Entry, r.Err = e, err
 			return r

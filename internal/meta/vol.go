@@ -439,6 +439,11 @@ type Commit struct {
 	// mount records when the file changed there, which the mount already
 	// showed.
 	Ctime int64
+	// Offload, if set, says the version's data was written to the one
+	// store it names instead of Offload.Home, which was not awake: the
+	// commit records an offload entry (offload.go) in its own
+	// transaction, so that a committed offloaded version always has one.
+	Offload *OffloadTo
 }
 
 // ErrLocked is returned (wrapped, Kind Conflict) by CommitVersion when
@@ -533,6 +538,7 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 		} else {
 			next.Versions = append(next.Versions, ver)
 		}
+		added := last == nil || ver.N != last.N
 		var dropped []Version
 		if keep := v.V.KeepVersions; keep > 0 && len(next.Versions) > keep {
 			dropped = append(dropped, next.Versions[:len(next.Versions)-keep]...)
@@ -542,6 +548,13 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 		cmps = append(cmps, v.s.fenceCmps(c.Gen)...)
 		b, _ := json.Marshal(next)
 		ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
+		if c.Offload != nil && added {
+			op, err := v.offloadOp(c.Offload, &next, ver)
+			if err != nil {
+				return nil, nil, err
+			}
+			ops = append(ops, op)
+		}
 		if cur != nil && len(cur.Links) > 1 {
 			// The version belongs to the inode: every name's copy gets it.
 			others, cerr := v.copies(ctx, "commit", cur)

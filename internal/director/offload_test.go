@@ -1,0 +1,104 @@
+package director
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/pki"
+	"cairn.dev/cairn/internal/store"
+	"cairn.dev/cairn/internal/store/memstore"
+	"cairn.dev/cairn/internal/store/storetest"
+)
+
+// A write whose target is asleep goes, under OffloadDecide, to an awake
+// offload target (this device by default, or the one named), never waits
+// for a wake, and says where the data was meant to go (Write.Home); a
+// reader on another device then reads it from the offload target without
+// waking the home.
+func TestOffloadWrite(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv()
+	desktop, laptop2 := memstore.New(), memstore.New()
+	e.node("desktop", pki.Device, meta.NodeOnline, desktop)
+	e.node("laptop2", pki.Device, meta.NodeOnline, laptop2)
+	e.setState("desktop", meta.NodeStandby)
+	var wakes atomic.Int64
+	wake := func(context.Context, meta.NodeStatus) (string, error) { wakes.Add(1); return "", nil }
+	decide := OffloadDecide(WakeDecide)
+
+	// Without an offload decider: the write fails as before.
+	if _, err := New(e, Options{Target: "desktop", Decide: WakeDecide}).ForWrite(ctx, ""); !errors.Is(err, cairn.ErrUnavailable) {
+		t.Fatalf("no offload: %v", err)
+	}
+	// Auto: this device's own store, which holds no copy of the write.
+	d := New(e, Options{Target: "desktop", Decide: decide, Wake: wake})
+	w, err := d.ForWrite(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Name != "desk" || w.Home != "desktop" {
+		t.Fatalf("auto offload: name %q home %q", w.Name, w.Home)
+	}
+	id, data := storetest.Blob(1, 100)
+	if err := w.Store.Put(ctx, id, data); err != nil {
+		t.Fatal(err)
+	}
+	if has, _ := e.local.Has(ctx, []cairn.ID{id}); !has[0] {
+		t.Fatal("the offloaded write is not in this device's store")
+	}
+	d.Close()
+
+	// Named: the second laptop.
+	d = New(e, Options{Target: "desktop", Decide: decide, Wake: wake, OffloadTo: "laptop2"})
+	defer d.Close()
+	w, err = d.ForWrite(ctx, "")
+	if err != nil || w.Name != "laptop2" || w.Home != "desktop" {
+		t.Fatalf("offload to laptop2: %+v, %v", w, err)
+	}
+	id2, data2 := storetest.Blob(2, 100)
+	if err := w.Store.Put(ctx, id2, data2); err != nil {
+		t.Fatal(err)
+	}
+	if has, _ := laptop2.Has(ctx, []cairn.ID{id2}); !has[0] {
+		t.Fatal("the offloaded write is not on laptop2")
+	}
+	if has, _ := desktop.Has(ctx, []cairn.ID{id, id2}); has[0] || has[1] {
+		t.Fatal("the sleeping home got the write")
+	}
+
+	// Another device reads the version (which names laptop2) without
+	// waking the desktop.
+	e2 := newEnv()
+	e2.self = "other"
+	e2.node("desktop", pki.Device, meta.NodeOnline, desktop)
+	e2.node("laptop2", pki.Device, meta.NodeOnline, laptop2)
+	e2.setState("desktop", meta.NodeStandby)
+	r := New(e2, Options{Decide: decide, Wake: wake, NoCache: true})
+	defer r.Close()
+	rt, err := r.routerOnly(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rt.Get(store.WithSources(ctx, []string{"laptop2"}), id2); err != nil || string(got) != string(data2) {
+		t.Fatalf("read of the offloaded copy: %v", err)
+	}
+	if n := wakes.Load(); n != 0 {
+		t.Fatalf("%d wakes", n)
+	}
+
+	// The home as offload target, or no awake target: clear errors.
+	if _, err := New(e, Options{Target: "desktop", Decide: decide, OffloadTo: "desktop"}).ForWrite(ctx, ""); !errors.Is(err, cairn.ErrInvalid) {
+		t.Fatalf("offload to the home: %v", err)
+	}
+	e.setState("laptop2", meta.NodeOffline)
+	e.self = ""
+	_, err = New(e, Options{Target: "desktop", Decide: decide}).ForWrite(ctx, "")
+	if !errors.Is(err, cairn.ErrUnavailable) || !strings.Contains(err.Error(), "no awake offload target") {
+		t.Fatalf("no awake target: %v", err)
+	}
+}
