@@ -96,6 +96,7 @@ type env struct {
 	cpuprofile     string
 	target         string        // put --store: the node that receives the data
 	noCache        bool          // cat/get --no-cache: read from the stores, past every local cache
+	offloadTo      string        // put --offload-to
 	wakeTimeout    time.Duration // get/cat/mount/dav --wake-timeout: the wait for a node a read wakes (-1 in other commands: they never wake one)
 	log            *slog.Logger
 	realm          *realm.Realm
@@ -218,6 +219,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 	root.AddCommand(e.userCmd(), e.shareCmd(), e.unshareCmd())
 	root.AddCommand(e.queueCmd())
 	root.AddCommand(e.metaCmd())
+	root.AddCommand(e.offloadCmd())
 	return root
 }
 
@@ -254,7 +256,7 @@ func (e *env) etcdEndpoints() []string {
 
 func (e *env) options() realm.Options {
 	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Target: e.target, NoCache: e.noCache, Logger: e.log,
-		WakeTimeout: e.wakeTimeout, OnWake: e.showWake}
+		WakeTimeout: e.wakeTimeout, OnWake: e.showWake, OffloadTo: e.offloadTo}
 	if s := os.Getenv("CAIRN_CHUNK_CACHE"); s != "" {
 		if n, err := parseSize(s); err == nil && n > 0 {
 			o.CacheBytes = n

@@ -58,6 +58,11 @@ type ServeOptions struct {
 	// before the machine sleeps (default: the system bus; "none": do not
 	// look). Without a bus or a logind the node logs it once and serves.
 	SleepBus string
+	// ReclaimEvery is how often the node reclaims, while awake, the
+	// versions offloaded while it slept (doc/director.md, "Offload and
+	// reclaim"); it also reclaims once it registers and on each resume.
+	// Default DefaultReclaimEvery; negative: never.
+	ReclaimEvery time.Duration
 }
 
 // Serve runs this device's node until ctx ends: it serves the local store
@@ -270,6 +275,29 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
+	// Reclaim what was offloaded while this node slept: now, on each
+	// resume, and every ReclaimEvery while awake (offload.go).
+	reclaimKick := make(chan struct{}, 1)
+	var sleeping atomic.Bool
+	if o.ReclaimEvery >= 0 {
+		if o.ReclaimEvery == 0 {
+			o.ReclaimEvery = DefaultReclaimEvery
+		}
+		reclaimKick <- struct{}{}
+		reclaimDone := make(chan struct{})
+		rctx, rcancel := context.WithCancel(ctx)
+		defer func() { rcancel(); <-reclaimDone }()
+		go func() {
+			defer close(reclaimDone)
+			r.reclaimLoop(rctx, name, o.ReclaimEvery, reclaimKick, &sleeping)
+		}()
+	}
+	kickReclaim := func() {
+		select {
+		case reclaimKick <- struct{}{}:
+		default:
+		}
+	}
 	asleep, since := false, time.Now()
 	stop := func(cause error) error {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -314,6 +342,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			return rep
 		}
 		asleep, since = true, at
+		sleeping.Store(true)
 		rep.State, rep.Since, rep.Wake = meta.NodeStandby, at.UnixNano(), wake
 		r.log.Info("node in standby", "node", name, "wake", wake)
 		return rep
@@ -332,6 +361,8 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			return rep
 		}
 		reg, asleep, since = nreg, false, time.Now()
+		sleeping.Store(false)
+		kickReclaim()
 		chunkGate.open()
 		registrar.resume()
 		rep.State, rep.Since = meta.NodeAwake, since.UnixNano()
