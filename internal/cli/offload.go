@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -95,7 +96,7 @@ func (e *env) offloadPath(cmd *cobra.Command, r *realm.Realm, paths map[string]m
 		if v, err := r.Volume(cmd.Context(), o.Vol); err == nil && v.Meta.V.ID == o.VolID {
 			_ = v.Walk(cmd.Context(), func(p string, en *meta.Entry, trashed bool) error {
 				if !trashed && en.Type == meta.TypeFile {
-					m[en.Ino] = p
+					m[en.Ino] = strings.TrimPrefix(p, o.Vol+":")
 				}
 				return nil
 			})

@@ -1,0 +1,178 @@
+package cli_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// offloadLs is `offload ls --json` on r.
+func offloadLs(t *testing.T, r *realmT) []map[string]any {
+	t.Helper()
+	var list []map[string]any
+	if err := json.Unmarshal([]byte(r.ok("offload", "ls", "--json")), &list); err != nil {
+		t.Fatal(err)
+	}
+	return list
+}
+
+// storesOf is the stores each version of path names, per `versions --json`.
+func storesOf(t *testing.T, r *realmT, path string) [][]string {
+	t.Helper()
+	var vers []struct {
+		Stores []string `json:"stores"`
+	}
+	if err := json.Unmarshal([]byte(r.ok("versions", "--json", path)), &vers); err != nil {
+		t.Fatal(err)
+	}
+	var out [][]string
+	for _, v := range vers {
+		out = append(out, v.Stores)
+	}
+	return out
+}
+
+// fsckJSON is `fsck --read-data --json` on r: it must be clean.
+func fsckJSON(t *testing.T, r *realmT) map[string]any {
+	t.Helper()
+	var rep map[string]any
+	if err := json.Unmarshal([]byte(r.ok("fsck", "--read-data", "--json")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := rep["damaged"].([]any); len(d) > 0 {
+		t.Fatalf("fsck: %v", rep)
+	}
+	return rep
+}
+
+// Two devices: the laptop announces standby; `put --store laptop` on the
+// desk does not wait for it: the data goes to the desk's own store and
+// `offload ls` shows it waiting for the laptop, readable meanwhile; after
+// `node resume`, `offload reclaim` copies it to the laptop, records it
+// there and deletes the desk's copy; `offload ls` is empty and fsck is
+// clean on both. A second round is reclaimed by the laptop's node daemon
+// by itself on resume.
+func TestOffloadReclaim(t *testing.T) {
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	a.serve("2s")
+	a.waitState("desk", "awake", 5*time.Second)
+	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "laptop", "--ttl", "10m"))
+	b := joiner(t)
+	b.ok("join", tok, "--no-passphrase")
+	bs := b.serveWith("2s", "--reclaim-every", "-1s")
+	a.waitState("laptop", "awake", 5*time.Second)
+
+	// Each round writes its own files: a few small ones sharing content
+	// (dedup in the offload target) and one of several chunks.
+	round := func(n int) []string {
+		dir := t.TempDir()
+		var paths []string
+		for i := range 3 {
+			p := filepath.Join(dir, fmt.Sprintf("doc%d-%d.txt", n, i))
+			writeFile(t, p, bytes.Repeat([]byte(fmt.Sprintf("round %d file %d\n", n, i%2)), 1000+i), 0o644)
+			paths = append(paths, p)
+		}
+		big := filepath.Join(dir, fmt.Sprintf("big%d.bin", n))
+		writeFile(t, big, randBytes(3<<20), 0o644)
+		paths = append(paths, big)
+		return paths
+	}
+
+	// Round 1: by hand.
+	b.ok("node", "standby")
+	a.waitState("laptop", "standby", 5*time.Second)
+	files := round(1)
+	for _, p := range files {
+		a.ok("put", "--store", "laptop", p, "home:/docs/")
+	}
+	list := offloadLs(t, a)
+	if len(list) != len(files) {
+		t.Fatalf("offload ls: %v", list)
+	}
+	for _, o := range list {
+		if o["home"] != "laptop" || o["now"] != "desk" || !strings.HasPrefix(o["path"].(string), "/docs/") || o["bytes"].(float64) == 0 {
+			t.Fatalf("offload entry %v", o)
+		}
+	}
+	if out := a.ok("offload", "ls"); !strings.Contains(out, "home:/docs/big1.bin") || !strings.Contains(out, "laptop") {
+		t.Fatalf("offload ls:\n%s", out)
+	}
+	for _, p := range files {
+		name := "home:/docs/" + filepath.Base(p)
+		if got := storesOf(t, a, name); !slices.Equal(got[len(got)-1], []string{"desk"}) {
+			t.Fatalf("%s stores %v", name, got)
+		}
+	}
+	// Read while the laptop sleeps: from the desk, no wake.
+	if got := b.ok("cat", "--wake-timeout", "-1s", "home:/docs/doc1-0.txt"); !strings.HasPrefix(got, "round 1 file 0\n") {
+		t.Fatalf("cat on the sleeping laptop's realm: %q", got[:min(len(got), 40)])
+	}
+	// Nothing to reclaim while the home sleeps.
+	if out := a.ok("offload", "reclaim"); !strings.Contains(out, "0 reclaimed") || !strings.Contains(out, fmt.Sprintf("%d waiting", len(files))) {
+		t.Fatalf("reclaim while asleep: %s", out)
+	}
+	b.ok("node", "resume")
+	a.waitState("laptop", "awake", 5*time.Second)
+	var rep struct{ Reclaimed, Copied, Deleted, Waiting int }
+	if err := json.Unmarshal([]byte(a.ok("offload", "reclaim", "--home", "laptop", "--json")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	// Every object went home and left the desk: each file's manifest and
+	// chunks (two small files share their content: one chunk).
+	if rep.Reclaimed != len(files) || rep.Copied < len(files)+3 || rep.Deleted != rep.Copied || rep.Waiting != 0 {
+		t.Fatalf("reclaim: %+v", rep)
+	}
+	if list := offloadLs(t, a); len(list) != 0 {
+		t.Fatalf("offload ls after reclaim: %v", list)
+	}
+	if out := a.ok("offload", "ls"); !strings.Contains(out, "nothing waits") {
+		t.Fatalf("offload ls: %s", out)
+	}
+	for _, p := range files {
+		name := "home:/docs/" + filepath.Base(p)
+		if got := storesOf(t, a, name); !slices.Equal(got[len(got)-1], []string{"laptop"}) {
+			t.Fatalf("%s stores after reclaim %v", name, got)
+		}
+	}
+	// The laptop holds and verifies them all; the desk holds none of them.
+	if rep := fsckJSON(t, b); rep["versions"].(float64) != float64(len(files)) || rep["elsewhere"] != nil {
+		t.Fatalf("fsck on the laptop: %v", rep)
+	}
+	if rep := fsckJSON(t, a); rep["elsewhere"].(float64) != float64(len(files)) || rep["chunks_checked"].(float64) != 0 {
+		t.Fatalf("fsck on the desk: %v", rep)
+	}
+	// A second reclaim has nothing to do.
+	if out := a.ok("offload", "reclaim"); !strings.Contains(out, "0 reclaimed") {
+		t.Fatalf("second reclaim: %s", out)
+	}
+
+	// Round 2: the laptop's node daemon reclaims on resume by itself.
+	bs.stop(t)
+	b.serveWith("2s")
+	a.waitState("laptop", "awake", 5*time.Second)
+	b.ok("node", "standby")
+	a.waitState("laptop", "standby", 5*time.Second)
+	files = round(2)
+	for _, p := range files {
+		a.ok("put", "--store", "laptop", p, "home:/docs/")
+	}
+	if list := offloadLs(t, a); len(list) != len(files) {
+		t.Fatalf("offload ls, round 2: %v", list)
+	}
+	b.ok("node", "resume")
+	deadline := time.Now().Add(60 * time.Second)
+	for len(offloadLs(t, a)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the laptop's node did not reclaim: %v", offloadLs(t, a))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if rep := fsckJSON(t, b); rep["versions"].(float64) != float64(2*len(files)) || rep["elsewhere"] != nil {
+		t.Fatalf("fsck on the laptop after round 2: %v", rep)
+	}
+}
