@@ -60,6 +60,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"realm config":                                    one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
 		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),
 		"node registry records":                           fmt.Sprint(meta.NodeRecordFormat),
+		"offload entries":                                 fmt.Sprint(meta.OffloadFormat),
 		"users, volume grants and key stanzas":            one(t, "users", meta.UserRecordFormat, userkey.StanzaFormat),
 		"node control socket":                             fmt.Sprint(realm.ControlVersion),
 		"web JSON API (`cairn web`)":                      fmt.Sprint(apitypes.Version),
