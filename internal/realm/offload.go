@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -85,6 +86,20 @@ func (r *Realm) Reclaim(ctx context.Context, o ReclaimOptions) (*ReclaimReport, 
 			o.Progress(e, outcome)
 		}
 	}
+	// What to delete from each offload target once the versions are
+	// home: one pass under the GC fence per target, not per entry (the
+	// fence holds up writers' commits while it is held).
+	drop := map[string][]cairn.ID{}
+	defer func() {
+		for _, now := range slices.Sorted(maps.Keys(drop)) {
+			n, err := r.dropOffloaded(ctx, now, drop[now])
+			rep.Deleted += n
+			if err != nil {
+				r.log.Warn("reclaim: offloaded copies stay until gc", "store", now, "err", err)
+				rep.Errors = append(rep.Errors, fmt.Sprintf("deleting the offloaded copies on %s (they stay until gc): %v", now, err))
+			}
+		}
+	}()
 	for _, e := range list {
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
@@ -97,7 +112,7 @@ func (r *Realm) Reclaim(ctx context.Context, o ReclaimOptions) (*ReclaimReport, 
 			tell(e, "waits: "+e.Home+" is not awake")
 			continue
 		}
-		outcome, err := r.reclaimOne(ctx, e, rep)
+		outcome, err := r.reclaimOne(ctx, e, rep, drop)
 		if err != nil {
 			rep.Errors = append(rep.Errors, fmt.Sprintf("%s:%s v%d: %v", e.Vol, e.Name, e.N, err))
 			tell(e, "error: "+err.Error())
@@ -109,7 +124,7 @@ func (r *Realm) Reclaim(ctx context.Context, o ReclaimOptions) (*ReclaimReport, 
 }
 
 // reclaimOne reclaims one offload entry (see Reclaim).
-func (r *Realm) reclaimOne(ctx context.Context, e *meta.Offload, rep *ReclaimReport) (string, error) {
+func (r *Realm) reclaimOne(ctx context.Context, e *meta.Offload, rep *ReclaimReport, drop map[string][]cairn.ID) (string, error) {
 	v, err := r.Volume(ctx, e.Vol)
 	if errors.Is(err, cairn.ErrNotFound) || (err == nil && v.Meta.V.ID != e.VolID) {
 		// The volume is gone (or its name was reused): so is the version.
@@ -160,15 +175,11 @@ func (r *Realm) reclaimOne(ctx context.Context, e *meta.Offload, rep *ReclaimRep
 			return "", err
 		}
 		rep.Reclaimed++
-		// The version lives at home now: delete the offloaded copy of
-		// what no version that may be held there references.
-		n, err := r.dropOffloaded(ctx, e.Now, ids)
-		rep.Deleted += n
-		if err != nil {
-			r.log.Warn("reclaim: the offloaded copy stays until gc", "path", e.Vol+":"+e.Name, "store", e.Now, "err", err)
-			return fmt.Sprintf("reclaimed to %s (the copy on %s stays until gc: %v)", e.Home, e.Now, err), nil
-		}
-		return fmt.Sprintf("reclaimed to %s, %d objects deleted from %s", e.Home, n, e.Now), nil
+		// The version lives at home now: the offloaded copy of what no
+		// version that may be held there references goes (Reclaim, at
+		// the end).
+		drop[e.Now] = append(drop[e.Now], ids...)
+		return fmt.Sprintf("reclaimed to %s (%d objects)", e.Home, len(ids)), nil
 	}
 }
 
