@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	mrand "math/rand"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -174,5 +177,112 @@ func TestOffloadReclaim(t *testing.T) {
 	}
 	if rep := fsckJSON(t, b); rep["versions"].(float64) != float64(2*len(files)) || rep["elsewhere"] != nil {
 		t.Fatalf("fsck on the laptop after round 2: %v", rep)
+	}
+}
+
+// offloadKills is how many times TestOffloadReclaimKills kills a reclaim:
+// CAIRN_OFFLOAD_KILLS (the long run: 200), else a short form for CI.
+func offloadKills(t *testing.T) int {
+	if s := os.Getenv("CAIRN_OFFLOAD_KILLS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("CAIRN_OFFLOAD_KILLS=%q", s)
+		}
+		return n
+	}
+	return 8
+}
+
+// SIGKILL of `offload reclaim` at random points, again and again, with
+// new offloaded versions whenever everything was reclaimed: afterwards no
+// committed version is lost (every file reads back its last content from
+// the laptop), the next reclaim leaves no offload entry, and fsck
+// --read-data is clean on both devices.
+func TestOffloadReclaimKills(t *testing.T) {
+	kills := offloadKills(t)
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d, %d kills", seed, kills)
+	rng := mrand.New(mrand.NewSource(seed))
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	a.serve("2s")
+	a.waitState("desk", "awake", 5*time.Second)
+	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "laptop", "--ttl", "10m"))
+	b := joiner(t)
+	b.ok("join", tok, "--no-passphrase")
+	b.serveWith("2s", "--reclaim-every", "-1s")
+	a.waitState("laptop", "awake", 5*time.Second)
+
+	want := map[string][]byte{} // path → its last content
+	dir := t.TempDir()
+	offloadRound := func(n int) {
+		b.ok("node", "standby")
+		a.waitState("laptop", "standby", 5*time.Second)
+		for i := range 5 {
+			size := 1 + rng.Intn(96<<10)
+			if i == 0 {
+				size = 1<<20 + rng.Intn(1<<20)
+			}
+			data := randBytes(size)
+			p := filepath.Join(dir, fmt.Sprintf("f%d", i))
+			writeFile(t, p, data, 0o644)
+			a.ok("put", "--store", "laptop", p, "home:/k/")
+			want["home:/k/"+filepath.Base(p)] = data
+		}
+		b.ok("node", "resume")
+		a.waitState("laptop", "awake", 5*time.Second)
+	}
+	rounds := 1
+	offloadRound(rounds)
+	killed := 0
+	for k := 0; k < kills; k++ {
+		if len(offloadLs(t, a)) == 0 {
+			rounds++
+			offloadRound(rounds)
+		}
+		cmd := a.command("-q", "offload", "reclaim")
+		cmd.Env = a.env
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(time.Duration(rng.Intn(700)) * time.Millisecond):
+			cmd.Process.Kill()
+			<-done
+			killed++
+		}
+	}
+	t.Logf("%d rounds of offloads, %d reclaims killed before they ended", rounds, killed)
+	// The next reclaim leaves no entry. (Its deletes may wait out the GC
+	// fence of a killed run: its lease lapses within 10 s.)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		res := a.run("offload", "reclaim")
+		if res.code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reclaim after the kills: %+v", res)
+		}
+		time.Sleep(time.Second)
+	}
+	if list := offloadLs(t, a); len(list) != 0 {
+		t.Fatalf("offload entries left: %v", list)
+	}
+	for p, data := range want {
+		if got := a.ok("cat", p); got != string(data) {
+			t.Fatalf("%s: %d bytes, want %d", p, len(got), len(data))
+		}
+		for _, st := range storesOf(t, a, p) {
+			if !slices.Equal(st, []string{"laptop"}) {
+				t.Fatalf("%s: stores %v", p, storesOf(t, a, p))
+			}
+		}
+	}
+	fsckJSON(t, a)
+	if rep := fsckJSON(t, b); rep["elsewhere"] != nil {
+		t.Fatalf("fsck on the laptop: %v", rep)
 	}
 }
