@@ -70,14 +70,15 @@ func TestOffloadReclaim(t *testing.T) {
 	bs := b.serveWith("2s", "--reclaim-every", "-1s")
 	a.waitState("laptop", "awake", 5*time.Second)
 
-	// Each round writes its own files: a few small ones sharing content
-	// (dedup in the offload target) and one of several chunks.
+	// Each round writes its own files: three small ones, two with the same
+	// content (its objects are sent home once: the second reclaim of them
+	// finds them there), and one of several chunks.
 	round := func(n int) []string {
 		dir := t.TempDir()
 		var paths []string
 		for i := range 3 {
 			p := filepath.Join(dir, fmt.Sprintf("doc%d-%d.txt", n, i))
-			writeFile(t, p, bytes.Repeat([]byte(fmt.Sprintf("round %d file %d\n", n, i%2)), 1000+i), 0o644)
+			writeFile(t, p, bytes.Repeat([]byte(fmt.Sprintf("round %d file %d\n", n, i%2)), 1000+i%2), 0o644)
 			paths = append(paths, p)
 		}
 		big := filepath.Join(dir, fmt.Sprintf("big%d.bin", n))

@@ -67,16 +67,16 @@ func (d *Director) offloadTarget(ctx context.Context, home meta.NodeStatus) (cai
 		return nil, "", cairn.E(op, cairn.Invalid, want, errors.New("the offload target is the node the write was meant for"))
 	}
 	if (want == "" && self != "" && self != home.Name) || (want != "" && want == self) {
-		local, err := d.env.Local(ctx)
-		if err != nil {
-			return nil, "", err
+		local, lerr := d.env.Local(ctx)
+		if lerr != nil {
+			return nil, "", lerr
 		}
 		d.offStore, d.offName = local, self
 		return local, self, nil
 	}
 	if want != "" {
-		if n, err := d.env.Store(ctx, want); err != nil {
-			return nil, "", err
+		if n, serr := d.env.Store(ctx, want); serr != nil {
+			return nil, "", serr
 		} else if n != nil {
 			if n.Draining {
 				return nil, "", cairn.E(op, cairn.Permission, want, errors.New("the store is being removed: no new data goes to it"))
@@ -125,8 +125,8 @@ func (d *Director) OpenStore(ctx context.Context, name string) (st cairn.Store, 
 		return nil, nil, err
 	}
 	if name == self {
-		local, err := d.env.Local(ctx)
-		return local, func() {}, err
+		local, lerr := d.env.Local(ctx)
+		return local, func() {}, lerr
 	}
 	n, err := d.env.Store(ctx, name)
 	if err != nil {

@@ -743,12 +743,15 @@ func DropUnreferenced(ctx context.Context, svc *meta.Service, vols []*Volume, na
 	if len(ids) == 0 {
 		return 0, nil
 	}
+	ids = slices.Clone(ids)
+	slices.SortFunc(ids, func(a, b cairn.ID) int { return bytes.Compare(a[:], b[:]) })
+	ids = slices.Compact(ids)
 	fence, err := svc.BeginGC(ctx)
 	if err != nil {
 		return 0, err
 	}
 	defer fence.End(ctx)
-	if err := sameVolumes(ctx, svc, vols); err != nil {
+	if err = sameVolumes(ctx, svc, vols); err != nil {
 		return 0, err
 	}
 	all, err := versions(ctx, vols, time.Now(), false)

@@ -549,9 +549,9 @@ func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c C
 		b, _ := json.Marshal(next)
 		ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
 		if c.Offload != nil && added {
-			op, err := v.offloadOp(c.Offload, &next, ver)
-			if err != nil {
-				return nil, nil, err
+			op, oerr := v.offloadOp(c.Offload, &next, ver)
+			if oerr != nil {
+				return nil, nil, oerr
 			}
 			ops = append(ops, op)
 		}
