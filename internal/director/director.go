@@ -131,10 +131,11 @@ const (
 	// copy answered (Options.Wake, wake.go); elsewhere, or with no
 	// Options.Wake, it fails as Fail does, saying so.
 	Wake
-	// Offload, for a write target (ForWrite), writes to an awake offload
-	// target instead and records an offload entry with each commit, for
-	// reclaim to move the data home later (offload.go); elsewhere it
-	// fails as Fail does, saying so.
+	// Offload, for a write target (ForWrite) or a member of a copies
+	// policy written to (ForMember), writes to an awake offload target
+	// instead and records an offload entry with each commit, for reclaim
+	// to move the data home later (offload.go); elsewhere (a member
+	// being read) it fails as Fail does.
 	Offload
 	// Fail fails the operation at once with Kind Unavailable, naming the
 	// node and its state.
@@ -183,7 +184,7 @@ type Director struct {
 	// The offload target (offload.go), chosen on first need.
 	offStore   cairn.Store
 	offName    string
-	offOwns    bool
+	offDone    func() // releases offStore (closes a node client)
 	cacheStore cairn.Store
 	cache      *cachestore.Store
 	router     *router
@@ -250,8 +251,8 @@ func (d *Director) Close() error {
 	if d.target != nil && d.ownsTarget {
 		d.target.Close()
 	}
-	if d.offStore != nil && d.offOwns {
-		d.offStore.Close()
+	if d.offDone != nil {
+		d.offDone()
 	}
 	return nil
 }
@@ -279,7 +280,11 @@ func (d *Director) decide(ctx context.Context, op string, n meta.NodeStatus, use
 	case UseOther:
 		return nil
 	case Wake, Offload:
-		return cairn.E(op, cairn.Unavailable, n.Name, fmt.Errorf("%s; cannot %s it: no %s", notAwake(n), dec, map[Decision]string{Wake: "waker in this build", Offload: "offload for a policy member in this build (only a write target is offloaded)"}[dec]))
+		if dec == Offload {
+			// Offloading is ForWrite's, before any member opens.
+			return cairn.E(op, cairn.Unavailable, n.Name, errors.New(notAwake(n)))
+		}
+		return cairn.E(op, cairn.Unavailable, n.Name, fmt.Errorf("%s; cannot wake it: no waker in this build", notAwake(n)))
 	default:
 		return cairn.E(op, cairn.Unavailable, n.Name, errors.New(notAwake(n)))
 	}

@@ -102,3 +102,68 @@ func TestOffloadWrite(t *testing.T) {
 		t.Fatalf("no awake target: %v", err)
 	}
 }
+
+// A copies policy one of whose members sleeps: the write goes to the
+// policy with an offload target in that member's place (this device, or
+// the one named; never a member already holding a copy), so the policy's
+// count of copies holds; two sleeping members, or no offload decider:
+// the policy's own wrapper, as before.
+func TestOffloadMember(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv()
+	lap, desktop, lap2 := memstore.New(), memstore.New(), memstore.New()
+	e.node("lap", pki.Device, meta.NodeOnline, lap)
+	e.node("desktop", pki.Device, meta.NodeOnline, desktop)
+	e.node("lap2", pki.Device, meta.NodeOnline, lap2)
+	e.node("attic", pki.Benefactor, meta.NodeOnline, memstore.New())
+	e.setState("desktop", meta.NodeStandby)
+	decide := OffloadDecide(WakeDecide)
+	const pol = "copies:2@lap,desktop"
+
+	w, err := New(e, Options{Decide: WakeDecide, PolicyDir: t.TempDir()}).ForWrite(ctx, pol)
+	if err != nil || w.Name != pol || w.Home != "" {
+		t.Fatalf("no offload decider: %+v, %v", w, err)
+	}
+	d := New(e, Options{Decide: decide, PolicyDir: t.TempDir()})
+	defer d.Close()
+	w, err = d.ForWrite(ctx, pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Name != "copies:2@lap,desk" || w.Home != "desktop" || w.OffloadedTo != "desk" || w.HomePolicy != pol {
+		t.Fatalf("auto: %+v", w)
+	}
+	id, data := storetest.Blob(3, 100)
+	if err := w.Store.Put(ctx, id, data); err != nil {
+		t.Fatal(err)
+	}
+	if f, ok := w.Store.(interface{ Flush(context.Context) error }); ok {
+		if err := f.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, st := range map[string]cairn.Store{"lap": lap, "desk": e.local} {
+		if has, _ := st.Has(ctx, []cairn.ID{id}); !has[0] {
+			t.Fatalf("no copy on %s", name)
+		}
+	}
+	if has, _ := desktop.Has(ctx, []cairn.ID{id}); has[0] {
+		t.Fatal("the sleeping member got a copy")
+	}
+
+	// Named; this device as a member: the next awake node by name.
+	w, err = New(e, Options{Decide: decide, OffloadTo: "lap2", PolicyDir: t.TempDir()}).ForWrite(ctx, pol)
+	if err != nil || w.Name != "copies:2@lap,lap2" {
+		t.Fatalf("to lap2: %+v, %v", w, err)
+	}
+	w, err = New(e, Options{Decide: decide, PolicyDir: t.TempDir()}).ForWrite(ctx, "copies:2@desk,desktop")
+	if err != nil || w.Name != "copies:2@desk,attic" || w.OffloadedTo != "attic" {
+		t.Fatalf("this device a member: %+v, %v", w, err)
+	}
+	// Two members asleep: the wrapper as before.
+	e.setState("lap", meta.NodeOffline)
+	w, err = New(e, Options{Decide: decide, PolicyDir: t.TempDir()}).ForWrite(ctx, pol)
+	if err != nil || w.Name != pol || w.Home != "" {
+		t.Fatalf("two asleep: %+v, %v", w, err)
+	}
+}

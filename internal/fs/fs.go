@@ -53,9 +53,9 @@ type Volume struct {
 	digesters sync.Pool
 	// StoreName is recorded in each version as where its chunks live.
 	storeName string
-	// offloadHome, if set, is where this volume's writes were meant to go
+	// offloadTo, if set, is where this volume's writes were meant to go
 	// (director.Write.Home): each commit records an offload entry.
-	offloadHome  string
+	offloadTo    *meta.OffloadTo
 	readaheadFor func(stores []string) int // Options.ReadaheadFor
 	placement    Placement                 // SetPlacement
 	log          *slog.Logger
@@ -151,7 +151,9 @@ func OpenFor(svc *meta.Service, mv *meta.Vol, master volkey.Master, w director.W
 	if err != nil {
 		return nil, err
 	}
-	v.offloadHome = w.Home
+	if w.Home != "" {
+		v.offloadTo = &meta.OffloadTo{Home: w.Home, Now: w.OffloadedTo, HomeStores: w.HomePolicy}
+	}
 	return v, nil
 }
 
@@ -665,8 +667,6 @@ func (v *Volume) readFile(ctx context.Context, e *meta.Entry, ver *meta.Version,
 // offload adds to c the offload entry of a volume whose writes were
 // offloaded (director.Write.Home).
 func (v *Volume) offload(c meta.Commit) meta.Commit {
-	if v.offloadHome != "" {
-		c.Offload = &meta.OffloadTo{Home: v.offloadHome}
-	}
+	c.Offload = v.offloadTo
 	return c
 }

@@ -39,6 +39,12 @@ type Offload struct {
 	Bytes    int64    `json:"bytes"`
 	Home     string   `json:"home"` // the node or store the write was meant for
 	Now      string   `json:"now"`  // the node or store that holds it now
+	// Stores and HomeStores, for a version written under a copies
+	// policy one of whose members (Home) slept: the name the version
+	// records now (the policy with Now in Home's place) and the one it
+	// records once reclaimed (the policy). Empty: Now and Home.
+	Stores     string `json:"stores,omitempty"`
+	HomeStores string `json:"home_stores,omitempty"`
 	Since    int64    `json:"since"`
 	// Rev is the key's ModRevision as read (not stored).
 	Rev int64 `json:"-"`
@@ -49,8 +55,20 @@ type Offload struct {
 // in its own transaction.
 type OffloadTo struct {
 	Home string
-	// Path is the file's path, for people (unused in the key).
-	Path string
+	// Now and HomeStores, for a member of a copies policy that slept: the
+	// store that took its copy and the policy string the version records
+	// once reclaimed (Offload.Stores is then the version's own name).
+	// Empty: the version names Now itself, and will name Home.
+	Now, HomeStores string
+}
+
+// Names returns the name the version records now and the one it records
+// once reclaimed.
+func (o *Offload) Names() (now, home string) {
+	if o.Stores != "" {
+		return o.Stores, o.HomeStores
+	}
+	return o.Now, o.Home
 }
 
 func (s *Service) offloadKey(volID string, ino, n uint64) string {
@@ -60,11 +78,15 @@ func (s *Service) offloadKey(volID string, ino, n uint64) string {
 // offloadOp is the put of the offload entry of version ver of file e,
 // committed now.
 func (v *Vol) offloadOp(o *OffloadTo, e *Entry, ver Version) (clientv3.Op, error) {
-	if o.Home == "" || len(ver.Stores) != 1 || ver.Stores[0] == o.Home {
+	if o.Home == "" || len(ver.Stores) != 1 || ver.Stores[0] == o.Home || (o.Now == "") != (o.HomeStores == "") || o.Now == o.Home ||
+		(o.HomeStores != "" && o.HomeStores == ver.Stores[0]) {
 		return clientv3.Op{}, cairn.E("commit", cairn.Invalid, e.Name, errors.New("an offload needs a home other than the one store the version names"))
 	}
 	rec := Offload{Format: OffloadFormat, Vol: v.V.Name, VolID: v.V.ID, Ino: e.Ino, Parent: e.Parent, Name: e.Name, N: ver.N,
 		Manifest: ver.Manifest, Chunks: ver.Chunks, Bytes: ver.Size, Home: o.Home, Now: ver.Stores[0], Since: ver.Committed}
+	if o.Now != "" {
+		rec.Now, rec.Stores, rec.HomeStores = o.Now, ver.Stores[0], o.HomeStores
+	}
 	b, _ := json.Marshal(rec)
 	return clientv3.OpPut(v.s.offloadKey(v.V.ID, e.Ino, ver.N), string(b)), nil
 }
@@ -96,6 +118,8 @@ func DecodeOffload(k string, b []byte) (*Offload, error) {
 		return nil, bad("the record does not match its key")
 	case o.Home == "" || o.Now == "" || o.Home == o.Now:
 		return nil, bad("an offload entry needs a home and another store that holds the version now")
+	case (o.Stores == "") != (o.HomeStores == "") || (o.Stores != "" && o.Stores == o.HomeStores):
+		return nil, bad("an offload entry's stores and home stores go together and differ")
 	case o.Name == "" || strings.ContainsAny(o.Name, "/\x00"):
 		return nil, bad("bad file name")
 	}
@@ -170,10 +194,11 @@ func (v *Vol) SettleOffload(ctx context.Context, e *Entry, i int, o *Offload) (*
 	next := *e
 	next.Versions = append([]Version(nil), e.Versions...)
 	ver := next.Versions[i]
+	now, home := o.Names()
 	stores := make([]string, 0, len(ver.Stores))
 	for _, s := range ver.Stores {
-		if s == o.Now {
-			s = o.Home
+		if s == now {
+			s = home
 		}
 		if !slices.Contains(stores, s) {
 			stores = append(stores, s)

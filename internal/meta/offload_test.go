@@ -98,6 +98,22 @@ func TestOffloadEntries(t *testing.T) {
 	if list, _ = s.Offloads(ctx); len(list) != 0 {
 		t.Fatalf("entries after drop: %+v", list)
 	}
+
+	// A policy member offloaded: the entry names the members, the
+	// settle rewrites the policy string.
+	c.Version.Digest, c.Version.Manifest, c.Version.Stores = "d4", cairn.ID{4}, []string{"copies:2@lap,lap2"}
+	c.Offload = &meta.OffloadTo{Home: "desktop", Now: "lap2", HomeStores: "copies:2@lap,desktop"}
+	if e, _, err = v.CommitVersion(ctx, root, "doc", c); err != nil {
+		t.Fatal(err)
+	}
+	list, _ = s.Offloads(ctx)
+	if len(list) != 1 || list[0].Home != "desktop" || list[0].Now != "lap2" || list[0].Stores != "copies:2@lap,lap2" || list[0].HomeStores != "copies:2@lap,desktop" {
+		t.Fatalf("member entry: %+v", list)
+	}
+	got, err = v.SettleOffload(ctx, e, len(e.Versions)-1, list[0])
+	if err != nil || !slices.Equal(got.Current().Stores, []string{"copies:2@lap,desktop"}) {
+		t.Fatalf("member settle: %+v, %v", got, err)
+	}
 }
 
 func FuzzDecodeOffload(f *testing.F) {
@@ -107,6 +123,7 @@ func FuzzDecodeOffload(f *testing.F) {
 	f.Add("offload/ab/0000000000001234/0000000000000003", string(b))
 	f.Add("offload/ab/zz/0000000000000002", string(b))
 	f.Add("offload/ab/0000000000001234/0000000000000002", `{"format":2}`)
+	f.Add("offload/ab/0000000000001234/0000000000000002", `{"format":1,"vol_id":"ab","ino":4660,"n":2,"name":"a","home":"d","now":"l2","stores":"copies:2@l,l2","home_stores":"copies:2@l,d"}`)
 	f.Add("offload/ab/0000000000001234/0000000000000002", `{`)
 	f.Fuzz(func(t *testing.T, k, val string) {
 		o, err := meta.DecodeOffload(k, []byte(val))
@@ -116,7 +133,8 @@ func FuzzDecodeOffload(f *testing.F) {
 			}
 			return
 		}
-		if o.Format != meta.OffloadFormat || o.Home == "" || o.Now == "" || o.Home == o.Now || o.Name == "" || strings.Contains(o.Name, "/") {
+		if o.Format != meta.OffloadFormat || o.Home == "" || o.Now == "" || o.Home == o.Now || o.Name == "" || strings.Contains(o.Name, "/") ||
+			(o.Stores == "") != (o.HomeStores == "") {
 			t.Fatalf("accepted %+v", o)
 		}
 		want := "offload/" + o.VolID + "/"

@@ -197,12 +197,13 @@ func bytesCompare(a, b []byte) int {
 // the volume. It returns nil if there is no such version still naming the
 // offload target.
 func findOffloaded(ctx context.Context, v *fs.Volume, e *meta.Offload) (*meta.Entry, int, error) {
+	now, _ := e.Names()
 	match := func(f *meta.Entry) int {
 		if f == nil || f.Ino != e.Ino {
 			return -1
 		}
 		for i, ver := range f.Versions {
-			if ver.Manifest == e.Manifest && slices.Contains(ver.Stores, e.Now) {
+			if ver.Manifest == e.Manifest && slices.Contains(ver.Stores, now) {
 				return i
 			}
 		}

@@ -130,7 +130,7 @@ func (r *Realm) PolicyVolume(ctx context.Context, name, policy string) (*fs.Volu
 	if err != nil {
 		return nil, err
 	}
-	key := name + "\x00" + w.Name
+	key := name + "\x00" + w.Name + "\x00" + w.Home
 	r.pol.mu.Lock()
 	defer r.pol.mu.Unlock()
 	if v := r.pol.vols[key]; v != nil {
