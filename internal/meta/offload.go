@@ -45,7 +45,7 @@ type Offload struct {
 	// records once reclaimed (the policy). Empty: Now and Home.
 	Stores     string `json:"stores,omitempty"`
 	HomeStores string `json:"home_stores,omitempty"`
-	Since    int64    `json:"since"`
+	Since      int64  `json:"since"`
 	// Rev is the key's ModRevision as read (not stored).
 	Rev int64 `json:"-"`
 }
