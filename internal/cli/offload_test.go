@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	mrand "math/rand"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"cairn.dev/cairn/internal/cairn"
 )
 
 // offloadLs is `offload ls --json` on r.
@@ -286,4 +289,110 @@ func TestOffloadReclaimKills(t *testing.T) {
 	if rep := fsckJSON(t, b); rep["elsewhere"] != nil {
 		t.Fatalf("fsck on the laptop: %v", rep)
 	}
+}
+
+// objectsOn counts the objects in node's store at addr, as the desk sees
+// them.
+func objectsOn(t *testing.T, a *realmT, addr, node string) int {
+	t.Helper()
+	st := dial(t, a.home, addr, node)
+	defer st.Close()
+	n := 0
+	if err := st.List(context.Background(), func(cairn.ID, int64) error { n++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Three devices, a copies:2 policy over the desk and the laptop, the
+// laptop in standby: a write on the desk does not wait, its second copy
+// goes to the second laptop (the desk already holds one), so two copies
+// exist throughout, the version names the policy with laptop2 in the
+// laptop's place, and `offload ls` shows it; after reclaim the version
+// names the policy again, every copy is on the desk and the laptop and
+// none on the second laptop, and the policy reports the files readable.
+func TestOffloadPolicyMember(t *testing.T) {
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	a.serve("2s")
+	a.waitState("desk", "awake", 5*time.Second)
+	join := func(name string) (*realmT, *server) {
+		tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", name, "--ttl", "10m"))
+		r := joiner(t)
+		r.ok("join", tok, "--no-passphrase")
+		s := r.serveWith("2s", "--reclaim-every", "-1s")
+		a.waitState(name, "awake", 5*time.Second)
+		return r, s
+	}
+	b, bs := join("laptop")
+	_, cs := join("laptop2")
+	const pol = "copies:2@desk,laptop"
+	a.ok("policy", "set", "home:/docs", pol)
+
+	b.ok("node", "standby")
+	a.waitState("laptop", "standby", 5*time.Second)
+	dir := t.TempDir()
+	want := map[string][]byte{}
+	for i := range 4 {
+		p := filepath.Join(dir, fmt.Sprintf("d%d", i))
+		data := randBytes(64<<10 + i)
+		writeFile(t, p, data, 0o644)
+		a.ok("put", p, "home:/docs/")
+		want["home:/docs/"+filepath.Base(p)] = data
+	}
+	for p := range want {
+		if got := storesOf(t, a, p); !slices.Equal(got[len(got)-1], []string{"copies:2@desk,laptop2"}) {
+			t.Fatalf("%s stores %v", p, got)
+		}
+	}
+	list := offloadLs(t, a)
+	if len(list) != len(want) || list[0]["home"] != "laptop" || list[0]["now"] != "laptop2" {
+		t.Fatalf("offload ls: %v", list)
+	}
+	if n := objectsOn(t, a, cs.addr, "laptop2"); n < 2*len(want) {
+		t.Fatalf("laptop2 holds %d objects", n)
+	}
+
+	b.ok("node", "resume")
+	a.waitState("laptop", "awake", 5*time.Second)
+	var rep struct{ Reclaimed, Copied, Deleted int }
+	if err := json.Unmarshal([]byte(a.ok("offload", "reclaim", "--json")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Reclaimed != len(want) || rep.Copied < 2*len(want) || rep.Deleted != rep.Copied {
+		t.Fatalf("reclaim: %+v", rep)
+	}
+	if list := offloadLs(t, a); len(list) != 0 {
+		t.Fatalf("offload ls after reclaim: %v", list)
+	}
+	for p, data := range want {
+		if got := storesOf(t, a, p); !slices.Equal(got[len(got)-1], []string{pol}) {
+			t.Fatalf("%s stores after reclaim %v", p, got)
+		}
+		if got := a.ok("cat", p); got != string(data) {
+			t.Fatalf("%s: read back %d bytes", p, len(got))
+		}
+	}
+	if n := objectsOn(t, a, cs.addr, "laptop2"); n != 0 {
+		t.Fatalf("laptop2 still holds %d objects", n)
+	}
+	if n := objectsOn(t, a, bs.addr, "laptop"); n != rep.Copied {
+		t.Fatalf("the laptop holds %d objects, %d were copied", n, rep.Copied)
+	}
+	var pr struct {
+		Files []struct {
+			Path, Readable string
+		} `json:"files"`
+	}
+	if err := json.Unmarshal([]byte(a.ok("policy", "get", "--json", "home:/docs")), &pr); err != nil {
+		t.Fatal(err)
+	}
+	if len(pr.Files) != len(want) {
+		t.Fatalf("policy get: %+v", pr)
+	}
+	for _, f := range pr.Files {
+		if f.Readable != "yes" {
+			t.Fatalf("policy get: %+v", pr)
+		}
+	}
+	fsckJSON(t, a)
 }
