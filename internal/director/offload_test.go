@@ -137,10 +137,14 @@ func TestOffloadMember(t *testing.T) {
 	if err := w.Store.Put(ctx, id, data); err != nil {
 		t.Fatal(err)
 	}
-	if f, ok := w.Store.(interface{ Flush(context.Context) error }); ok {
-		if err := f.Flush(ctx); err != nil {
-			t.Fatal(err)
-		}
+	// The wrapper writes the copies beyond the first in the background:
+	// wait for them.
+	ps, err := d.Policy(ctx, w.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.Store.(interface{ Flush(context.Context) error }).Flush(ctx); err != nil {
+		t.Fatal(err)
 	}
 	for name, st := range map[string]cairn.Store{"lap": lap, "desk": e.local} {
 		if has, _ := st.Has(ctx, []cairn.ID{id}); !has[0] {
