@@ -149,22 +149,20 @@ func (r *Realm) reclaimOne(ctx context.Context, e *meta.Offload, rep *ReclaimRep
 				return "", derr
 			}
 			rep.Dropped++
+			// Its copy on the offload target goes too, as far as no
+			// version held there references it (a version dropped by
+			// keep-versions while it waited: gc would find it, but
+			// only a gc of that store).
+			if ids, verr := versionObjects(ctx, v, &meta.Version{N: e.N, Manifest: e.Manifest, Size: e.Bytes, Stores: []string{e.Now}}); verr == nil {
+				drop[e.Now] = append(drop[e.Now], ids...)
+			}
 			return "dropped: the version no longer exists there", nil
 		}
 		ver := f.Versions[i]
-		m, err := v.Manifest(ctx, &ver)
+		ids, err := versionObjects(ctx, v, &ver)
 		if err != nil {
 			return "", err
 		}
-		ids := []cairn.ID{ver.Manifest}
-		for _, ref := range m.Chunks {
-			ids = append(ids, ref.ID)
-			if ref.Base != nil {
-				ids = append(ids, ref.Base.ID)
-			}
-		}
-		slices.SortFunc(ids, func(a, b cairn.ID) int { return bytesCompare(a[:], b[:]) })
-		ids = slices.Compact(ids)
 		if err := r.copyHome(ctx, e, ids, rep); err != nil {
 			return "", err
 		}
@@ -181,6 +179,24 @@ func (r *Realm) reclaimOne(ctx context.Context, e *meta.Offload, rep *ReclaimRep
 		drop[e.Now] = append(drop[e.Now], ids...)
 		return fmt.Sprintf("reclaimed to %s (%d objects)", e.Home, len(ids)), nil
 	}
+}
+
+// versionObjects lists the objects of version ver: its manifest, its
+// chunks and their delta bases, each once.
+func versionObjects(ctx context.Context, v *fs.Volume, ver *meta.Version) ([]cairn.ID, error) {
+	m, err := v.Manifest(ctx, ver)
+	if err != nil {
+		return nil, err
+	}
+	ids := []cairn.ID{ver.Manifest}
+	for _, ref := range m.Chunks {
+		ids = append(ids, ref.ID)
+		if ref.Base != nil {
+			ids = append(ids, ref.Base.ID)
+		}
+	}
+	slices.SortFunc(ids, func(a, b cairn.ID) int { return bytesCompare(a[:], b[:]) })
+	return slices.Compact(ids), nil
 }
 
 func bytesCompare(a, b []byte) int {
