@@ -185,7 +185,8 @@ func TestOffloadReclaim(t *testing.T) {
 }
 
 // offloadKills is how many times TestOffloadReclaimKills kills a reclaim:
-// CAIRN_OFFLOAD_KILLS (the long run: 200), else a short form for CI.
+// CAIRN_OFFLOAD_KILLS (the long run: 200, about 15 minutes on a loaded
+// machine: give go test -timeout 40m), else a short form for CI.
 func offloadKills(t *testing.T) int {
 	if s := os.Getenv("CAIRN_OFFLOAD_KILLS"); s != "" {
 		n, err := strconv.Atoi(s)
