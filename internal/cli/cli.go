@@ -97,6 +97,7 @@ type env struct {
 	target         string        // put --store: the node that receives the data
 	noCache        bool          // cat/get --no-cache: read from the stores, past every local cache
 	allowOffline   bool          // ls, cat, get: open the realm offline (local copies) if the service cannot be reached
+	offloadTo      string        // put --offload-to
 	wakeTimeout    time.Duration // get/cat/mount/dav --wake-timeout: the wait for a node a read wakes (-1 in other commands: they never wake one)
 	log            *slog.Logger
 	realm          *realm.Realm
@@ -220,6 +221,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 	root.AddCommand(e.queueCmd())
 	root.AddCommand(e.metaCmd())
 	root.AddCommand(e.manCmd())
+	root.AddCommand(e.offloadCmd())
 	return root
 }
 
@@ -256,7 +258,7 @@ func (e *env) etcdEndpoints() []string {
 
 func (e *env) options() realm.Options {
 	o := realm.Options{Etcd: e.etcdEndpoints(), Passphrase: e.passphrase(false), Target: e.target, NoCache: e.noCache, Logger: e.log, AllowOffline: e.allowOffline,
-		WakeTimeout: e.wakeTimeout, OnWake: e.showWake}
+		WakeTimeout: e.wakeTimeout, OnWake: e.showWake, OffloadTo: e.offloadTo}
 	if s := os.Getenv("CAIRN_CHUNK_CACHE"); s != "" {
 		if n, err := parseSize(s); err == nil && n > 0 {
 			o.CacheBytes = n

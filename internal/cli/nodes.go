@@ -149,7 +149,7 @@ func (e *env) nodeCmd() *cobra.Command {
 	var listen, advertise, gatewayListen, donate string
 	var noGateway, alwaysOn bool
 	var registrars []string
-	var lease, drain, maintEvery time.Duration
+	var lease, drain, maintEvery, reclaimEvery time.Duration
 	var sleepBus, metricsAddr string
 	serve := &cobra.Command{
 		Use:   "serve [--listen HOST:PORT] [--gateway-listen HOST:PORT] [--registrar ADDR] [--donate SIZE]",
@@ -244,7 +244,7 @@ Prometheus metrics on http://ADDR/metrics (doc/metrics.md).`,
 			}
 			go e.drainWhileServing(cmd.Context())
 			err = r.Serve(cmd.Context(), realm.ServeOptions{Listen: listen, Advertise: advertise, Lease: lease, GatewayListen: gatewayListen, NoGateway: noGateway,
-				DrainTimeout: drain, SleepBus: sleepBus, AlwaysOn: alwaysOn, Maint: realm.MaintOptions{Every: maintEvery}, Ready: func(addr string, join bool) {
+				DrainTimeout: drain, SleepBus: sleepBus, AlwaysOn: alwaysOn, Maint: realm.MaintOptions{Every: maintEvery}, ReclaimEvery: reclaimEvery, Ready: func(addr string, join bool) {
 					extra := ""
 					if join {
 						extra = " (and the join endpoint)"
@@ -267,6 +267,7 @@ Prometheus metrics on http://ADDR/metrics (doc/metrics.md).`,
 	serve.Flags().StringVar(&gatewayListen, "gateway-listen", "", "device running the embedded etcd: where the metadata gateway listens (default: the --listen host, port + 1)")
 	serve.Flags().BoolVar(&noGateway, "no-gateway", false, "do not serve the metadata gateway (no other device can then reach this realm's metadata)")
 	serve.Flags().StringVar(&donate, "donate", "", "benefactor: the most its store may hold (e.g. 50GiB); puts past it are refused")
+	serve.Flags().DurationVar(&reclaimEvery, "reclaim-every", realm.DefaultReclaimEvery, "device: how often to move home what was offloaded while it slept (also done at start and on resume; negative: only 'cairn offload reclaim')")
 	serve.Flags().DurationVar(&drain, "drain", realm.DefaultDrainTimeout, "how long a node announcing standby waits for the chunk requests in flight")
 	serve.Flags().StringVar(&sleepBus, "sleep-bus", os.Getenv("CAIRN_SLEEP_BUS"), "D-Bus address where systemd-logind is (default: $CAIRN_SLEEP_BUS, else the system bus; \"none\": do not take its sleep inhibitor)")
 	serve.Flags().DurationVar(&maintEvery, "maint-every", realm.DefaultMaintEvery, "device: run gc and repair of the realm's awake stores when one was last done longer ago than this (scrub: 7 times that), while this node is awake and idle; 0: never")

@@ -68,6 +68,22 @@ func (r *realmT) serve(lease string) *server {
 	return r.serveOn("127.0.0.1:0", lease)
 }
 
+// serveWith is serve with more flags of node serve.
+func (r *realmT) serveWith(lease string, extra ...string) *server {
+	r.t.Helper()
+	return r.serveOn("127.0.0.1:0", lease, extra...)
+}
+
+// stop ends the node with SIGTERM and waits for it to exit.
+func (s *server) stop(t *testing.T) {
+	t.Helper()
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	if err := <-s.done; err != nil {
+		t.Fatalf("node serve after SIGTERM: %v\n%s", err, s.out)
+	}
+	s.done <- nil
+}
+
 // serveOn starts `cairn node serve --listen listen` and waits until it is
 // ready.
 func (r *realmT) serveOn(listen, lease string, extra ...string) *server {

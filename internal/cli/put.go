@@ -110,6 +110,7 @@ kill loses nothing queued: the next drainer finishes the work.`,
 			return err
 		},
 	}
+	c.Flags().StringVar(&e.offloadTo, "offload-to", "auto", "with --store: where the data goes while that device is not awake (a node or store; auto: this device; off: fail instead); 'cairn offload ls' shows it until it is moved home")
 	c.Flags().StringVar(&e.target, "store", "", "store the data on this node (see 'cairn devices') or store (see 'cairn store ls') instead of this device; only chunks it lacks are sent")
 	c.Flags().BoolVar(&force, "force", false, "store files even when unchanged, verifying the chunks this device's store already holds (writes damaged ones afresh)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON summary on stdout")

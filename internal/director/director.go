@@ -94,7 +94,11 @@ type Options struct {
 	// they lack fails at once (Kind Unavailable, "offline: ... is not on
 	// this device") instead of asking other nodes and stores.
 	Offline func() bool
-	Logger  *slog.Logger
+	// OffloadTo is where a write whose target is not awake goes when
+	// Decide says Offload (offload.go): a node or registered store, or
+	// "" or "auto" for the first awake one that fits.
+	OffloadTo string
+	Logger    *slog.Logger
 }
 
 // Use says what a node that is not awake was wanted for.
@@ -133,8 +137,11 @@ const (
 	// copy answered (Options.Wake, wake.go); elsewhere, or with no
 	// Options.Wake, it fails as Fail does, saying so.
 	Wake
-	// Offload writes elsewhere and records the move for later (issue 17:
-	// not implemented, fails as Fail does, saying so).
+	// Offload, for a write target (ForWrite) or a member of a copies
+	// policy written to (ForMember), writes to an awake offload target
+	// instead and records an offload entry with each commit, for reclaim
+	// to move the data home later (offload.go); elsewhere (a member
+	// being read) it fails as Fail does.
 	Offload
 	// Fail fails the operation at once with Kind Unavailable, naming the
 	// node and its state.
@@ -180,6 +187,10 @@ type Director struct {
 	closed     bool
 	target     cairn.Store // Options.Target opened, nil until first need
 	ownsTarget bool        // target is a node client the director closes
+	// The offload target (offload.go), chosen on first need.
+	offStore   cairn.Store
+	offName    string
+	offDone    func() // releases offStore (closes a node client)
 	cacheStore cairn.Store
 	cache      *cachestore.Store
 	router     *router
@@ -246,6 +257,9 @@ func (d *Director) Close() error {
 	if d.target != nil && d.ownsTarget {
 		d.target.Close()
 	}
+	if d.offDone != nil {
+		d.offDone()
+	}
 	return nil
 }
 
@@ -255,7 +269,7 @@ func (d *Director) Close() error {
 func (d *Director) IsTarget(st cairn.Store) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.target != nil && d.target == st
+	return (d.target != nil && d.target == st) || (d.offStore != nil && d.offStore == st)
 }
 
 // self is this device's node name ("" if it has none or it cannot be read).
@@ -272,7 +286,11 @@ func (d *Director) decide(ctx context.Context, op string, n meta.NodeStatus, use
 	case UseOther:
 		return nil
 	case Wake, Offload:
-		return cairn.E(op, cairn.Unavailable, n.Name, fmt.Errorf("%s; cannot %s it: no %s in this build", notAwake(n), dec, map[Decision]string{Wake: "waker", Offload: "offload log"}[dec]))
+		if dec == Offload {
+			// Offloading is ForWrite's, before any member opens.
+			return cairn.E(op, cairn.Unavailable, n.Name, errors.New(notAwake(n)))
+		}
+		return cairn.E(op, cairn.Unavailable, n.Name, fmt.Errorf("%s; cannot wake it: no waker in this build", notAwake(n)))
 	default:
 		return cairn.E(op, cairn.Unavailable, n.Name, errors.New(notAwake(n)))
 	}
@@ -375,6 +393,9 @@ func (d *Director) targetStore(ctx context.Context) (cairn.Store, string, error)
 	case st.Role == string(pki.Surrogate):
 		return nil, "", ErrSurrogate(t)
 	case st.State != meta.NodeOnline || st.Addr == "":
+		if d.opts.Decide(ctx, *st, ForWrite) == Offload {
+			return nil, "", errOffload{*st}
+		}
 		if derr := d.decide(ctx, "open store", *st, ForWrite); derr != nil {
 			return nil, "", derr
 		}

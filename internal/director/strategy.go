@@ -49,6 +49,15 @@ type Write struct {
 	// Default: the stays-where-created strategy (what Default(policy)
 	// reports).
 	Default bool
+	// Home, if set, is the node the writes were meant for, which is not
+	// awake: they go to Name (an offload target) instead, and each commit
+	// records an offload entry naming Home, for reclaim (offload.go).
+	Home string
+	// For a copies policy one of whose members (Home) is not awake:
+	// OffloadedTo is the node or store that takes its copies instead,
+	// and HomePolicy the policy (Name is the policy with OffloadedTo in
+	// Home's place).
+	OffloadedTo, HomePolicy string
 }
 
 // Default reports whether a write under policy goes where writes go by
@@ -71,11 +80,31 @@ func (d *Director) ForWrite(ctx context.Context, policy string) (Write, error) {
 	if mk == nil {
 		return Write{}, cairn.E("open policy", cairn.Invalid, policy, errors.New("no strategy for this kind of policy"))
 	}
+	var homePolicy, offloadedTo, memberHome string
+	if pol.Kind == meta.PolicyCopies {
+		// A member that is not awake: its copies go to an offload
+		// target, under the policy with the target in its place.
+		sub, home, to, err := d.offloadMember(ctx, pol)
+		if err != nil {
+			return Write{}, err
+		}
+		if home != "" {
+			homePolicy, offloadedTo, memberHome, pol = pol.String(), to, home, sub
+		}
+	}
 	s, err := mk(ctx, d, pol)
 	if err != nil {
 		return Write{}, err
 	}
 	target, name, err := s.Target(ctx)
+	var home string
+	var off errOffload
+	if errors.As(err, &off) {
+		// The write target is not awake: write elsewhere, and have every
+		// commit record where the data was meant to go (offload.go).
+		home = off.n.Name
+		target, name, err = d.offloadTarget(ctx, off.n)
+	}
 	if err != nil {
 		return Write{}, err
 	}
@@ -83,5 +112,9 @@ func (d *Director) ForWrite(ctx context.Context, policy string) (Write, error) {
 	if err != nil {
 		return Write{}, err
 	}
-	return Write{Store: &deviceStore{local: local, target: target, d: d}, Name: name, Default: pol.Kind == meta.PolicyLocal}, nil
+	if memberHome != "" {
+		home = memberHome
+	}
+	return Write{Store: &deviceStore{local: local, target: target, d: d}, Name: name, Home: home, OffloadedTo: offloadedTo, HomePolicy: homePolicy,
+		Default: pol.Kind == meta.PolicyLocal}, nil
 }

@@ -62,6 +62,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),
 		"node registry records":                           fmt.Sprint(meta.NodeRecordFormat),
 		"primary records":                                 fmt.Sprint(meta.PrimaryRecordFormat),
+		"offload entries":                                 fmt.Sprint(meta.OffloadFormat),
 		"users, volume grants and key stanzas":            one(t, "users", meta.UserRecordFormat, userkey.StanzaFormat),
 		"node control socket":                             fmt.Sprint(realm.ControlVersion),
 		"web JSON API (`cairn web`)":                      fmt.Sprint(apitypes.Version),

@@ -52,7 +52,10 @@ type Volume struct {
 	// pooled because building a keyed hasher allocates 10 KiB.
 	digesters sync.Pool
 	// StoreName is recorded in each version as where its chunks live.
-	storeName    string
+	storeName string
+	// offloadTo, if set, is where this volume's writes were meant to go
+	// (director.Write.Home): each commit records an offload entry.
+	offloadTo    *meta.OffloadTo
 	readaheadFor func(stores []string) int // Options.ReadaheadFor
 	placement    Placement                 // SetPlacement
 	log          *slog.Logger
@@ -144,7 +147,14 @@ func Open(svc *meta.Service, mv *meta.Vol, master volkey.Master, st cairn.Store,
 // w.Name as where their data is (opts.StoreName is ignored).
 func OpenFor(svc *meta.Service, mv *meta.Vol, master volkey.Master, w director.Write, opts Options) (*Volume, error) {
 	opts.StoreName = w.Name
-	return Open(svc, mv, master, w.Store, opts)
+	v, err := Open(svc, mv, master, w.Store, opts)
+	if err != nil {
+		return nil, err
+	}
+	if w.Home != "" {
+		v.offloadTo = &meta.OffloadTo{Home: w.Home, Now: w.OffloadedTo, HomeStores: w.HomePolicy}
+	}
+	return v, nil
 }
 
 // Close stops the volume's pipeline workers.
@@ -248,7 +258,7 @@ func (v *Volume) WriteFile(ctx context.Context, dir *meta.Entry, name string, op
 		if err != nil {
 			return nil, total, err
 		}
-		e, _, err := v.Meta.CommitVersion(ctx, dir, name, w.commit(a, lock))
+		e, _, err := v.Meta.CommitVersion(ctx, dir, name, v.offload(w.commit(a, lock)))
 		if errors.Is(err, meta.ErrFenced) && attempt < 20 {
 			v.staleGen()
 			a.Cur, a.Listed = nil, false
@@ -673,4 +683,11 @@ func (v *Volume) readFile(ctx context.Context, e *meta.Entry, ver *meta.Version,
 		ahead = v.readaheadFor(ver.Stores)
 	}
 	return read(store.WithSources(ctx, ver.Stores), m.Chunks, ahead)
+}
+
+// offload adds to c the offload entry of a volume whose writes were
+// offloaded (director.Write.Home).
+func (v *Volume) offload(c meta.Commit) meta.Commit {
+	c.Offload = v.offloadTo
+	return c
 }

@@ -177,7 +177,7 @@ func (v *Volume) CommitGroup(ctx context.Context, ps []*PendingWrite) []GroupRes
 			continue
 		}
 		batched = append(batched, i)
-		cs = append(cs, meta.BatchCommit{Parent: p.dir, Name: p.name, Commit: p.w.commit(p.a, p.lock)})
+		cs = append(cs, meta.BatchCommit{Parent: p.dir, Name: p.name, Commit: v.offload(p.w.commit(p.a, p.lock))})
 	}
 	for n, r := range v.Meta.CommitVersions(ctx, cs) {
 		i := batched[n]

@@ -728,3 +728,80 @@ func ComputeStats(ctx context.Context, vols []*Volume, st cairn.Store) (*Stats, 
 	}
 	return s, nil
 }
+
+// DropUnreferenced deletes from st, the store versions call name, each of
+// ids that no kept version or trash item of vols whose data may be in st
+// references (reclaim's removal of an offloaded copy, doc/director.md):
+// a version that names st, "local" or no store, or a copies or ec policy
+// with st as a member. A version held elsewhere has its own copy of its
+// chunks, and its manifest is not read (its holder may sleep). It holds
+// the GC fence as GC does, so no writer that found one of ids in st
+// commits a version naming it while it deletes, and it deletes nothing
+// if it cannot read every manifest it must. It returns how many it
+// deleted.
+func DropUnreferenced(ctx context.Context, svc *meta.Service, vols []*Volume, name string, st cairn.Store, ids []cairn.ID) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	ids = slices.Clone(ids)
+	slices.SortFunc(ids, func(a, b cairn.ID) int { return bytes.Compare(a[:], b[:]) })
+	ids = slices.Compact(ids)
+	fence, err := svc.BeginGC(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer fence.End(ctx)
+	if err = sameVolumes(ctx, svc, vols); err != nil {
+		return 0, err
+	}
+	all, err := versions(ctx, vols, time.Now(), false)
+	if err != nil {
+		return 0, err
+	}
+	var vers []versionRef
+	for _, vr := range all {
+		if mayHold(vr.ver.Stores, name) {
+			vers = append(vers, vr)
+		}
+	}
+	live, err := mark(ctx, vers, nil)
+	if err != nil {
+		return 0, fmt.Errorf("nothing deleted: %w", err)
+	}
+	n := 0
+	for _, id := range ids {
+		if live.has(id) {
+			continue
+		}
+		if err := fence.Alive(ctx); err != nil {
+			return n, err
+		}
+		if err := st.Delete(ctx, id); err != nil && !errors.Is(err, cairn.ErrNotFound) {
+			return n, err
+		}
+		n++
+	}
+	if f, ok := st.(interface{ Flush(context.Context) error }); ok && n > 0 {
+		if err := f.Flush(context.WithoutCancel(ctx)); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// mayHold reports whether a version naming stores may have its data in
+// the store called name.
+func mayHold(stores []string, name string) bool {
+	if len(stores) == 0 {
+		return true
+	}
+	for _, s := range stores {
+		if s == name || s == "local" {
+			return true
+		}
+		if p, err := meta.ParsePolicy(s); err == nil && slices.Contains(p.Stores, name) {
+			return true
+		}
+	}
+	return false
+}

@@ -280,7 +280,7 @@ const (
 // all of its commits or none): a put of many small files then costs one
 // round trip and one write of etcd's log per few dozen files instead of one
 // per file. A commit whose Commit.Cur is set is batched with it; one
-// without (or of a file with several names) is made alone. A transaction
+// without (or of a file with several names, or offloaded) is made alone. A transaction
 // whose conditions do not all hold (a name changed since its Cur was read,
 // a writer lock, the GC fence) writes nothing, and each of its commits is
 // then made alone by CommitVersion, which reads the entry again and says
@@ -299,7 +299,9 @@ func (v *Vol) CommitVersions(ctx context.Context, cs []BatchCommit) []CommitResu
 	for i := range cs {
 		bc := &cs[i]
 		c := &bc.Commit
-		if c.Cur == nil || !bc.Parent.IsDir() {
+		if c.Cur == nil || !bc.Parent.IsDir() || c.Offload != nil {
+			// (An offloaded version's entry is written by CommitVersion's
+			// own transaction.)
 			single = append(single, i)
 			continue
 		}

@@ -471,6 +471,11 @@ type Commit struct {
 	// mount records when the file changed there, which the mount already
 	// showed.
 	Ctime int64
+	// Offload, if set, says the version's data was written to the one
+	// store it names instead of Offload.Home, which was not awake: the
+	// commit records an offload entry (offload.go) in its own
+	// transaction, so that a committed offloaded version always has one.
+	Offload *OffloadTo
 }
 
 // ErrLocked is returned (wrapped, Kind Conflict) by CommitVersion when
@@ -528,6 +533,16 @@ func (v *Vol) commitVersion(ctx context.Context, parent *Entry, name string, c C
 		cmps = append(cmps, v.s.fenceCmps(c.Gen)...)
 		b, _ := json.Marshal(next)
 		ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
+		if ver := next.Current(); c.Offload != nil && (cur == nil || cur.Current() == nil || cur.Current().N != ver.N) {
+			// A version added (not the same content again) whose data
+			// went elsewhere than its home: its offload entry, in this
+			// transaction.
+			op, oerr := v.offloadOp(c.Offload, &next, *ver)
+			if oerr != nil {
+				return nil, nil, oerr
+			}
+			ops = append(ops, op)
+		}
 		if cur != nil && len(cur.Links) > 1 {
 			// The version belongs to the inode: every name's copy gets it.
 			others, cerr := v.copies(ctx, "commit", cur)

@@ -44,6 +44,12 @@ func (r *Realm) newDirector() *director.Director {
 		// Reads wake what holds their data alone (doc/power.md, "Wake").
 		o.Decide, o.Wake, o.WakeTimeout, o.OnWake = director.WakeDecide, r.wakeNode, r.opts.WakeTimeout, r.opts.OnWake
 	}
+	if r.opts.OffloadTo != "off" {
+		// A write never waits for a wake: what is meant for a node that
+		// is not awake goes to an offload target, reclaimed later
+		// (offload.go).
+		o.Decide, o.OffloadTo = director.OffloadDecide(o.Decide), r.opts.OffloadTo
+	}
 	return director.New(env{r}, o)
 }
 

@@ -66,6 +66,11 @@ type ServeOptions struct {
 	// realm's awake stores while this node is awake and idle (maint.go;
 	// Every 0: none).
 	Maint MaintOptions
+	// ReclaimEvery is how often the node reclaims, while awake, the
+	// versions offloaded while it slept (doc/director.md, "Offload and
+	// reclaim"); it also reclaims once it registers and on each resume.
+	// Default DefaultReclaimEvery; negative: never.
+	ReclaimEvery time.Duration
 }
 
 // Serve runs this device's node until ctx ends: it serves the local store
@@ -283,10 +288,32 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
+	// Reclaim what was offloaded while this node slept: now, on each
+	// resume, and every ReclaimEvery while awake (offload.go).
+	reclaimKick := make(chan struct{}, 1)
+	var sleeping atomic.Bool
+	if o.ReclaimEvery >= 0 {
+		if o.ReclaimEvery == 0 {
+			o.ReclaimEvery = DefaultReclaimEvery
+		}
+		reclaimKick <- struct{}{}
+		reclaimDone := make(chan struct{})
+		rctx, rcancel := context.WithCancel(ctx)
+		defer func() { rcancel(); <-reclaimDone }()
+		go func() {
+			defer close(reclaimDone)
+			r.reclaimLoop(rctx, name, o.ReclaimEvery, reclaimKick, &sleeping)
+		}()
+	}
+	kickReclaim := func() {
+		select {
+		case reclaimKick <- struct{}{}:
+		default:
+		}
+	}
 	asleep, since := false, time.Now()
 	// The background-work schedule runs while the node is awake and
 	// idle: no chunk request in flight, none served since its last look.
-	var sleeping atomic.Bool
 	lastServed := int64(-1)
 	go r.maintLoop(pctx, o.Maint, func() bool {
 		n := m.served.Load()
@@ -369,6 +396,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		}
 		reg, asleep, since = nreg, false, time.Now()
 		sleeping.Store(false)
+		kickReclaim()
 		chunkGate.open()
 		registrar.resume()
 		rep.State, rep.Since = meta.NodeAwake, since.UnixNano()

@@ -151,7 +151,7 @@ func (r *Realm) PolicyVolume(ctx context.Context, name, policy string) (*fs.Volu
 	if err != nil {
 		return nil, err
 	}
-	key := name + "\x00" + w.Name
+	key := name + "\x00" + w.Name + "\x00" + w.Home
 	r.pol.mu.Lock()
 	defer r.pol.mu.Unlock()
 	if v := r.pol.vols[key]; v != nil {
@@ -386,7 +386,8 @@ const placementTTL = 2 * time.Second
 // file's path (the mount, the WebDAV gateway): a file is written under the
 // policy set on its nearest ancestor, as put does (put --store has no
 // counterpart there). The policies are read again at most every
-// placementTTL.
+// placementTTL, and the director asked again then where each policy's
+// writes go.
 func (r *Realm) Placement(name string) fs.Placement {
 	var (
 		mu   sync.Mutex
@@ -403,6 +404,10 @@ func (r *Realm) Placement(name string) fs.Placement {
 				return nil, err
 			}
 			recs, read = rs, time.Now()
+			// Ask the director again too: a member that went to
+			// sleep or woke since changes where a policy's writes go
+			// (offload, director.md); PolicyVolume keeps the volumes.
+			clear(vols)
 		}
 		rec := meta.PolicyFor(recs, path)
 		if rec == nil || rec.Policy == meta.PolicyLocal {

@@ -131,7 +131,12 @@ type Options struct {
 	WakeTimeout time.Duration
 	// OnWake, if set, is told how a wake goes (the CLI shows it).
 	OnWake director.WakeProgress
-	Logger *slog.Logger
+	// OffloadTo is where writes meant for a Target that is not awake go
+	// instead (doc/director.md, "Offload and reclaim"): a node or
+	// registered store, "" or "auto" for this device's own store (or the
+	// first awake device or benefactor), "off" to fail such a write.
+	OffloadTo string
+	Logger    *slog.Logger
 }
 
 // Realm is an open realm.
