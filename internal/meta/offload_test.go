@@ -8,8 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metrics"
 )
 
 // An offloaded commit records its offload entry in the commit's own
@@ -26,6 +29,7 @@ func TestOffloadEntries(t *testing.T) {
 	mid := cairn.ID{1}
 	c := meta.Commit{Version: meta.Version{Manifest: mid, Size: 10, Chunks: 2, Stores: []string{"laptop2"}, Digest: "d1"}, Mode: 0o644, Gen: gen,
 		Offload: &meta.OffloadTo{Home: "desktop"}}
+	before := testutil.ToFloat64(metrics.Default().OffloadBytes)
 	e, _, err := v.CommitVersion(ctx, root, "doc", c)
 	if err != nil {
 		t.Fatal(err)
@@ -33,6 +37,9 @@ func TestOffloadEntries(t *testing.T) {
 	// The same content again: no new version, no new entry.
 	if _, _, err := v.CommitVersion(ctx, root, "doc", c); err != nil {
 		t.Fatal(err)
+	}
+	if d := testutil.ToFloat64(metrics.Default().OffloadBytes) - before; d != 10 {
+		t.Errorf("cairn_offload_bytes_total grew by %v, want 10 (one offloaded version)", d)
 	}
 	list, err := s.Offloads(ctx)
 	if err != nil {

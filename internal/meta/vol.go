@@ -533,6 +533,7 @@ func (v *Vol) commitVersion(ctx context.Context, parent *Entry, name string, c C
 		cmps = append(cmps, v.s.fenceCmps(c.Gen)...)
 		b, _ := json.Marshal(next)
 		ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
+		var offloaded int64
 		if ver := next.Current(); c.Offload != nil && (cur == nil || cur.Current() == nil || cur.Current().N != ver.N) {
 			// A version added (not the same content again) whose data
 			// went elsewhere than its home: its offload entry, in this
@@ -542,6 +543,7 @@ func (v *Vol) commitVersion(ctx context.Context, parent *Entry, name string, c C
 				return nil, nil, oerr
 			}
 			ops = append(ops, op)
+			offloaded = ver.Size
 		}
 		if cur != nil && len(cur.Links) > 1 {
 			// The version belongs to the inode: every name's copy gets it.
@@ -573,6 +575,7 @@ func (v *Vol) commitVersion(ctx context.Context, parent *Entry, name string, c C
 				c.Lock.markReleased()
 			}
 			next.Rev = resp.Header.Revision
+			metrics.Default().OffloadBytes.Add(float64(offloaded)) // cairn_offload_bytes_total
 			return &next, dropped, nil
 		}
 		// Find out which condition failed.

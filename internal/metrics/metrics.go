@@ -107,11 +107,11 @@ func New() *Metrics {
 	})
 	m.OffloadBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "cairn_offload_bytes_total",
-		Help: "Bytes offloaded from this device to other stores.",
+		Help: "Bytes of versions committed offloaded: written to an awake store in place of a home that was not awake.",
 	})
 	m.ReclaimBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "cairn_reclaim_bytes_total",
-		Help: "Bytes of space reclaimed on this device's store.",
+		Help: "Bytes reclaim copied home to stores whose node woke.",
 	})
 	m.EtcdRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "cairn_etcd_requests_total",

@@ -13,6 +13,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/metrics"
 )
 
 // Offloads lists what waits for reclaim (doc/director.md, "Offload and
@@ -287,6 +288,7 @@ func (r *Realm) copyHome(ctx context.Context, e *meta.Offload, ids []cairn.ID, r
 		}
 		rep.Copied++
 		rep.Sent += int64(len(b))
+		metrics.Default().ReclaimBytes.Add(float64(len(b))) // cairn_reclaim_bytes_total
 	}
 	if f, ok := dst.(interface{ Flush(context.Context) error }); ok {
 		return f.Flush(ctx)
