@@ -24,6 +24,8 @@ import (
 	"strconv"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/etcdsvc"
@@ -309,7 +311,8 @@ func (r *Realm) AddMeta(ctx context.Context, to string, o MoveMetaOptions) error
 // MoveMeta moves the realm's embedded etcd from this device, which hosts
 // it, to device to, whose node must be serving: to's member joins as a
 // learner, is promoted once it has caught up, this member hands leadership
-// to it, the realm records to's gateway (devices follow it: their clients'
+// to it (if that fails, three times, it is removed all the same: the new
+// member then elects itself), the realm records to's gateway (devices follow it: their clients'
 // endpoints change), and after metaDrain this member is removed (asked of
 // the new one). This device then reaches the metadata through to's gateway
 // (its realm.json says so) and keeps its old data dir as etcd.moved-<unix
@@ -333,14 +336,17 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 	selfID, id, gwTo, toPeer := j.selfID, j.id, j.gateway, j.peer
 	cli := r.conn.Client()
 	say("handing leadership to " + to)
-	sr, err := cli.Status(tctx, r.conn.Endpoints()[0])
-	if err != nil {
-		return cairn.E(op, cairn.Unavailable, to, err)
-	}
-	if sr.Leader == selfID {
-		if _, err = cli.MoveLeader(tctx, id); err != nil {
-			return cairn.E(op, cairn.Unavailable, to, fmt.Errorf("hand leadership: %w", err))
+	if err = handLeadership(tctx, cli, r.conn.Endpoints()[0], selfID, id); err != nil {
+		if tctx.Err() != nil {
+			return cairn.E(op, cairn.Canceled, to, err)
 		}
+		// Removing a leader is safe in etcd: it steps down once its
+		// removal is committed, and the remaining member, which has
+		// every committed entry (it was promoted), elects itself; the
+		// requests that meet the election are repeated by the clients
+		// (etcdsvc.RetryLeaderChanges). Only the pause is longer.
+		say("leadership not handed (" + err.Error() + "): the member is removed all the same and " + to + " elects itself")
+		r.log.Warn("meta move: leadership not handed: removing the member all the same", "to", to, "err", err)
 	}
 	say("recording " + to + "'s gateway " + gwTo)
 	if err = r.Meta.UpdateMetaService(tctx, func(rec *meta.MetaServiceRecord) bool {
@@ -389,6 +395,56 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 		return cairn.E(op, cairn.IO, old, err)
 	}
 	return nil
+}
+
+// leadershipAttempts and leadershipAttempt bound handLeadership: raft
+// gives a transfer up when the transferee has not won its election within
+// an election timeout (on a starved machine: TestMetaMoveCommand once
+// waited 2 min for one), and etcd's MoveLeader then waits until its
+// context ends, so each attempt has a bound of its own.
+const (
+	leadershipAttempts = 3
+	leadershipAttempt  = 5 * time.Second
+)
+
+// transferLeadership asks the member that cli reaches (the leader) to hand
+// leadership to member to. A variable for tests.
+var transferLeadership = func(ctx context.Context, cli *clientv3.Client, to uint64) error {
+	_, err := cli.MoveLeader(ctx, to)
+	return err
+}
+
+// handLeadership hands raft leadership from member self, which cli reaches
+// at endpoint ep, to member to: up to leadershipAttempts attempts, each of
+// at most leadershipAttempt, and before each a look at who leads (a
+// transfer may succeed after its attempt gave up). It returns nil as soon
+// as self does not lead (to does, or an election is under way that no
+// transfer would help); else why the last attempt failed.
+func handLeadership(ctx context.Context, cli *clientv3.Client, ep string, self, to uint64) error {
+	var last error
+	for range leadershipAttempts {
+		sctx, cancel := context.WithTimeout(ctx, leadershipAttempt)
+		sr, err := cli.Status(sctx, ep)
+		cancel()
+		switch {
+		case err != nil:
+			last = fmt.Errorf("status of %s: %w", ep, err)
+		case sr.Leader != self:
+			return nil
+		default:
+			actx, acancel := context.WithTimeout(ctx, leadershipAttempt)
+			err = transferLeadership(actx, cli, to)
+			acancel()
+			if err == nil {
+				return nil
+			}
+			last = fmt.Errorf("hand leadership: %w", err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return last
 }
 
 // MetaMemberStatus is one device that serves the realm's metadata, as
