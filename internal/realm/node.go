@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -156,7 +157,24 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	registrar := newRegistrar(r.Meta, addr, r.log)
 	defer registrar.close()
-	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Registrar: registrar, MetaService: r.metaServiceGateways, Waker: waker{m: r.Meta}, Logger: r.log}, tlsConf)
+	// Where the metadata service is, as this node knows it: realm.json's
+	// cached gateways, then each record it sees (the watch below). Other
+	// devices ask when they have lost every gateway, often because the
+	// service is asleep or unreachable: the answer must not wait on it.
+	var knownGWs atomic.Pointer[[]string]
+	if len(r.Config.Gateway) > 0 {
+		gws := slices.Clone(r.Config.Gateway)
+		knownGWs.Store(&gws)
+	}
+	metaService := func(ctx context.Context) ([]string, error) {
+		if gws := knownGWs.Load(); gws != nil {
+			return *gws, nil
+		}
+		ctx, cancel := context.WithTimeout(ctx, metaServiceAskBound)
+		defer cancel()
+		return r.metaServiceGateways(ctx)
+	}
+	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Registrar: registrar, MetaService: metaService, Waker: waker{m: r.Meta}, Logger: r.log}, tlsConf)
 	if err != nil {
 		return err
 	}
@@ -239,6 +257,11 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			go r.hostJoinedMember(pctx, creds, name, peerAddr)
 		}
 	}
+	go r.Meta.WatchMetaService(pctx, func(rec *meta.MetaServiceRecord) {
+		if gws := rec.Gateways(); len(gws) > 0 {
+			knownGWs.Store(&gws)
+		}
+	})
 	// The member hosted here may move away (cairn meta move, in this
 	// process or another): the connection follows it, and the loop stops
 	// advertising this device's gateway.
@@ -408,6 +431,10 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		}
 	}
 }
+
+// metaServiceAskBound bounds a node's look in the metadata for where the
+// metadata service is, when it knows nothing of it yet.
+const metaServiceAskBound = 2 * time.Second
 
 // advertised turns a listener's address into one others can dial: an
 // unspecified host (":7461", "0.0.0.0") becomes this machine's host name.
