@@ -272,3 +272,44 @@ func TestStandbyHandsMetaAway(t *testing.T) {
 	}
 	t.Logf("%d writes of laptop during desk's standby, none failed; longest write %v", o.n, o.longest.Round(time.Millisecond))
 }
+
+// How long a device tries an unavailable metadata service again is
+// --meta-wait or $CAIRN_META_WAIT (default 15 s), and the error says
+// once that the service is unavailable and what was tried.
+func TestMetaWaitOption(t *testing.T) {
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	as := a.serve("2s")
+	a.waitState("desk", "awake", 5*time.Second)
+	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "laptop"))
+	b := joiner(t)
+	b.ok("join", tok, "--no-passphrase")
+	b.ok("ls", "home:/")
+	// desk's node, the gateway laptop knows, goes: nothing answers there.
+	as.cmd.Process.Kill()
+	as.done <- <-as.done // (for the cleanup's wait)
+
+	check := func(res result, took time.Duration, how string) {
+		t.Helper()
+		if res.code != 6 || !strings.HasPrefix(res.stderr, "cairn: reach the metadata service: unavailable: the metadata service is unavailable: tried 1 gateway for ") ||
+			strings.Contains(res.stderr, "connect etcd") || strings.Count(res.stderr, "unavailable") > 2 {
+			t.Fatalf("ls with %s and the metadata service gone: exit %d, stderr %q", how, res.code, res.stderr)
+		}
+		// The default would be 15 s.
+		if took > 12*time.Second {
+			t.Fatalf("ls with %s failed after %v", how, took)
+		}
+		t.Logf("%s: failed after %v: %s", how, took.Round(time.Millisecond), strings.TrimSpace(res.stderr))
+	}
+	t0 := time.Now()
+	res := b.run("--meta-wait", "1s", "ls", "home:/")
+	check(res, time.Since(t0), "--meta-wait 1s")
+	t0 = time.Now()
+	res = b.runEnv([]string{"CAIRN_META_WAIT=0"}, "ls", "home:/")
+	check(res, time.Since(t0), "CAIRN_META_WAIT=0")
+	if res := b.run("--meta-wait", "soon", "ls", "home:/"); res.code != 2 || !strings.Contains(res.stderr, "--meta-wait") {
+		t.Fatalf("--meta-wait soon: %+v", res)
+	}
+	if out := b.ok("--help"); !strings.Contains(out, "--meta-wait") {
+		t.Fatalf("--help does not tell of --meta-wait: %s", out)
+	}
+}

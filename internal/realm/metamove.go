@@ -373,7 +373,7 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 		return err
 	}
 	cfg.Gateway = []string{gwTo}
-	conn, _, err := connectGateways(tctx, r.Home, cfg)
+	conn, _, err := connectGateways(tctx, r.Home, cfg, r.opts.MetaWait)
 	if err != nil {
 		return err
 	}

@@ -125,7 +125,12 @@ type Options struct {
 	WakeTimeout time.Duration
 	// OnWake, if set, is told how a wake goes (the CLI shows it).
 	OnWake director.WakeProgress
-	Logger *slog.Logger
+	// MetaWait bounds how long opening the realm tries an unavailable
+	// metadata service again, on a device that reaches it through
+	// gateways (it may be moving, restarting or asleep): default
+	// DefaultMetaWait; negative: try once.
+	MetaWait time.Duration
+	Logger   *slog.Logger
 }
 
 // Realm is an open realm.
@@ -304,7 +309,7 @@ func connect(ctx context.Context, home string, cfg Config, opts Options) (*Realm
 	var err error
 	switch {
 	case len(opts.Etcd) == 0 && len(cfg.Gateway) > 0:
-		conn, cfg.Gateway, err = connectGateways(ctx, home, cfg)
+		conn, cfg.Gateway, err = connectGateways(ctx, home, cfg, opts.MetaWait)
 	case len(cfg.Etcd) > 0:
 		conn, err = etcdsvc.ConnectExternal(ctx, cfg.Etcd, etcdsvc.ConnectOptions{})
 	default:
