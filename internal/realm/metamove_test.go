@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -61,8 +62,9 @@ func testMetaMove(t *testing.T) (steps []string) {
 		a.Close()
 		etcdsvc.StopDaemon(homeA)
 	})
+	gwA := freeAddr(t)
 	sa := run(t, func(ctx context.Context, ready func(string)) error {
-		return a.Serve(ctx, ServeOptions{Listen: "127.0.0.1:0", Lease: 2 * time.Second, Ready: func(s string, _ bool) { ready(s) }})
+		return a.Serve(ctx, ServeOptions{Listen: "127.0.0.1:0", GatewayListen: gwA, Lease: 2 * time.Second, Ready: func(s string, _ bool) { ready(s) }})
 	})
 	homeB := joinAs(t, a, pki.Device, "b")
 	b, err := Open(ctx, homeB, Options{NoPassphrase: true})
@@ -161,6 +163,22 @@ func testMetaMove(t *testing.T) (steps []string) {
 	}
 	waitWrites(10)
 	stopWriter()
+	// a's node, still running, closes its metadata gateway once its
+	// member is gone: a device that still knows it is refused at once
+	// and asks where the service went (it was left open, relaying to
+	// nothing).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", gwA, time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("a's metadata gateway %s still open 30 s after its member moved away", gwA)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	sa.stop() // its connection went with its member
 	if len(failures) > 0 {
 		t.Fatalf("%d writes failed during the move, the first: %v", len(failures), failures[0])

@@ -276,9 +276,11 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	served := make(chan error, 2)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()
+	closeGateway := func() {}
 	if gw != nil {
 		gctx, gcancel := context.WithCancel(ctx)
 		defer gcancel()
+		closeGateway = gcancel
 		go func() {
 			if err := gw.Serve(gctx, gln); err != nil {
 				served <- fmt.Errorf("metadata gateway: %w", err)
@@ -318,6 +320,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			rep.MetaMovedTo, rep.MetaSleeps = r.handMetaAway(ctx, name)
 			if rep.MetaMovedTo != "" {
 				gwAddr = ""
+				closeGateway() // its member is removed: nothing to relay
 			}
 		}
 		registrar.pause()
@@ -376,6 +379,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			return stop(cairn.E(op, cairn.IO, addr, err))
 		case <-movedAway:
 			gwAddr = "" // its member is gone: not a gateway any more
+			go r.closeGatewayOnceGone(pctx, closeGateway)
 		case pr := <-powerReqs:
 			rep := resume
 			if pr.standby {
@@ -428,6 +432,37 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 				}
 				r.log.Warn("node report", "err", err)
 			}
+		}
+	}
+}
+
+// closeGatewayOnceGone calls closeGateway, which closes this node's
+// metadata gateway, once the member it relays is gone (its endpoint
+// refuses: the move removed it and stopped its daemon), so that devices
+// that still know the gateway are refused at once and ask where the
+// service is now, instead of being admitted and cut. Not before: until
+// the member is removed, requests in flight through the gateway carry on
+// (the move waits metaDrain for the devices to follow its record).
+func (r *Realm) closeGatewayOnceGone(ctx context.Context, closeGateway func()) {
+	eps := r.conn.Endpoints()
+	if len(eps) == 0 {
+		closeGateway()
+		return
+	}
+	for {
+		c, err := etcdsvc.DialEndpoint(ctx, eps[0], time.Second)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Info("the member this device hosted is gone: its metadata gateway closes")
+				closeGateway()
+			}
+			return
+		}
+		c.Close()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }
