@@ -16,6 +16,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/etcdsvc"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/pki"
@@ -208,4 +209,32 @@ func testMetaMove(t *testing.T) (steps []string) {
 	}
 	t.Logf("%d files written during the move (steps %q), none failed, none lost; longest write %v", len(written), steps, longest)
 	return steps
+}
+
+// A step of a move that etcd did not answer in time is tried again while
+// the move's bound lasts; other errors end it at once.
+func TestWhileUnavailable(t *testing.T) {
+	ctx := context.Background()
+	n := 0
+	err := whileUnavailable(ctx, func() error {
+		if n++; n < 3 {
+			return cairn.E("record metadata service", cairn.Unavailable, "metasvc", errors.New("did not answer in time"))
+		}
+		return nil
+	})
+	if err != nil || n != 3 {
+		t.Fatalf("after %d calls: %v, want nil after 3", n, err)
+	}
+	n = 0
+	err = whileUnavailable(ctx, func() error { n++; return cairn.E("x", cairn.Invalid, "", errors.New("no")) })
+	if cairn.KindOf(err) != cairn.Invalid || n != 1 {
+		t.Fatalf("after %d calls: %v, want Invalid after 1", n, err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 1200*time.Millisecond)
+	defer cancel()
+	n = 0
+	err = whileUnavailable(cctx, func() error { n++; return cairn.E("x", cairn.Unavailable, "", errors.New("down")) })
+	if cairn.KindOf(err) != cairn.Unavailable || n < 2 {
+		t.Fatalf("after %d calls: %v, want Unavailable once the context ended", n, err)
+	}
 }

@@ -143,7 +143,7 @@ func connectGateways1(ctx context.Context, home string, cfg Config) (conn *etcds
 		return nil, nil, err, askErr
 	}
 	if slices.Equal(gws, cfg.Gateway) {
-		return nil, nil, err, nil
+		return nil, nil, err, errors.New("they know no other gateway")
 	}
 	conn, err = etcdsvc.ConnectExternal(ctx, gws, etcdsvc.ConnectOptions{TLS: tlsConf})
 	if err != nil {
