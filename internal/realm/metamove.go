@@ -313,8 +313,8 @@ func (r *Realm) AddMeta(ctx context.Context, to string, o MoveMetaOptions) error
 // MoveMeta moves the realm's embedded etcd from this device, which hosts
 // it, to device to, whose node must be serving: to's member joins as a
 // learner, is promoted once it has caught up, this member hands leadership
-// to it (if that fails, three times, it is removed all the same: the new
-// member then elects itself), the realm records to's gateway (devices follow it: their clients'
+// to it (if that fails, three times, the new member is removed again and
+// the move fails: the metadata stays here), the realm records to's gateway (devices follow it: their clients'
 // endpoints change), and after metaDrain this member is removed (asked of
 // the new one). This device then reaches the metadata through to's gateway
 // (its realm.json says so) and keeps its old data dir as etcd.moved-<unix
@@ -339,16 +339,22 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 	cli := r.conn.Client()
 	say("handing leadership to " + to)
 	if err = handLeadership(tctx, cli, r.conn.Endpoints()[0], selfID, id); err != nil {
-		if tctx.Err() != nil {
-			return cairn.E(op, cairn.Canceled, to, err)
+		// This member is not removed while it may lead: in a cluster of
+		// two, the leader can commit its own removal and stop before
+		// the other has learnt of the commit, which then never gets the
+		// two votes its configuration still asks for (the move hung on
+		// the removal, under load). The new member, a follower, goes
+		// instead: the realm stays here, as before the move, which may
+		// be tried again.
+		say("leadership not handed to " + to + ": undoing the move")
+		r.log.Warn("meta move: leadership not handed: undoing the move", "to", to, "err", err)
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer dcancel()
+		if rerr := whileUnavailable(dctx, func() error { return etcdsvc.RemoveMember(dctx, cli, id) }); rerr != nil {
+			return cairn.E(op, cairn.Unavailable, to, fmt.Errorf("leadership could not be handed to it (%w), and its member could not be removed: %w", err, rerr))
 		}
-		// Removing a leader is safe in etcd: it steps down once its
-		// removal is committed, and the remaining member, which has
-		// every committed entry (it was promoted), elects itself; the
-		// requests that meet the election are repeated by the clients
-		// (etcdsvc.RetryLeaderChanges). Only the pause is longer.
-		say("leadership not handed (" + err.Error() + "): the member is removed all the same and " + to + " elects itself")
-		r.log.Warn("meta move: leadership not handed: removing the member all the same", "to", to, "err", err)
+		_ = r.Meta.DeleteMetaJoin(dctx, to)
+		return cairn.E(op, cairn.Unavailable, to, fmt.Errorf("leadership could not be handed to it: %w; the move is undone, the metadata stays here (try again)", err))
 	}
 	say("recording " + to + "'s gateway " + gwTo)
 	if err = whileUnavailable(tctx, func() error {
@@ -448,33 +454,39 @@ var transferLeadership = func(ctx context.Context, cli *clientv3.Client, to uint
 }
 
 // handLeadership hands raft leadership from member self, which cli reaches
-// at endpoint ep, to member to: up to leadershipAttempts attempts, each of
-// at most leadershipAttempt, and before each a look at who leads (a
-// transfer may succeed after its attempt gave up). It returns nil as soon
-// as self does not lead (to does, or an election is under way that no
-// transfer would help); else why the last attempt failed.
+// at endpoint ep, to member to, and returns once to leads (etcd's status
+// says so): up to leadershipAttempts transfers, each of at most
+// leadershipAttempt, and before each a look at who leads (a transfer may
+// succeed after its attempt gave up; while an election is under way it
+// waits for its outcome). Else it returns why the last attempt failed.
 func handLeadership(ctx context.Context, cli *clientv3.Client, ep string, self, to uint64) error {
 	var last error
-	for range leadershipAttempts {
+	for tries := 0; tries < leadershipAttempts; {
 		sctx, cancel := context.WithTimeout(ctx, leadershipAttempt)
 		sr, err := cli.Status(sctx, ep)
 		cancel()
 		switch {
 		case err != nil:
 			last = fmt.Errorf("status of %s: %w", ep, err)
-		case sr.Leader != self:
+			tries++
+		case sr.Leader == to:
 			return nil
+		case sr.Leader != self:
+			// No leader, or an election: wait for its outcome.
+			last = fmt.Errorf("member %x leads, not this one", sr.Leader)
 		default:
+			tries++
 			actx, acancel := context.WithTimeout(ctx, leadershipAttempt)
 			err = transferLeadership(actx, cli, to)
 			acancel()
-			if err == nil {
-				return nil
+			if err != nil {
+				last = fmt.Errorf("hand leadership: %w", err)
 			}
-			last = fmt.Errorf("hand leadership: %w", err)
 		}
-		if ctx.Err() != nil {
+		select {
+		case <-ctx.Done():
 			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
 	return last
