@@ -94,6 +94,7 @@ type env struct {
 	verbose        bool
 	quiet          bool
 	cpuprofile     string
+	metaWait       string        // --meta-wait, else $CAIRN_META_WAIT: realm.Options.MetaWait
 	target         string        // put --store: the node that receives the data
 	noCache        bool          // cat/get --no-cache: read from the stores, past every local cache
 	allowOffline   bool          // ls, cat, get: open the realm offline (local copies) if the service cannot be reached
@@ -153,7 +154,8 @@ No daemon needs starting: the first command starts the embedded metadata service
 and it stops by itself when idle.
 
 Environment: CAIRN_HOME, CAIRN_PASSPHRASE (the keyring passphrase, else a prompt),
-CAIRN_ETCD (external etcd endpoints, host:port,...), CAIRN_LOCK_TTL (writer lock
+CAIRN_ETCD (external etcd endpoints, host:port,...), CAIRN_META_WAIT (how long to
+try an unavailable metadata service again, as --meta-wait; default 15s), CAIRN_LOCK_TTL (writer lock
 lease, default 15s: how long a crashed writer can block others),
 CAIRN_CHUNK_CACHE (bound of the cache of chunks read from other nodes, e.g.
 512MiB or 4GiB; default 1GiB), CAIRN_NO_AUTODRAIN=1 (no background drainer of
@@ -177,6 +179,14 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 			}
 			if e.etcd == "" {
 				e.etcd = os.Getenv("CAIRN_ETCD")
+			}
+			if e.metaWait == "" {
+				e.metaWait = os.Getenv("CAIRN_META_WAIT")
+			}
+			if e.metaWait != "" {
+				if d, err := time.ParseDuration(e.metaWait); err != nil || d < 0 {
+					return withCode(ExitUsage, fmt.Errorf("--meta-wait (or CAIRN_META_WAIT) %q: want a duration such as 5s, or 0", e.metaWait))
+				}
 			}
 			if e.cpuprofile != "" {
 				f, err := os.Create(e.cpuprofile)
@@ -206,6 +216,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 	pf.StringVar(&e.etcd, "etcd", "", "external etcd endpoints host:port,... (default $CAIRN_ETCD, else the embedded one)")
 	pf.BoolVarP(&e.verbose, "verbose", "v", false, "log what happens")
 	pf.BoolVarP(&e.quiet, "quiet", "q", false, "no progress bars")
+	pf.StringVar(&e.metaWait, "meta-wait", "", "how long to try an unavailable metadata service again (it may be moving, restarting or asleep) before failing, e.g. 5s; 0: try once (default $CAIRN_META_WAIT, else 15s)")
 	pf.StringVar(&e.cpuprofile, "cpuprofile", "", "write a CPU profile to this file (for developers)")
 	_ = pf.MarkHidden("cpuprofile")
 	root.AddCommand(e.initCmd(), e.putCmd(), e.getCmd(), e.lsCmd(), e.catCmd(), e.mkdirCmd(), e.rmCmd(),
@@ -264,6 +275,14 @@ func (e *env) options() realm.Options {
 			o.CacheBytes = n
 		} else {
 			e.log.Warn("ignoring CAIRN_CHUNK_CACHE (want a size such as 512MiB or 4GiB)", "value", s)
+		}
+	}
+	if e.metaWait != "" {
+		if d, err := time.ParseDuration(e.metaWait); err == nil {
+			o.MetaWait = d
+			if d == 0 {
+				o.MetaWait = -1 // try once
+			}
 		}
 	}
 	if s := os.Getenv("CAIRN_LOCK_TTL"); s != "" {

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -82,15 +84,15 @@ func TestMetaMoveCommand(t *testing.T) {
 	}
 }
 
-// `cairn meta add` makes a 3-member metadata service; one member's node
-// is SIGKILLed while two devices write: no write fails, and every device
-// works on.
-func TestMetaAddThreeMembers(t *testing.T) {
+// threeMembers makes a realm of three devices, desk, laptop and nas, whose
+// metadata service has a member on each (`cairn meta add`), and returns
+// them and their nodes by name.
+func threeMembers(t *testing.T) (map[string]*realmT, map[string]*server) {
 	// Leases of 6 s: a membership change can hold etcd's writes for a
 	// few seconds on a loaded machine, and a lease that lapses meanwhile
 	// makes the next 'meta add' refuse a device that reads offline.
 	a := newRealm(t, "--no-passphrase", "--name", "desk")
-	a.serve("6s")
+	as := a.serve("6s")
 	a.waitState("desk", "awake", 5*time.Second)
 	join := func(name, listen string) (*realmT, *server) {
 		tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", name))
@@ -100,7 +102,7 @@ func TestMetaAddThreeMembers(t *testing.T) {
 		a.waitState(name, "awake", 5*time.Second)
 		return r, s
 	}
-	b, _ := join("laptop", "127.0.0.2:0")
+	b, bs := join("laptop", "127.0.0.2:0")
 	c, cs := join("nas", "127.0.0.3:0")
 	a.ok("meta", "add", "laptop")
 	a.waitState("nas", "awake", 15*time.Second)
@@ -116,62 +118,164 @@ func TestMetaAddThreeMembers(t *testing.T) {
 			t.Fatalf("devices with three members: %s", out)
 		}
 	}
+	return map[string]*realmT{"desk": a, "laptop": b, "nas": c}, map[string]*server{"desk": as, "laptop": bs, "nas": cs}
+}
 
+// writeLoops has each device of ws put a small file in a loop, under
+// home:/PREFIX<n>, until the returned stop is called, which returns, by
+// device, the names written, the failures and the longest write.
+// waitWrites(n) waits until each has made n more writes.
+func writeLoops(t *testing.T, ws map[string]*realmT) (waitWrites func(n int64), stop func() map[string]*writeOutcome) {
 	src := filepath.Join(t.TempDir(), "f.txt")
 	writeFile(t, src, []byte("three members\n"), 0o644)
-	type outcome struct {
-		n    int
-		fail []string
+	quit := make(chan struct{})
+	outs := map[string]chan *writeOutcome{}
+	made := map[string]*atomic.Int64{}
+	for name, r := range ws {
+		ch, n := make(chan *writeOutcome, 1), new(atomic.Int64)
+		outs[name], made[name] = ch, n
+		go func() {
+			o := &writeOutcome{}
+			for i := 0; ; i++ {
+				select {
+				case <-quit:
+					ch <- o
+					return
+				default:
+				}
+				dst := fmt.Sprintf("%s%03d", name, i)
+				t0 := time.Now()
+				if res := r.run("put", src, "home:/"+dst); res.code != 0 {
+					o.fail = append(o.fail, res.stderr)
+				} else {
+					o.written = append(o.written, dst)
+				}
+				o.longest = max(o.longest, time.Since(t0))
+				n.Add(1)
+			}
+		}()
 	}
-	stop := make(chan struct{})
-	var done [2]atomic.Int64 // writes made so far, by writer
-	write := func(r *realmT, prefix string, n *atomic.Int64, out chan<- outcome) {
-		var o outcome
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				out <- o
-				return
-			default:
-			}
-			if res := r.run("put", src, fmt.Sprintf("home:/%s%03d", prefix, i)); res.code != 0 {
-				o.fail = append(o.fail, res.stderr)
-			}
-			o.n++
-			n.Add(1)
+	stopped := false
+	stop = func() map[string]*writeOutcome {
+		if !stopped {
+			stopped = true
+			close(quit)
 		}
+		res := map[string]*writeOutcome{}
+		for name, ch := range outs {
+			res[name] = <-ch
+		}
+		return res
 	}
-	// waitWrites waits until each writer has made n more writes.
-	waitWrites := func(n int64) {
+	waitWrites = func(n int64) {
 		t.Helper()
-		target := [2]int64{done[0].Load() + n, done[1].Load() + n}
+		target := map[string]int64{}
+		for name, m := range made {
+			target[name] = m.Load() + n
+		}
 		deadline := time.Now().Add(2 * time.Minute)
-		for done[0].Load() < target[0] || done[1].Load() < target[1] {
-			if time.Now().After(deadline) {
-				t.Fatalf("writers made %d and %d writes, want %v", done[0].Load(), done[1].Load(), target)
+		for name, m := range made {
+			for m.Load() < target[name] {
+				if time.Now().After(deadline) {
+					stop()
+					t.Fatalf("%s made %d writes, want %d", name, m.Load(), target[name])
+				}
+				time.Sleep(20 * time.Millisecond)
 			}
-			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	da, db := make(chan outcome, 1), make(chan outcome, 1)
-	go write(a, "a", &done[0], da)
-	go write(b, "b", &done[1], db)
+	return waitWrites, stop
+}
+
+type writeOutcome struct {
+	written []string
+	fail    []string
+	longest time.Duration
+}
+
+// `cairn meta add` makes a 3-member metadata service; one member's node
+// (a follower's: nas joined last) is SIGKILLed while two devices write:
+// no write fails, and every device works on.
+func TestMetaAddThreeMembers(t *testing.T) {
+	rs, ss := threeMembers(t)
+	waitWrites, stop := writeLoops(t, map[string]*realmT{"desk": rs["desk"], "laptop": rs["laptop"]})
 	waitWrites(3)
+	cs := ss["nas"]
 	cs.cmd.Process.Kill() // SIGKILL: nas's member and gateway go at once
 	cs.done <- <-cs.done  // (for the cleanup's wait)
 	waitWrites(5)
-	close(stop)
-	oa, ob := <-da, <-db
-	if len(oa.fail)+len(ob.fail) > 0 {
-		t.Fatalf("writes failed with a member killed: desk %d of %d %q, laptop %d of %d %q", len(oa.fail), oa.n, oa.fail, len(ob.fail), ob.n, ob.fail)
+	outs := stop()
+	for name, o := range outs {
+		if len(o.fail) > 0 || len(o.written) == 0 {
+			t.Fatalf("%s: %d writes failed, %d made, with a member killed: %q", name, len(o.fail), len(o.written), o.fail)
+		}
 	}
-	if oa.n == 0 || ob.n == 0 {
-		t.Fatalf("no writes: desk %d, laptop %d", oa.n, ob.n)
-	}
-	for _, r := range []*realmT{a, b, c} {
+	for _, r := range rs {
 		r.ok("ls", "home:/")
 	}
-	t.Logf("%d + %d writes, none failed, with one of three members killed", oa.n, ob.n)
+	t.Logf("%d + %d writes, none failed, with one of three members killed", len(outs["desk"].written), len(outs["laptop"].written))
+}
+
+// The 3-member metadata service survives its LEADER's SIGKILL: the
+// process that hosts the leading member (desk's etcd daemon, or a joined
+// device's node) is killed while the two other devices write in a loop:
+// no write fails, every write is there afterwards.
+func TestMetaThreeMembersLeaderKilled(t *testing.T) {
+	rs, ss := threeMembers(t)
+	leader := ""
+	if m := regexp.MustCompile(`([a-z]+) \(leader, gateway`).FindStringSubmatch(rs["laptop"].ok("devices")); m != nil {
+		leader = m[1]
+	}
+	if rs[leader] == nil {
+		t.Fatalf("no leader among the members: %s", rs["laptop"].ok("devices"))
+	}
+	writers := map[string]*realmT{}
+	for name, r := range rs {
+		if name != leader {
+			writers[name] = r
+		}
+	}
+	waitWrites, stop := writeLoops(t, writers)
+	waitWrites(3)
+	// SIGKILL, by PID, the processes this test started that host the
+	// leader: its node, and for desk (the realm's first member) the etcd
+	// daemon its commands spawned.
+	if leader == "desk" {
+		pid := etcdServerPID(t, rs["desk"].home)
+		if pid <= 1 {
+			stop()
+			t.Fatalf("desk's etcd daemon: pid %d", pid)
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			stop()
+			t.Fatal(err)
+		}
+	}
+	s := ss[leader]
+	s.cmd.Process.Kill()
+	s.done <- <-s.done // (for the cleanup's wait)
+	killed := time.Now()
+	waitWrites(5)
+	outs := stop()
+	var names []string
+	var longest time.Duration
+	for name, o := range outs {
+		if len(o.fail) > 0 || len(o.written) == 0 {
+			t.Fatalf("%s: %d writes failed, %d made, with the leader (%s) killed: %q", name, len(o.fail), len(o.written), leader, o.fail)
+		}
+		names = append(names, o.written...)
+		longest = max(longest, o.longest)
+	}
+	for name, r := range writers {
+		ls := r.ok("ls", "home:/")
+		for _, w := range names {
+			if !strings.Contains(ls, w+"/\n") {
+				t.Fatalf("%s written, missing on %s after the leader's SIGKILL: %s", w, name, ls)
+			}
+		}
+	}
+	t.Logf("leader %s killed; %d writes by %d devices, none failed, none lost; longest write %v (writes went on for %v after the kill)",
+		leader, len(names), len(outs), longest.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
 }
 
 // `cairn node standby` on the device that hosts the metadata service
@@ -271,4 +375,45 @@ func TestStandbyHandsMetaAway(t *testing.T) {
 		t.Fatalf("cat on desk after the resume: %q", got)
 	}
 	t.Logf("%d writes of laptop during desk's standby, none failed; longest write %v", o.n, o.longest.Round(time.Millisecond))
+}
+
+// How long a device tries an unavailable metadata service again is
+// --meta-wait or $CAIRN_META_WAIT (default 15 s), and the error says
+// once that the service is unavailable and what was tried.
+func TestMetaWaitOption(t *testing.T) {
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	as := a.serve("2s")
+	a.waitState("desk", "awake", 5*time.Second)
+	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "laptop"))
+	b := joiner(t)
+	b.ok("join", tok, "--no-passphrase")
+	b.ok("ls", "home:/")
+	// desk's node, the gateway laptop knows, goes: nothing answers there.
+	as.cmd.Process.Kill()
+	as.done <- <-as.done // (for the cleanup's wait)
+
+	check := func(res result, took time.Duration, how string) {
+		t.Helper()
+		if res.code != 6 || !strings.HasPrefix(res.stderr, "cairn: reach the metadata service: unavailable: the metadata service is unavailable: tried 1 gateway for ") ||
+			strings.Contains(res.stderr, "connect etcd") || strings.Count(res.stderr, "unavailable") > 2 {
+			t.Fatalf("ls with %s and the metadata service gone: exit %d, stderr %q", how, res.code, res.stderr)
+		}
+		// The default would be 15 s.
+		if took > 12*time.Second {
+			t.Fatalf("ls with %s failed after %v", how, took)
+		}
+		t.Logf("%s: failed after %v: %s", how, took.Round(time.Millisecond), strings.TrimSpace(res.stderr))
+	}
+	t0 := time.Now()
+	res := b.run("--meta-wait", "1s", "ls", "home:/")
+	check(res, time.Since(t0), "--meta-wait 1s")
+	t0 = time.Now()
+	res = b.runEnv([]string{"CAIRN_META_WAIT=0"}, "ls", "home:/")
+	check(res, time.Since(t0), "CAIRN_META_WAIT=0")
+	if res := b.run("--meta-wait", "soon", "ls", "home:/"); res.code != 2 || !strings.Contains(res.stderr, "--meta-wait") {
+		t.Fatalf("--meta-wait soon: %+v", res)
+	}
+	if out := b.ok("--help"); !strings.Contains(out, "--meta-wait") {
+		t.Fatalf("--help does not tell of --meta-wait: %s", out)
+	}
 }

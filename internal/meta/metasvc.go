@@ -12,9 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	json "github.com/goccy/go-json"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -265,21 +267,49 @@ func (s *Service) WatchMetaJoin(ctx context.Context, node string, f func(MetaJoi
 			return nil
 		}
 	}
-	wctx, wcancel := context.WithCancel(ctx)
-	defer wcancel()
-	for ev := range s.cli.Watch(clientv3.WithRequireLeader(wctx), k, clientv3.WithRev(resp.Header.Revision+1)) {
-		if err := ev.Err(); err != nil {
-			return etcdErr("watch metadata join", node, err)
-		}
-		for _, e := range ev.Events {
-			var j MetaJoin
-			if e.Type == clientv3.EventTypePut && json.Unmarshal(e.Kv.Value, &j) == nil && !f(j) {
-				return nil
+	// The watch requires a leader; it is opened again from where it was
+	// while the cluster elects one (a membership change on a loaded
+	// machine: 'meta add' failed with "no leader" while waiting here),
+	// for metaJoinLeaderless at most in a row.
+	rev := resp.Header.Revision
+	var leaderless time.Time
+	for {
+		wctx, wcancel := context.WithCancel(ctx)
+		var werr error
+		for ev := range s.cli.Watch(clientv3.WithRequireLeader(wctx), k, clientv3.WithRev(rev+1)) {
+			if werr = ev.Err(); werr != nil {
+				break
+			}
+			leaderless = time.Time{}
+			for _, e := range ev.Events {
+				rev = e.Kv.ModRevision
+				var j MetaJoin
+				if e.Type == clientv3.EventTypePut && json.Unmarshal(e.Kv.Value, &j) == nil && !f(j) {
+					wcancel()
+					return nil
+				}
 			}
 		}
+		wcancel()
+		if err := ctx.Err(); err != nil {
+			return cairn.E("watch metadata join", cairn.Canceled, node, err)
+		}
+		if werr == nil {
+			werr = errors.New("watch ended")
+		} else if !errors.Is(werr, rpctypes.ErrNoLeader) && !strings.Contains(werr.Error(), rpctypes.ErrNoLeader.Error()) {
+			return etcdErr("watch metadata join", node, werr)
+		}
+		if leaderless.IsZero() {
+			leaderless = time.Now()
+		} else if time.Since(leaderless) > metaJoinLeaderless {
+			return etcdErr("watch metadata join", node, werr)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
-	if err := ctx.Err(); err != nil {
-		return cairn.E("watch metadata join", cairn.Canceled, node, err)
-	}
-	return cairn.E("watch metadata join", cairn.Unavailable, node, errors.New("watch ended"))
 }
+
+// metaJoinLeaderless bounds how long WatchMetaJoin waits for a leader.
+const metaJoinLeaderless = 30 * time.Second

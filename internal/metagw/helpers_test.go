@@ -116,12 +116,13 @@ func clientTLS(t *testing.T, c *pki.Credentials) *tls.Config {
 	return conf
 }
 
-// connect connects to etcd through the gateway with conf.
+// connect connects to etcd through the gateway with conf. Its handshake
+// and first read may take seconds on a loaded machine: 2 s failed there.
 func (f *fixture) connect(t *testing.T, conf *tls.Config) (*etcdsvc.Conn, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := etcdsvc.ConnectExternal(ctx, []string{f.addr}, etcdsvc.ConnectOptions{TLS: conf, DialTimeout: 2 * time.Second})
+	conn, err := etcdsvc.ConnectExternal(ctx, []string{f.addr}, etcdsvc.ConnectOptions{TLS: conf, DialTimeout: 10 * time.Second})
 	if err == nil {
 		t.Cleanup(func() { conn.Close() })
 	}

@@ -140,7 +140,7 @@ func TestRefused(t *testing.T) {
 				t.Errorf("refusal took %v to report", d)
 			}
 			t.Logf("%v", err)
-			waitFor(t, 2*time.Second, "gateway logs the refusal: "+strings.Join(tc.log, ", "), func() bool {
+			waitFor(t, 15*time.Second, "gateway logs the refusal: "+strings.Join(tc.log, ", "), func() bool {
 				return len(f.logs.lines(tc.log...)) > 0
 			})
 		})
@@ -161,7 +161,7 @@ func TestRefused(t *testing.T) {
 		if !errors.Is(err, cairn.ErrPermission) || !strings.Contains(err.Error(), "server's certificate was refused") {
 			t.Fatalf("got %v, want Kind Permission (server refused)", err)
 		}
-		waitFor(t, 2*time.Second, "gateway logs the client's refusal", func() bool {
+		waitFor(t, 15*time.Second, "gateway logs the client's refusal", func() bool {
 			return len(f.logs.lines("client refused the gateway", "bad certificate")) > 0
 		})
 	})
@@ -201,19 +201,13 @@ func TestRevokedWhileConnected(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
-	for {
-		rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		_, err := bad.Get(rctx, "k")
-		cancel()
-		if err != nil {
-			t.Logf("first failed request %v after the revocation: %v", time.Since(t0), err)
-			break
-		}
-		if time.Since(t0) > 3*time.Second {
-			t.Fatal("revoked device still reads 3 s after its revocation")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// Cut at the next recheck (1 s). A failed request does not say so:
+	// on a loaded machine a read of the device still admitted timed out
+	// before the cut, and the write below then went through (1 run in 6).
+	waitFor(t, 15*time.Second, "the revoked device's connection cut", func() bool {
+		return len(f.logs.lines("connection cut", "node=lost-phone", "revoked")) > 0
+	})
+	t.Logf("connection cut %v after the revocation", time.Since(t0))
 	// It stays out: reconnecting is refused.
 	for range 3 {
 		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
@@ -223,16 +217,13 @@ func TestRevokedWhileConnected(t *testing.T) {
 			t.Fatal("revoked device wrote after its revocation")
 		}
 	}
-	if len(f.logs.lines("connection cut", "node=lost-phone", "revoked")) == 0 {
-		t.Error("no log line for the cut connection")
-	}
 	if _, err := good.Put(ctx, "k", "still here"); err != nil {
 		t.Fatalf("the other device: %v", err)
 	}
 	if r, _ := f.etcd.Get(ctx, "k"); len(r.Kvs) != 1 || string(r.Kvs[0].Value) != "still here" {
 		t.Errorf("k = %v", r.Kvs)
 	}
-	waitFor(t, 2*time.Second, "one live connection (the other device's)", func() bool { return f.live() == 1 })
+	waitFor(t, 15*time.Second, "one live connection (the other device's)", func() bool { return f.live() == 1 })
 }
 
 // Revocation checking fails closed: when the list cannot be read, live
@@ -246,7 +237,7 @@ func TestRevocationsUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	rev.broken.Store(true)
-	waitFor(t, 3*time.Second, "connection cut", func() bool { return f.live() == 0 })
+	waitFor(t, 15*time.Second, "connection cut", func() bool { return f.live() == 0 })
 	if len(f.logs.lines("connection cut", "node=laptop", errRevocationsDown.Error())) == 0 {
 		t.Error("no log line for the cut connection")
 	}
@@ -367,7 +358,7 @@ func TestLimits(t *testing.T) {
 	}
 	dialIdle()
 	dialIdle()
-	waitFor(t, 2*time.Second, "two handshakes pending", func() bool { return f.gw.handshakes.Load() == 2 })
+	waitFor(t, 15*time.Second, "two handshakes pending", func() bool { return f.gw.handshakes.Load() == 2 })
 	if !closedAtOnce(dialIdle()) {
 		t.Error("a third pending handshake was not closed at once")
 	}
@@ -378,13 +369,13 @@ func TestLimits(t *testing.T) {
 		t.Error("the limit is not logged")
 	}
 	// The stalled ones time out; devices get in, up to MaxConns.
-	waitFor(t, 3*time.Second, "stalled handshakes dropped", func() bool { return f.gw.conns.Load() == 0 })
+	waitFor(t, 15*time.Second, "stalled handshakes dropped", func() bool { return f.gw.conns.Load() == 0 })
 	for i, name := range []string{"a", "b", "c"} {
 		f.device(t, name)
 		// A client can hold a second connection for a moment while it
 		// connects; the next device waits for it to go (CI once saw c
 		// refused with b's two connections and a's open).
-		waitFor(t, 5*time.Second, "the devices' extra connections closed", func() bool { return f.live() <= i+1 })
+		waitFor(t, 15*time.Second, "the devices' extra connections closed", func() bool { return f.live() <= i+1 })
 	}
 	if !closedAtOnce(dialIdle()) {
 		t.Error("a connection beyond MaxConns was not closed at once")
@@ -408,7 +399,7 @@ func TestShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pending.Close()
-	waitFor(t, 2*time.Second, "pending handshake", func() bool { return f.gw.handshakes.Load() == 1 })
+	waitFor(t, 15*time.Second, "pending handshake", func() bool { return f.gw.handshakes.Load() == 1 })
 	t0 := time.Now()
 	f.stop(t)
 	t.Logf("Serve returned %v after cancel", time.Since(t0))

@@ -22,7 +22,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
@@ -309,7 +313,8 @@ func (r *Realm) AddMeta(ctx context.Context, to string, o MoveMetaOptions) error
 // MoveMeta moves the realm's embedded etcd from this device, which hosts
 // it, to device to, whose node must be serving: to's member joins as a
 // learner, is promoted once it has caught up, this member hands leadership
-// to it, the realm records to's gateway (devices follow it: their clients'
+// to it (if that fails, three times, the new member is removed again and
+// the move fails: the metadata stays here), the realm records to's gateway (devices follow it: their clients'
 // endpoints change), and after metaDrain this member is removed (asked of
 // the new one). This device then reaches the metadata through to's gateway
 // (its realm.json says so) and keeps its old data dir as etcd.moved-<unix
@@ -333,19 +338,30 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 	selfID, id, gwTo, toPeer := j.selfID, j.id, j.gateway, j.peer
 	cli := r.conn.Client()
 	say("handing leadership to " + to)
-	sr, err := cli.Status(tctx, r.conn.Endpoints()[0])
-	if err != nil {
-		return cairn.E(op, cairn.Unavailable, to, err)
-	}
-	if sr.Leader == selfID {
-		if _, err = cli.MoveLeader(tctx, id); err != nil {
-			return cairn.E(op, cairn.Unavailable, to, fmt.Errorf("hand leadership: %w", err))
+	if err = handLeadership(tctx, cli, r.conn.Endpoints()[0], selfID, id); err != nil {
+		// This member is not removed while it may lead: in a cluster of
+		// two, the leader can commit its own removal and stop before
+		// the other has learnt of the commit, which then never gets the
+		// two votes its configuration still asks for (the move hung on
+		// the removal, under load). The new member, a follower, goes
+		// instead: the realm stays here, as before the move, which may
+		// be tried again.
+		say("leadership not handed to " + to + ": undoing the move")
+		r.log.Warn("meta move: leadership not handed: undoing the move", "to", to, "err", err)
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer dcancel()
+		if rerr := whileUnavailable(dctx, func() error { return etcdsvc.RemoveMember(dctx, cli, id) }); rerr != nil {
+			return cairn.E(op, cairn.Unavailable, to, fmt.Errorf("leadership could not be handed to it (%w), and its member could not be removed: %w", err, rerr))
 		}
+		_ = r.Meta.DeleteMetaJoin(dctx, to)
+		return cairn.E(op, cairn.Unavailable, to, fmt.Errorf("leadership could not be handed to it: %w; the move is undone, the metadata stays here (try again)", err))
 	}
 	say("recording " + to + "'s gateway " + gwTo)
-	if err = r.Meta.UpdateMetaService(tctx, func(rec *meta.MetaServiceRecord) bool {
-		rec.Members = []meta.MetaMember{{Node: to, Gateway: gwTo, Peer: toPeer}}
-		return true
+	if err = whileUnavailable(tctx, func() error {
+		return r.Meta.UpdateMetaService(tctx, func(rec *meta.MetaServiceRecord) bool {
+			rec.Members = []meta.MetaMember{{Node: to, Gateway: gwTo, Peer: toPeer}}
+			return true
+		})
 	}); err != nil {
 		return err
 	}
@@ -367,11 +383,19 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 		return err
 	}
 	cfg.Gateway = []string{gwTo}
-	conn, _, err := connectGateways(tctx, r.Home, cfg)
+	conn, _, err := connectGateways(tctx, r.Home, cfg, r.opts.MetaWait)
 	if err != nil {
 		return err
 	}
-	err = etcdsvc.RemoveMember(tctx, conn.Client(), selfID)
+	tries := 0
+	err = whileUnavailable(tctx, func() error {
+		tries++
+		rerr := etcdsvc.RemoveMember(tctx, conn.Client(), selfID)
+		if tries > 1 && rerr != nil && strings.Contains(rerr.Error(), rpctypes.ErrMemberNotFound.Error()) {
+			return nil // a try that timed out removed it
+		}
+		return rerr
+	})
 	conn.Close()
 	if err != nil {
 		return err
@@ -389,6 +413,83 @@ func (r *Realm) MoveMeta(ctx context.Context, to string, o MoveMetaOptions) erro
 		return cairn.E(op, cairn.IO, old, err)
 	}
 	return nil
+}
+
+// whileUnavailable calls f again, every 500 ms, while it fails with Kind
+// Unavailable and ctx lasts: a step of a move that etcd did not answer in
+// time (on a starved machine the two members of a move can lose their
+// leader and elect one again, several times: TestMetaMoveCommand failed
+// recording the new gateway under GOMAXPROCS=1 and CPU load). Only for
+// steps that may be repeated: the record's update rewrites the same
+// members, and the removal's repeat takes "member not found" for done.
+func whileUnavailable(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if err == nil || cairn.KindOf(err) != cairn.Unavailable || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// leadershipAttempts and leadershipAttempt bound handLeadership: raft
+// gives a transfer up when the transferee has not won its election within
+// an election timeout (on a starved machine: TestMetaMoveCommand once
+// waited 2 min for one), and etcd's MoveLeader then waits until its
+// context ends, so each attempt has a bound of its own.
+const (
+	leadershipAttempts = 3
+	leadershipAttempt  = 5 * time.Second
+)
+
+// transferLeadership asks the member that cli reaches (the leader) to hand
+// leadership to member to. A variable for tests.
+var transferLeadership = func(ctx context.Context, cli *clientv3.Client, to uint64) error {
+	_, err := cli.MoveLeader(ctx, to)
+	return err
+}
+
+// handLeadership hands raft leadership from member self, which cli reaches
+// at endpoint ep, to member to, and returns once to leads (etcd's status
+// says so): up to leadershipAttempts transfers, each of at most
+// leadershipAttempt, and before each a look at who leads (a transfer may
+// succeed after its attempt gave up; while an election is under way it
+// waits for its outcome). Else it returns why the last attempt failed.
+func handLeadership(ctx context.Context, cli *clientv3.Client, ep string, self, to uint64) error {
+	var last error
+	for tries := 0; tries < leadershipAttempts; {
+		sctx, cancel := context.WithTimeout(ctx, leadershipAttempt)
+		sr, err := cli.Status(sctx, ep)
+		cancel()
+		switch {
+		case err != nil:
+			last = fmt.Errorf("status of %s: %w", ep, err)
+			tries++
+		case sr.Leader == to:
+			return nil
+		case sr.Leader != self:
+			// No leader, or an election: wait for its outcome.
+			last = fmt.Errorf("member %x leads, not this one", sr.Leader)
+		default:
+			tries++
+			actx, acancel := context.WithTimeout(ctx, leadershipAttempt)
+			err = transferLeadership(actx, cli, to)
+			acancel()
+			if err != nil {
+				last = fmt.Errorf("hand leadership: %w", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return last
 }
 
 // MetaMemberStatus is one device that serves the realm's metadata, as

@@ -17,7 +17,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -39,18 +41,19 @@ import (
 // to take peers, its member handed away: cairn meta move, a standby)
 // leaves its gateways without an upstream for a few seconds, and the
 // devices may not know the new gateways yet: an Unavailable connection is
-// tried again, for gatewayPatience at most.
-func connectGateways(ctx context.Context, home string, cfg Config) (*etcdsvc.Conn, []string, error) {
-	deadline := time.Now().Add(gatewayPatience)
+// tried again, for wait at most (0: DefaultMetaWait; negative: once).
+func connectGateways(ctx context.Context, home string, cfg Config, wait time.Duration) (*etcdsvc.Conn, []string, error) {
+	if wait == 0 {
+		wait = DefaultMetaWait
+	}
+	t0 := time.Now()
 	for {
-		conn, gws, err := connectGateways1(ctx, home, cfg)
+		conn, gws, err, askErr := connectGateways1(ctx, home, cfg)
 		if err == nil || cairn.KindOf(err) != cairn.Unavailable {
 			return conn, gws, err
 		}
-		if time.Now().After(deadline) {
-			// Say first what is missing: the causes below name etcd,
-			// gateways and nodes, which a user need not know.
-			return nil, nil, cairn.E("reach the metadata service", cairn.Unavailable, "", err)
+		if time.Since(t0) >= wait {
+			return nil, nil, metaUnavailable(time.Since(t0), cfg, err, askErr)
 		}
 		select {
 		case <-ctx.Done():
@@ -60,38 +63,93 @@ func connectGateways(ctx context.Context, home string, cfg Config) (*etcdsvc.Con
 	}
 }
 
-// gatewayPatience is how long connectGateways tries an unavailable
-// metadata service again.
-const gatewayPatience = 15 * time.Second
+// DefaultMetaWait is how long opening a realm tries an unavailable
+// metadata service again (through gateways), by default: Options.MetaWait.
+const DefaultMetaWait = 15 * time.Second
 
-func connectGateways1(ctx context.Context, home string, cfg Config) (*etcdsvc.Conn, []string, error) {
+// metaUnavailable is connectGateways' error once it gives up: it says once
+// that the metadata service is unavailable, which gateways were tried for
+// how long, which devices were asked where it is now, and why each
+// failed; the causes below name etcd connections, which a user need not
+// know, and each named its endpoints again.
+func metaUnavailable(waited time.Duration, cfg Config, err, askErr error) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "the metadata service is unavailable: tried %s for %v", plural(len(cfg.Gateway), "gateway"), waited.Round(100*time.Millisecond))
+	if len(cfg.Gateway) > 0 {
+		fmt.Fprintf(&b, " (%s): %s", strings.Join(cfg.Gateway, ", "), bareCause(err))
+	}
+	if askErr != nil {
+		fmt.Fprintf(&b, "; asked %s where it is now (%s): %s", plural(len(cfg.Nodes), "device"), strings.Join(cfg.Nodes, ", "), bareCause(askErr))
+	}
+	return &cairn.Error{Op: "reach the metadata service", Kind: cairn.Unavailable, Err: errors.New(b.String())}
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// bareCause is err without the operations and paths of the cairn errors
+// that wrap it; of errors joined, each is given with its path.
+func bareCause(err error) string {
+	for {
+		ce, ok := err.(*cairn.Error)
+		if !ok || ce.Err == nil {
+			break
+		}
+		err = ce.Err
+	}
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return err.Error()
+	}
+	var parts []string
+	for _, e := range j.Unwrap() {
+		if ce, ok := e.(*cairn.Error); ok && ce.Path != "" && ce.Err != nil {
+			cause := ce.Err
+			if ue, ok := cause.(*url.Error); ok {
+				cause = ue.Err // "Get URL: ...": the path names it already
+			}
+			parts = append(parts, ce.Path+": "+bareCause(cause))
+		} else {
+			parts = append(parts, bareCause(e))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// connectGateways1 tries once. askErr is why no device told where the
+// metadata service is, if one was asked and none did.
+func connectGateways1(ctx context.Context, home string, cfg Config) (conn *etcdsvc.Conn, gws []string, err, askErr error) {
 	creds, err := pki.LoadCredentials(CredentialsDir(home))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, err, nil
 	}
 	// The realm's revocation list lives behind the gateway; the gateway
 	// checks this device against it, and a revoked device that poses as
 	// a gateway gets nothing it could not read before its removal.
 	tlsConf, err := pki.ClientTLS(creds, pki.TLSOptions{Revocations: pki.NoRevocations{}, Peer: pki.RequireRole(pki.Device)})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, err, nil
 	}
-	conn, err := etcdsvc.ConnectExternal(ctx, cfg.Gateway, etcdsvc.ConnectOptions{TLS: tlsConf})
+	conn, err = etcdsvc.ConnectExternal(ctx, cfg.Gateway, etcdsvc.ConnectOptions{TLS: tlsConf})
 	if err == nil || cairn.KindOf(err) != cairn.Unavailable || len(cfg.Nodes) == 0 {
-		return conn, cfg.Gateway, err
+		return conn, cfg.Gateway, err, nil
 	}
-	gws, aerr := askMetaService(ctx, creds, cfg.Nodes)
-	if aerr != nil {
-		return nil, nil, cairn.E("connect etcd", cairn.Unavailable, "", fmt.Errorf("%w; and no device told where the metadata service is now: %w", err, aerr))
+	gws, askErr = askMetaService(ctx, creds, cfg.Nodes)
+	if askErr != nil {
+		return nil, nil, err, askErr
 	}
 	if slices.Equal(gws, cfg.Gateway) {
-		return nil, nil, err
+		return nil, nil, err, errors.New("they know no other gateway")
 	}
 	conn, err = etcdsvc.ConnectExternal(ctx, gws, etcdsvc.ConnectOptions{TLS: tlsConf})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, err, nil
 	}
-	return conn, gws, nil
+	return conn, gws, nil, nil
 }
 
 // askMetaService asks the node services at addrs, all at once, where the

@@ -4,7 +4,12 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -135,4 +140,76 @@ func TestMetaServiceDiscovery(t *testing.T) {
 	if _, err := b2.Meta.Node(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A device's node answers where the metadata service is from what it
+// knows (realm.json's gateways, the last record it saw), without asking
+// the metadata: asked while the host's etcd is stopped (SIGSTOP, as a
+// sleeping host), it answers at once. It waited on the stopped etcd, and
+// the asker gave up after 5 s.
+func TestMetaServiceAnswerWithHostAsleep(t *testing.T) {
+	ctx := context.Background()
+	homeA := t.TempDir()
+	t.Setenv(etcdsvc.EnvLinger, "1s")
+	a, err := Init(ctx, homeA, Options{NoPassphrase: true, NodeName: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.Close()
+		etcdsvc.StopDaemon(homeA)
+	})
+	gwA := freeAddr(t)
+	run(t, func(ctx context.Context, ready func(string)) error {
+		return a.Serve(ctx, ServeOptions{Listen: "127.0.0.1:0", GatewayListen: gwA, Lease: 2 * time.Second, Ready: func(s string, _ bool) { ready(s) }})
+	})
+	homeB := joinAs(t, a, pki.Device, "b")
+	b, err := Open(ctx, homeB, Options{NoPassphrase: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	sb := run(t, func(ctx context.Context, ready func(string)) error {
+		return b.Serve(ctx, ServeOptions{Listen: "127.0.0.2:0", Lease: 2 * time.Second, Ready: func(s string, _ bool) { ready(s) }})
+	})
+	creds, err := pki.LoadCredentials(CredentialsDir(homeB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gws, err := askMetaService(ctx, creds, []string{sb.addr}); err != nil || !slices.Equal(gws, []string{gwA}) {
+		t.Fatalf("b's node says the metadata service is at %v, %v; want [%s]", gws, err, gwA)
+	}
+
+	// The host's etcd (its daemon, a process this test started) stops.
+	raw, err := os.ReadFile(filepath.Join(homeA, "etcd", "endpoint"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(raw))
+	if len(f) != 3 {
+		t.Fatalf("endpoint file %q", raw)
+	}
+	pid, err := strconv.Atoi(f[2])
+	if err != nil || pid <= 1 {
+		t.Fatalf("endpoint file %q: pid %v", raw, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	cont := func() { syscall.Kill(pid, syscall.SIGCONT) }
+	t.Cleanup(cont)
+	// b's own reads through a's gateway now hang: the node would too.
+	rctx, rcancel := context.WithTimeout(ctx, time.Second)
+	_, rerr := b.Meta.MetaService(rctx)
+	rcancel()
+	if rerr == nil {
+		t.Fatal("b read the metadata with a's etcd stopped")
+	}
+	t0 := time.Now()
+	gws, err := askMetaService(ctx, creds, []string{sb.addr})
+	if err != nil || !slices.Equal(gws, []string{gwA}) {
+		t.Fatalf("b's node, with a's etcd stopped: %v, %v (after %v); want [%s]", gws, err, time.Since(t0), gwA)
+	}
+	t.Logf("answered in %v with a's etcd stopped", time.Since(t0))
+	cont()
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -169,7 +170,24 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	registrar := newRegistrar(r.Meta, addr, r.log)
 	defer registrar.close()
-	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Registrar: registrar, MetaService: r.metaServiceGateways, Waker: waker{m: r.Meta}, Logger: r.log}, tlsConf)
+	// Where the metadata service is, as this node knows it: realm.json's
+	// cached gateways, then each record it sees (the watch below). Other
+	// devices ask when they have lost every gateway, often because the
+	// service is asleep or unreachable: the answer must not wait on it.
+	var knownGWs atomic.Pointer[[]string]
+	if len(r.Config.Gateway) > 0 {
+		gws := slices.Clone(r.Config.Gateway)
+		knownGWs.Store(&gws)
+	}
+	metaService := func(ctx context.Context) ([]string, error) {
+		if gws := knownGWs.Load(); gws != nil {
+			return *gws, nil
+		}
+		ctx, cancel := context.WithTimeout(ctx, metaServiceAskBound)
+		defer cancel()
+		return r.metaServiceGateways(ctx)
+	}
+	srv, err := node.NewServer(node.Config{Store: m, Realm: r.Config.RealmID, Revocations: rev, Join: join, Registrar: registrar, MetaService: metaService, Waker: waker{m: r.Meta}, Logger: r.log}, tlsConf)
 	if err != nil {
 		return err
 	}
@@ -257,6 +275,11 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			go r.hostJoinedMember(pctx, creds, name, peerAddr)
 		}
 	}
+	go r.Meta.WatchMetaService(pctx, func(rec *meta.MetaServiceRecord) {
+		if gws := rec.Gateways(); len(gws) > 0 {
+			knownGWs.Store(&gws)
+		}
+	})
 	// The member hosted here may move away (cairn meta move, in this
 	// process or another): the connection follows it, and the loop stops
 	// advertising this device's gateway.
@@ -271,9 +294,11 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 	}
 	served := make(chan error, 2)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()
+	closeGateway := func() {}
 	if gw != nil {
 		gctx, gcancel := context.WithCancel(ctx)
 		defer gcancel()
+		closeGateway = gcancel
 		go func() {
 			if err := gw.Serve(gctx, gln); err != nil {
 				served <- fmt.Errorf("metadata gateway: %w", err)
@@ -353,6 +378,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			rep.MetaMovedTo, rep.MetaSleeps = r.handMetaAway(ctx, name)
 			if rep.MetaMovedTo != "" {
 				gwAddr = ""
+				closeGateway() // its member is removed: nothing to relay
 			}
 		}
 		if st, nerr := r.Meta.Node(ctx, name); nerr == nil && st.AlwaysOn {
@@ -418,6 +444,7 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 			return stop(cairn.E(op, cairn.IO, addr, err))
 		case <-movedAway:
 			gwAddr = "" // its member is gone: not a gateway any more
+			go r.closeGatewayOnceGone(pctx, closeGateway)
 		case pr := <-powerReqs:
 			rep := resume
 			if pr.standby {
@@ -473,6 +500,41 @@ func (r *Realm) Serve(ctx context.Context, o ServeOptions) error {
 		}
 	}
 }
+
+// closeGatewayOnceGone calls closeGateway, which closes this node's
+// metadata gateway, once the member it relays is gone (its endpoint
+// refuses: the move removed it and stopped its daemon), so that devices
+// that still know the gateway are refused at once and ask where the
+// service is now, instead of being admitted and cut. Not before: until
+// the member is removed, requests in flight through the gateway carry on
+// (the move waits metaDrain for the devices to follow its record).
+func (r *Realm) closeGatewayOnceGone(ctx context.Context, closeGateway func()) {
+	eps := r.conn.Endpoints()
+	if len(eps) == 0 {
+		closeGateway()
+		return
+	}
+	for {
+		c, err := etcdsvc.DialEndpoint(ctx, eps[0], time.Second)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Info("the member this device hosted is gone: its metadata gateway closes")
+				closeGateway()
+			}
+			return
+		}
+		c.Close()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// metaServiceAskBound bounds a node's look in the metadata for where the
+// metadata service is, when it knows nothing of it yet.
+const metaServiceAskBound = 2 * time.Second
 
 // advertised turns a listener's address into one others can dial: an
 // unspecified host (":7461", "0.0.0.0") becomes this machine's host name.

@@ -136,7 +136,12 @@ type Options struct {
 	// registered store, "" or "auto" for this device's own store (or the
 	// first awake device or benefactor), "off" to fail such a write.
 	OffloadTo string
-	Logger    *slog.Logger
+	// MetaWait bounds how long opening the realm tries an unavailable
+	// metadata service again, on a device that reaches it through
+	// gateways (it may be moving, restarting or asleep): default
+	// DefaultMetaWait; negative: try once.
+	MetaWait time.Duration
+	Logger   *slog.Logger
 }
 
 // Realm is an open realm.
@@ -336,7 +341,7 @@ func connect(ctx context.Context, home string, cfg Config, opts Options) (*Realm
 	var err error
 	switch {
 	case len(opts.Etcd) == 0 && len(cfg.Gateway) > 0:
-		conn, cfg.Gateway, err = connectGateways(ctx, home, cfg)
+		conn, cfg.Gateway, err = connectGateways(ctx, home, cfg, opts.MetaWait)
 	case len(cfg.Etcd) > 0:
 		conn, err = etcdsvc.ConnectExternal(ctx, cfg.Etcd, etcdsvc.ConnectOptions{})
 	default:
