@@ -125,14 +125,15 @@ func (d *Director) offloadName(ctx context.Context, home meta.NodeStatus, exclud
 }
 
 // offloadMember returns, for a copies policy exactly one of whose members
-// is a node that is not awake and that Decide says to offload, the policy
+// is a node that is not awake and that Decide says to offload, and that
+// has fewer awake members than copies without it, the policy
 // with an offload target in that member's place, the member and the
 // target. Otherwise (all awake, several asleep, no target) it returns
 // home "": the policy's own wrapper writes to its awake members and
 // queues the sleeper's copies for repair, as before.
 func (d *Director) offloadMember(ctx context.Context, pol meta.Policy) (meta.Policy, string, string, error) {
 	var asleep []meta.NodeStatus
-	at := -1
+	at, notAwake := -1, 0
 	for i, name := range pol.Stores {
 		if n, err := d.env.Store(ctx, name); err != nil || n != nil {
 			continue // a registered store does not sleep (or the wrapper reports it)
@@ -141,12 +142,16 @@ func (d *Director) offloadMember(ctx context.Context, pol meta.Policy) (meta.Pol
 		if err != nil || st.Removed != 0 || (st.State == meta.NodeOnline && st.Addr != "") {
 			continue
 		}
+		notAwake++
 		if d.opts.Decide(ctx, *st, ForMember) != Offload {
 			continue
 		}
 		asleep, at = append(asleep, *st), i
 	}
-	if len(asleep) != 1 {
+	if len(asleep) != 1 || len(pol.Stores)-notAwake >= pol.N {
+		// (With as many awake members as copies, the wrapper keeps the
+		// N copies on them: rendezvous order passes over a member that
+		// is down. Nothing to offload.)
 		return pol, "", "", nil
 	}
 	to, err := d.offloadName(ctx, asleep[0], pol.Stores)

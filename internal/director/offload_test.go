@@ -164,6 +164,12 @@ func TestOffloadMember(t *testing.T) {
 	if err != nil || w.Name != "copies:2@desk,attic" || w.OffloadedTo != "attic" {
 		t.Fatalf("this device a member: %+v, %v", w, err)
 	}
+	// As many awake members as copies without the sleeper: no offload,
+	// the wrapper keeps the copies on them.
+	w, err = New(e, Options{Decide: decide, PolicyDir: t.TempDir()}).ForWrite(ctx, "copies:2@lap,lap2,desktop")
+	if err != nil || w.Name != "copies:2@lap,lap2,desktop" || w.Home != "" {
+		t.Fatalf("two of three awake: %+v, %v", w, err)
+	}
 	// Two members asleep: the wrapper as before.
 	e.setState("lap", meta.NodeOffline)
 	w, err = New(e, Options{Decide: decide, PolicyDir: t.TempDir()}).ForWrite(ctx, pol)
