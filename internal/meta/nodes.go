@@ -385,38 +385,13 @@ func (s *Service) RemoveNode(ctx context.Context, name string, at time.Time) err
 // certificate the realm CA issued to it, so that its removal revokes it.
 // Permission if the node was removed, NotFound if it has no record.
 func (s *Service) AddNodeSerial(ctx context.Context, name, serial string) error {
-	const op = "record certificate"
-	k := s.nodeKey(name)
-	octx, cancel := s.opCtx(ctx)
-	defer cancel()
-	for {
-		resp, err := s.cli.Get(octx, k)
-		if err != nil {
-			return etcdErr(op, name, err)
-		}
-		if len(resp.Kvs) == 0 {
-			return cairn.E(op, cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
-		}
-		var rec NodeRecord
-		if jerr := json.Unmarshal(resp.Kvs[0].Value, &rec); jerr != nil {
-			return cairn.E(op, cairn.Corrupt, name, jerr)
-		}
-		if rec.Removed != 0 {
-			return cairn.E(op, cairn.Permission, name, errors.New("this node was removed from the realm"))
-		}
+	return s.updateNode(ctx, "record certificate", name, noSuchNode, func(rec *NodeRecord) bool {
 		if slices.Contains(rec.Serials, serial) {
-			return nil
+			return false
 		}
 		rec.Serials = append(rec.Serials, serial)
-		b, _ := json.Marshal(rec)
-		tr, terr := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).Then(clientv3.OpPut(k, string(b))).Commit()
-		if terr != nil {
-			return etcdErr(op, name, terr)
-		}
-		if tr.Succeeded {
-			return nil
-		}
-	}
+		return true
+	})
 }
 
 // Registration is a running node's presence in the registry: its
@@ -567,30 +542,9 @@ func (r *Registration) Update(ctx context.Context, rec NodeRecord) error {
 // (on resume the node registers again, which clears Standby). Permission
 // if the node was removed, NotFound if its record is gone.
 func (r *Registration) Standby(ctx context.Context, wake *WakeInfo) (time.Time, error) {
-	const op = "node standby"
-	s := r.s
-	octx, cancel := s.opCtx(ctx)
-	defer cancel()
-	k := s.nodeKey(r.name)
 	var now time.Time
-	for {
-		resp, err := s.cli.Get(octx, k)
-		if err != nil {
-			return time.Time{}, etcdErr(op, r.name, err)
-		}
-		if len(resp.Kvs) == 0 {
-			return time.Time{}, cairn.E(op, cairn.NotFound, r.name, errors.New("the node's registry record is gone"))
-		}
-		var rec NodeRecord
-		if err = json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
-			return time.Time{}, cairn.E(op, cairn.Corrupt, r.name, err)
-		}
-		if rec.Removed != 0 {
-			return time.Time{}, cairn.E(op, cairn.Permission, r.name, errors.New("this node was removed from the realm"))
-		}
-		if rec.Format >= nodeFormatSerials {
-			rec.Format = NodeRecordFormat
-		}
+	err := r.s.updateNode(ctx, "node standby", r.name, "the node's registry record is gone", func(rec *NodeRecord) bool {
+		rec.upgradeFormat()
 		if wake != nil && (rec.Wake == nil || !rec.Wake.Set) {
 			w := *wake
 			w.Set = false
@@ -598,20 +552,17 @@ func (r *Registration) Standby(ctx context.Context, wake *WakeInfo) (time.Time, 
 		}
 		now = time.Now()
 		rec.Standby, rec.LastSeen = now.UnixNano(), now.UnixNano()
-		b, _ := json.Marshal(rec)
-		tr, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
-			Then(clientv3.OpPut(k, string(b)), clientv3.OpDelete(s.aliveKey(r.name))).Commit()
-		if err != nil {
-			return time.Time{}, etcdErr(op, r.name, err)
-		}
-		if tr.Succeeded {
-			break
-		}
+		return true
+	}, clientv3.OpDelete(r.s.aliveKey(r.name)))
+	if err != nil {
+		return time.Time{}, err
 	}
 	r.cancel()
 	// The liveness key is gone already: a revocation that fails leaves a
 	// lease holding nothing, which lapses on its own.
-	_, _ = s.cli.Revoke(octx, r.lease)
+	rctx, cancel := r.s.opCtx(ctx)
+	defer cancel()
+	_, _ = r.s.cli.Revoke(rctx, r.lease)
 	return now, nil
 }
 
@@ -620,50 +571,47 @@ func (r *Registration) Standby(ctx context.Context, wake *WakeInfo) (time.Time, 
 // so that the node's next registration records what it learns. NotFound
 // if the node has no record, Permission if it was removed.
 func (s *Service) SetNodeWake(ctx context.Context, name string, wake *WakeInfo) error {
-	const op = "set wake method"
-	k := s.nodeKey(name)
-	octx, cancel := s.opCtx(ctx)
-	defer cancel()
-	for {
-		resp, err := s.cli.Get(octx, k)
-		if err != nil {
-			return etcdErr(op, name, err)
-		}
-		if len(resp.Kvs) == 0 {
-			return cairn.E(op, cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
-		}
-		var rec NodeRecord
-		if err = json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
-			return cairn.E(op, cairn.Corrupt, name, err)
-		}
-		if rec.Removed != 0 {
-			return cairn.E(op, cairn.Permission, name, errors.New("this node was removed from the realm"))
-		}
-		if rec.Format >= nodeFormatSerials {
-			rec.Format = NodeRecordFormat
-		}
+	return s.updateNode(ctx, "set wake method", name, noSuchNode, func(rec *NodeRecord) bool {
+		rec.upgradeFormat()
 		rec.Wake = nil
 		if wake != nil {
 			w := *wake
 			w.Set = true
 			rec.Wake = &w
 		}
-		b, _ := json.Marshal(rec)
-		tr, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
-			Then(clientv3.OpPut(k, string(b))).Commit()
-		if err != nil {
-			return etcdErr(op, name, err)
-		}
-		if tr.Succeeded {
-			return nil
-		}
-	}
+		return true
+	})
 }
 
 // SetNodeAlwaysOn marks node name always-on (on) or not, in its record.
 // NotFound if the node has no record, Permission if it was removed.
 func (s *Service) SetNodeAlwaysOn(ctx context.Context, name string, on bool) error {
-	const op = "set always-on"
+	return s.updateNode(ctx, "set always-on", name, noSuchNode, func(rec *NodeRecord) bool {
+		rec.upgradeFormat()
+		rec.AlwaysOn = on
+		return true
+	})
+}
+
+// noSuchNode is why updateNode fails on a node with no record, when a
+// person named it.
+const noSuchNode = "no such node (see 'cairn devices')"
+
+// upgradeFormat raises a record that has the serials (format 2 or
+// later) to the current format before a field of a later format is set;
+// a record of format 1 stays 1, read as before.
+func (rec *NodeRecord) upgradeFormat() {
+	if rec.Format >= nodeFormatSerials {
+		rec.Format = NodeRecordFormat
+	}
+}
+
+// updateNode changes node name's record with fn, compare-and-swapped on
+// the revision it read (read again when another change came between), in
+// one transaction with the extra operations. fn returns false when the
+// record needs no change: nothing is written. NotFound (saying missing)
+// if the node has no record, Permission if it was removed.
+func (s *Service) updateNode(ctx context.Context, op, name, missing string, fn func(*NodeRecord) bool, extra ...clientv3.Op) error {
 	k := s.nodeKey(name)
 	octx, cancel := s.opCtx(ctx)
 	defer cancel()
@@ -673,7 +621,7 @@ func (s *Service) SetNodeAlwaysOn(ctx context.Context, name string, on bool) err
 			return etcdErr(op, name, err)
 		}
 		if len(resp.Kvs) == 0 {
-			return cairn.E(op, cairn.NotFound, name, errors.New("no such node (see 'cairn devices')"))
+			return cairn.E(op, cairn.NotFound, name, errors.New(missing))
 		}
 		var rec NodeRecord
 		if err = json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
@@ -682,13 +630,12 @@ func (s *Service) SetNodeAlwaysOn(ctx context.Context, name string, on bool) err
 		if rec.Removed != 0 {
 			return cairn.E(op, cairn.Permission, name, errors.New("this node was removed from the realm"))
 		}
-		if rec.Format >= nodeFormatSerials {
-			rec.Format = NodeRecordFormat
+		if !fn(&rec) {
+			return nil
 		}
-		rec.AlwaysOn = on
 		b, _ := json.Marshal(rec)
 		tr, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
-			Then(clientv3.OpPut(k, string(b))).Commit()
+			Then(append([]clientv3.Op{clientv3.OpPut(k, string(b))}, extra...)...).Commit()
 		if err != nil {
 			return etcdErr(op, name, err)
 		}
