@@ -210,7 +210,7 @@ func nbRound(t *testing.T, r *realmT, mnt string, k int, st *nbStats) (fails []s
 		// not) is not listed while its writer lock, the dead process's,
 		// lasts: until its lease lapses (CAIRN_LOCK_TTL).
 		var res result
-		waitFor(t, "the killed mount's writer locks lapse (an entry with no content listed)", 60*time.Second, func() bool {
+		waitFor(t, "the killed mount's writer locks lapse (an entry with no content listed)", 3*time.Minute, func() bool {
 			res = r.run("ls", "home:/"+dname)
 			return !strings.Contains(res.stderr, "not listed")
 		})

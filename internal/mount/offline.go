@@ -51,7 +51,7 @@ func (m *Mount) startCopy(o Options) {
 	}
 	m.copyStop, m.copyDone = make(chan struct{}), make(chan struct{})
 	m.copyKick = make(chan struct{}, 1)
-	go m.keepCopy()
+	go m.keepCopy(m.copyStop, m.copyKick, m.copyDone)
 }
 
 // resyncCopy asks the copy keeper to take a whole listing (the watch was
@@ -67,21 +67,23 @@ func (m *Mount) resyncCopy() {
 }
 
 // keepCopy takes the listings resyncCopy asks for and saves the copy.
-func (m *Mount) keepCopy() {
-	defer close(m.copyDone)
+// Its channels are passed in, not read from m: stopCopy clears
+// m.copyStop once the keeper is done.
+func (m *Mount) keepCopy(stop <-chan struct{}, kick <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		<-m.copyStop
+		<-stop
 		cancel()
 	}()
 	wait := copySaveEvery
 	for {
 		select {
-		case <-m.copyStop:
+		case <-stop:
 			m.saveCopy(context.Background())
 			return
-		case <-m.copyKick:
+		case <-kick:
 			m.lc.BeginReplace()
 			ents, rev, err := m.vol.Meta.Snapshot(ctx)
 			if err != nil {
