@@ -181,3 +181,53 @@ type TrashItem struct {
 	Deleted time.Time `json:"deleted"`
 	Expires time.Time `json:"expires"`
 }
+
+// Status is this device and the realm on one screen: 'cairn status
+// --json' and /api/v1/status. Realm is nil when the metadata service
+// cannot be reached (Metadata says why); Problems is what needs a
+// person's attention, empty when nothing does.
+type Status struct {
+	Device   string        `json:"device"`
+	Role     string        `json:"role"`
+	Realm    string        `json:"realm"`
+	Metadata MetaHealth    `json:"metadata"`
+	Summary  *RealmSummary `json:"summary,omitempty"`
+	Pending  Pending       `json:"pending"`
+	Problems []Problem     `json:"problems"`
+	Mounts   []MountStatus `json:"mounts"`
+}
+
+// MetaHealth says whether this device reaches the realm's metadata
+// service, and where it lives.
+type MetaHealth struct {
+	Reachable bool         `json:"reachable"`
+	Error     string       `json:"error,omitempty"`
+	Members   []MetaMember `json:"members,omitempty"` // empty: the one embedded in this device's realm directory
+}
+
+// RealmSummary counts the realm's nodes by power state, and its stores
+// and volumes.
+type RealmSummary struct {
+	Nodes map[string]int `json:"nodes"` // by state: awake, standby, offline (removed ones are not counted)
+	// Asleep names the nodes in standby (nothing contacts them until they
+	// are woken).
+	Asleep  []string `json:"asleep,omitempty"`
+	Stores  int      `json:"stores"`
+	Volumes int      `json:"volumes"`
+}
+
+// Pending is the work this device accepted and has not finished, and the
+// realm's offloaded versions that wait for their home.
+type Pending struct {
+	MountFiles   int   `json:"mount_files"` // the mounts' Pending, summed
+	Queue        Queue `json:"queue"`
+	Offloads     int   `json:"offloads"` // offload entries that wait for reclaim (cairn offload ls)
+	OffloadBytes int64 `json:"offload_bytes"`
+}
+
+// Problem is one thing that needs attention: what (a node, a store, a
+// mount, "metadata") and why.
+type Problem struct {
+	What   string `json:"what"`
+	Detail string `json:"detail"`
+}

@@ -17,11 +17,11 @@ import (
 // mountStatus returns r's running mounts as 'cairn status --json' says.
 func (r *realmT) mountStatus() []apitypes.MountStatus {
 	r.t.Helper()
-	var out []apitypes.MountStatus
-	if err := json.Unmarshal([]byte(r.ok("status", "--json")), &out); err != nil {
+	var st apitypes.Status
+	if err := json.Unmarshal([]byte(r.ok("status", "--json")), &st); err != nil {
 		r.t.Fatalf("status --json: %v", err)
 	}
-	return out
+	return st.Mounts
 }
 
 // TestOfflineMount: device B (joined, its metadata through A's node, the

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,9 +26,21 @@ func (e *env) statusCmd() *cobra.Command {
 	var timeout time.Duration
 	c := &cobra.Command{
 		Use:   "status [--json] [--wait-idle [--timeout D]]",
-		Short: "List this device's running mounts of the realm and the work they have pending",
-		Long: `List the mounts of this realm running on this device ('cairn mount'), each
-with what it has accepted and not finished:
+		Short: "This device and the realm on one screen: state, what is pending, what is wrong",
+		Long: `Show this device and the realm on one screen:
+
+  device    this device's name and role
+  metadata  whether the metadata service answers, and where it lives
+  realm     the nodes by power state (and which are asleep), stores, volumes
+  pending   work accepted and not finished: files on this device's mounts,
+            its upload queue ('cairn put --background'), and the realm's
+            offloaded versions that wait for their home ('cairn offload ls')
+  problems  what needs attention: a node offline without announcing it, a
+            store that does not answer, a mount that works offline or whose
+            commits failed, an unhealthy metadata member
+
+then this device's running mounts ('cairn mount'), each with what it has
+accepted and not finished:
 
   closed     files written and closed whose commit is not queued yet (write-back
              mode queues a file's commit when the kernel releases it, after the
@@ -40,6 +51,9 @@ with what it has accepted and not finished:
              to the metadata service (write-back mode's batches)
   done/failed  commits finished since the mount started
 
+A store on a node that is not awake is not asked (status never wakes a
+device); other stores are asked once, with a short deadline.
+
 Each mount answers on a unix socket, $CAIRN_HOME/run/mount-VOLUME-PID.sock
 (mode 0600, removed at unmount; a socket left by a killed mount is removed here).
 --wait-idle waits until no mount has anything pending (every file closed on them
@@ -48,7 +62,11 @@ is committed, every namespace change written), then prints the status; it fails
 
 A mount that cannot reach the metadata service says so below the table:
 since when, and the local copy of the namespace it serves meanwhile (its
-revision and when it was saved; doc/offline.md). --json: its "offline".`,
+revision and when it was saved; doc/offline.md). --json: one object
+(doc/api.md, "Status"), its mounts' "offline".
+
+Exit status: 0, also when there are problems (they are listed); 1 when
+--wait-idle timed out.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -61,34 +79,15 @@ revision and when it was saved; doc/offline.md). --json: its "offline".`,
 			if err != nil {
 				return err
 			}
+			st := e.statusReport(cmd.Context(), all)
 			if asJSON {
-				if all == nil {
-					all = []mount.Status{}
-				}
-				return e.printJSON(all)
+				return e.printJSON(st)
 			}
-			if len(all) == 0 {
-				fmt.Fprintln(e.stdout, "no mounts of this realm are running on this device")
-				return nil
-			}
-			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "MOUNTPOINT\tVOLUME\tMODE\tPID\tPENDING\tCLOSED\tQUEUED\tNAMESPACE\tDONE\tFAILED")
-			for _, s := range all {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", s.Mountpoint, s.Volume, s.Mode, s.PID,
-					s.Pending, s.Closed, s.Queued, s.Namespace, s.CommitsDone, s.CommitsFailed)
-			}
-			if err := tw.Flush(); err != nil {
-				return err
-			}
-			for _, s := range all {
-				if s.Offline != nil {
-					fmt.Fprintln(e.stdout, offlineLine(s.Mountpoint, s.Offline))
-				}
-			}
+			e.printStatus(st)
 			return nil
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array, one object per mount (doc/format.md, \"Mount status socket\")")
+	c.Flags().BoolVar(&asJSON, "json", false, "print one JSON object (doc/api.md, \"Status\"); its mounts as doc/format.md, \"Mount status socket\" says")
 	c.Flags().BoolVar(&waitIdle, "wait-idle", false, "wait until every mount has nothing pending")
 	c.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "with --wait-idle: give up after this long (0: wait for ever)")
 	return c

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -124,18 +123,7 @@ func (s *webSource) Stores(ctx context.Context) ([]apitypes.StoreInfo, error) {
 		state[n.Name] = n.State
 	}
 	infos, err := s.r.StoreInfosSkipping(ctx, func(rec meta.StoreRecord) string {
-		name, ok := strings.CutPrefix(rec.URL, "node://")
-		if !ok {
-			return ""
-		}
-		name, _, _ = strings.Cut(name, "/")
-		if st := state[name]; st != "online" {
-			if st == "" {
-				st = "not registered"
-			}
-			return fmt.Sprintf("not asked: node %s is %s (the page never wakes a device)", name, st)
-		}
-		return ""
+		return nodeStoreSkip(rec, state)
 	})
 	if infos == nil {
 		infos = []apitypes.StoreInfo{}
@@ -178,6 +166,15 @@ func (s *webSource) Volumes(ctx context.Context) ([]apitypes.Volume, error) {
 		out = append(out, av)
 	}
 	return out, nil
+}
+
+// Status is what 'cairn status --json' prints.
+func (s *webSource) Status(ctx context.Context) (*apitypes.Status, error) {
+	all, err := mount.Running(ctx, runDir(s.e.home))
+	if err != nil {
+		return nil, err
+	}
+	return s.e.statusReport(ctx, all), nil
 }
 
 func (s *webSource) Work(ctx context.Context) (apitypes.Work, error) {

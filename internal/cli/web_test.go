@@ -144,7 +144,7 @@ func TestWebServe(t *testing.T) {
 		a, b := apiStores[i], cliStores[i]
 		if a.URL == "node://webdev1" {
 			nodeStores++
-			if a.Health != "not asked: node webdev1 is offline (the page never wakes a device)" || a.StoreRecord != b.StoreRecord || b.Health == "ok" {
+			if a.Health != "not asked: node webdev1 is offline (a device is never woken to be asked)" || a.StoreRecord != b.StoreRecord || b.Health == "ok" {
 				t.Fatalf("the offline node's store: API %+v, CLI %+v", a, b)
 			}
 			continue
@@ -160,9 +160,14 @@ func TestWebServe(t *testing.T) {
 	}
 
 	var work apitypes.Work
-	var cliMounts []apitypes.MountStatus
+	var cliStatus, apiStatus apitypes.Status
 	webGet(t, c, w.url+"api/v1/work", pass, &work)
-	cliJSON(t, r, &cliMounts, "status")
+	cliJSON(t, r, &cliStatus, "status")
+	cliMounts := cliStatus.Mounts
+	webGet(t, c, w.url+"api/v1/status", pass, &apiStatus)
+	if !reflect.DeepEqual(apiStatus, cliStatus) || apiStatus.Pending.Queue.Files != 1 || len(apiStatus.Problems) != 1 || apiStatus.Problems[0].What != "node webdev1" {
+		t.Fatalf("status: API %+v, CLI %+v", apiStatus, cliStatus)
+	}
 	var ql cli.QueueList
 	cliJSON(t, r, &ql, "queue", "ls")
 	if !reflect.DeepEqual(work.Mounts, cliMounts) || work.Queue.Files != 1 || work.Queue.Files != ql.Files || work.Queue.Bytes != ql.Bytes || work.Queue.Draining != ql.Draining {

@@ -34,6 +34,8 @@ type Source interface {
 	Stores(ctx context.Context) ([]apitypes.StoreInfo, error)
 	Volumes(ctx context.Context) ([]apitypes.Volume, error)
 	Work(ctx context.Context) (apitypes.Work, error)
+	// Status is this device and the realm on one screen ('cairn status').
+	Status(ctx context.Context) (*apitypes.Status, error)
 	// Versions lists the kept versions of the file at path (a clean
 	// slash path) of volume vol, oldest first.
 	Versions(ctx context.Context, vol, path string) ([]apitypes.FileVersion, error)
@@ -115,12 +117,13 @@ func New(src Source, o Options) (*Handler, error) {
 	h.mux.HandleFunc("GET /page.css", h.serveAsset("assets/page.css", "text/css; charset=utf-8"))
 	h.mux.HandleFunc("GET /api/v1/{$}", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, map[string]any{"version": apitypes.Version, "device": src.Device(),
-			"endpoints": []string{"devices", "stores", "volumes", "work", "versions", "trash"}})
+			"endpoints": []string{"status", "devices", "stores", "volumes", "work", "versions", "trash"}})
 	})
 	h.mux.HandleFunc("GET /api/v1/devices", apiOf(h, src.Devices))
 	h.mux.HandleFunc("GET /api/v1/stores", apiOf(h, h.stores.get))
 	h.mux.HandleFunc("GET /api/v1/volumes", apiOf(h, h.volumes.get))
 	h.mux.HandleFunc("GET /api/v1/work", apiOf(h, src.Work))
+	h.mux.HandleFunc("GET /api/v1/status", apiOf(h, src.Status))
 	h.mux.HandleFunc("GET /api/v1/versions", func(w http.ResponseWriter, r *http.Request) {
 		vol, path, err := ParseVersionsQuery(r.URL.RawQuery)
 		if err != nil {

@@ -35,6 +35,10 @@ func (f *fakeSource) Stores(ctx context.Context) ([]apitypes.StoreInfo, error) {
 func (f *fakeSource) Volumes(ctx context.Context) ([]apitypes.Volume, error) {
 	return []apitypes.Volume{{Name: "home", Files: 2, Policies: []meta.PolicyRecord{}}}, nil
 }
+func (f *fakeSource) Status(ctx context.Context) (*apitypes.Status, error) {
+	return &apitypes.Status{Device: "<b>laptop</b>", Problems: []apitypes.Problem{}, Mounts: []apitypes.MountStatus{}}, nil
+}
+
 func (f *fakeSource) Work(ctx context.Context) (apitypes.Work, error) {
 	return apitypes.Work{Mounts: []apitypes.MountStatus{}}, nil
 }
