@@ -254,7 +254,23 @@ copies or shards left to rebuild it (data lost unless a store comes back);
 			if err != nil {
 				return err
 			}
+			show := !asJSON && !e.quiet && isTerminal(e.stderr)
+			var bar *countBar
+			barPolicy := ""
+			walk := func(policy string, done, total int) {
+				if bar == nil || barPolicy != policy {
+					if bar != nil {
+						bar.finish()
+					}
+					bar, barPolicy = newCountBar(e.stderr, show, "checking "+policy+": objects"), policy
+				}
+				bar.set(done, total)
+			}
 			res, err := r.Repair(cmd.Context(), storeName, scrub, func(rr realm.RepairResult) {
+				if bar != nil {
+					bar.finish()
+					bar = nil
+				}
 				if asJSON {
 					return
 				}
@@ -274,7 +290,7 @@ copies or shards left to rebuild it (data lost unless a store comes back);
 				if rr.Error != "" {
 					fmt.Fprintf(e.stdout, "  stopped: %s\n", rr.Error)
 				}
-			})
+			}, walk)
 			if err != nil {
 				return err
 			}

@@ -101,13 +101,14 @@ func (p *PolicyStore) Health() []storeset.Health {
 
 // Repair runs the wrapper's repair (see ecstore and replicastore
 // RepairOptions): store, if not "", restricts it to that member; scrub
-// reads and verifies everything.
-func (p *PolicyStore) Repair(ctx context.Context, store string, scrub bool) (storeset.RepairReport, error) {
+// reads and verifies everything; progress, if not nil, is told the
+// objects checked of those listed as the walk goes.
+func (p *PolicyStore) Repair(ctx context.Context, store string, scrub bool, progress func(done, total int)) (storeset.RepairReport, error) {
 	switch s := p.Store.(type) {
 	case *ecstore.Store:
-		return s.Repair(ctx, ecstore.RepairOptions{Store: store, Scrub: scrub})
+		return s.Repair(ctx, ecstore.RepairOptions{Store: store, Scrub: scrub, Progress: progress})
 	case *replicastore.Store:
-		return s.Repair(ctx, replicastore.RepairOptions{Store: store, Scrub: scrub})
+		return s.Repair(ctx, replicastore.RepairOptions{Store: store, Scrub: scrub, Progress: progress})
 	}
 	return storeset.RepairReport{}, nil
 }

@@ -277,7 +277,7 @@ func (r *Realm) maintRound(ctx context.Context, every time.Duration) {
 	}
 	if repair || scrub {
 		r.log.Info("background work: repair", "scrub", scrub)
-		res, rerr := r.Repair(ctx, "", scrub, nil)
+		res, rerr := r.Repair(ctx, "", scrub, nil, nil)
 		if rerr != nil {
 			r.log.Warn("background work: repair", "err", rerr)
 		}

@@ -99,11 +99,15 @@ func TestPowerBackgroundWorkSkipsStandby(t *testing.T) {
 		}
 	}
 
-	res, err := a.Repair(ctx, "", true, nil)
+	walked := map[string][2]int{} // by policy: the last (done, total) the walk reported
+	res, err := a.Repair(ctx, "", true, nil, func(policy string, done, total int) { walked[policy] = [2]int{done, total} })
 	if err != nil || len(res) != 1 {
 		t.Fatalf("repair: %+v %v", res, err)
 	}
 	rr := res[0]
+	if w := walked[rr.Policy]; len(walked) != 1 || w[0] == 0 || w[0] != w[1] || int64(w[0]) != rr.Report.Objects {
+		t.Fatalf("repair's walk progress: %v, report %+v", walked, rr.Report)
+	}
 	if len(rr.Skipped) != 1 || !strings.HasPrefix(rr.Skipped[0], "skipped: node lap is standby since ") || rr.Offline != 0 || rr.Error != "" || rr.Report.Failed != 0 || rr.Report.Unrecoverable != 0 {
 		t.Fatalf("repair with lap in standby: %+v", rr)
 	}

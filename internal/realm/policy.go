@@ -252,8 +252,10 @@ type RepairResult struct {
 // scrub, also damaged) copies and shards onto their stores. store, if not
 // "", restricts it to the policies naming that store and to that store's
 // copies and shards. An error is for what stopped it; each policy's
-// failures are in its result.
-func (r *Realm) Repair(ctx context.Context, storeName string, scrub bool, progress func(RepairResult)) ([]RepairResult, error) {
+// failures are in its result. progress, if not nil, is called with each
+// policy's result; walk, if not nil, as each policy's walk goes (objects
+// checked of those listed).
+func (r *Realm) Repair(ctx context.Context, storeName string, scrub bool, progress func(RepairResult), walk func(policy string, done, total int)) ([]RepairResult, error) {
 	pols, err := r.PoliciesInUse(ctx)
 	if err != nil {
 		return nil, err
@@ -299,15 +301,19 @@ func (r *Realm) Repair(ctx context.Context, storeName string, scrub bool, progre
 			awake = append(awake, m)
 		}
 		started := time.Now()
+		var walked func(done, total int)
+		if walk != nil {
+			walked = func(done, total int) { walk(s, done, total) }
+		}
 		var done []string
 		if len(res.Skipped) == 0 {
-			res.Report, err = ps.Repair(ctx, storeName, scrub)
+			res.Report, err = ps.Repair(ctx, storeName, scrub, walked)
 			if err == nil && res.Report.Failed == 0 && res.Report.Unrecoverable == 0 {
 				done = awake
 			}
 		} else {
 			for _, m := range awake {
-				rep, merr := ps.Repair(ctx, m, scrub)
+				rep, merr := ps.Repair(ctx, m, scrub, walked)
 				addReport(&res.Report, rep)
 				if merr != nil {
 					err = merr

@@ -31,6 +31,9 @@ type RepairOptions struct {
 	Scrub bool
 	// QueueOnly retries the queued repairs and skips the walk.
 	QueueOnly bool
+	// Progress, if set, is called as the walk goes: objects checked of
+	// the objects listed.
+	Progress func(done, total int)
 }
 
 // Repair retries the queued repairs, then (unless QueueOnly) walks every
@@ -130,11 +133,16 @@ func (s *Store) walk(ctx context.Context, o RepairOptions, target int, r *stores
 			return cairn.E("repair", cairn.KindOf(err), "", fmt.Errorf("replacement %s: %w", o.Replacement.Name, err))
 		}
 	}
+	checked := 0
 	for id, h := range all {
 		if err := store.CtxErr(ctx, "repair", ""); err != nil {
 			return err
 		}
 		r.Objects++
+		checked++
+		if o.Progress != nil {
+			o.Progress(checked, len(all))
+		}
 		for _, i := range s.placement(id)[:s.n] {
 			if target >= 0 && i != target {
 				continue
