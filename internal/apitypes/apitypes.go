@@ -231,3 +231,24 @@ type Problem struct {
 	What   string `json:"what"`
 	Detail string `json:"detail"`
 }
+
+// RestoreRequest is the body of POST /api/v1/restore: make version
+// Version of the file at Path current again, or (FromTrash) put back the
+// most recently removed entry that was at Path, at To if given. Exactly
+// one of Version and FromTrash.
+type RestoreRequest struct {
+	Vol       string `json:"vol"`
+	Path      string `json:"path"`
+	Version   uint64 `json:"version,omitempty"`
+	FromTrash bool   `json:"from_trash,omitempty"`
+	To        string `json:"to,omitempty"`
+}
+
+// RestoreResult is what a restore did: the path restored, and the new
+// current version (a restore of a version makes a new one) or when the
+// entry brought back from the trash had been removed.
+type RestoreResult struct {
+	Path    string     `json:"path"`
+	Version uint64     `json:"version,omitempty"`
+	Removed *time.Time `json:"removed,omitempty"`
+}

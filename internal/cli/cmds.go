@@ -631,21 +631,9 @@ at --to.`,
 				return cairn.E("restore", cairn.Invalid, p.String(), errors.New("not a file"))
 			}
 			if fromTrash {
-				items, terr := mv.Trash(ctx)
-				if terr != nil {
-					return terr
-				}
-				var item *meta.TrashItem
-				for i := range items {
-					if items[i].Path == p.String() {
-						item = &items[i]
-					}
-				}
-				if item == nil {
-					return cairn.E("restore", cairn.NotFound, p.String(), errors.New("nothing removed from there is in the trash (see 'cairn trash')"))
-				}
 				dst := p
 				if to != "" {
+					var terr error
 					if dst, terr = vpath.Parse(to); terr != nil {
 						return terr
 					}
@@ -653,39 +641,18 @@ at --to.`,
 						return cairn.E("restore", cairn.Invalid, to, errors.New("--to must be a path in the same volume"))
 					}
 				}
-				parent, terr := mv.Lookup(ctx, dst.Dir().Parts)
+				removed, terr := restoreFromTrash(ctx, mv, p, dst)
 				if terr != nil {
 					return terr
 				}
-				if _, err = mv.RestoreTrash(ctx, item.ID, parent, dst.Base()); err != nil {
-					return relabel(err, dst.String())
-				}
-				fmt.Fprintf(e.stdout, "restored %s from the trash (removed %s)\n", dst, time.Unix(0, item.Deleted).Local().Format(time.DateTime))
+				fmt.Fprintf(e.stdout, "restored %s from the trash (removed %s)\n", dst, removed.Local().Format(time.DateTime))
 				return nil
 			}
-			ent, err := mv.Lookup(ctx, p.Parts)
+			n, err := e.restoreVersion(ctx, mv, p, version)
 			if err != nil {
 				return err
 			}
-			ver, err := findVersion(ent, p.String(), version)
-			if err != nil {
-				return err
-			}
-			parent, err := mv.Lookup(ctx, p.Dir().Parts)
-			if err != nil {
-				return err
-			}
-			gen, err := e.realm.Meta.WriteGen(ctx)
-			if err != nil {
-				return err
-			}
-			nv := *ver
-			nv.Committed = 0
-			ne, _, err := mv.CommitVersion(ctx, parent, p.Base(), meta.Commit{Version: nv, Mode: ent.Mode, UID: ent.UID, GID: ent.GID, Gen: gen})
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(e.stdout, "%s: version %d is now current (as version %d)\n", p, version, ne.Current().N)
+			fmt.Fprintf(e.stdout, "%s: version %d is now current (as version %d)\n", p, version, n)
 			return nil
 		},
 	}
@@ -693,6 +660,64 @@ at --to.`,
 	c.Flags().BoolVar(&fromTrash, "from-trash", false, "restore the most recently removed entry from this path")
 	c.Flags().StringVar(&to, "to", "", "with --from-trash: restore to this path instead")
 	return c
+}
+
+// restoreFromTrash puts back the most recently removed entry that was at
+// p, at dst (a path of the same volume), and returns when it was removed.
+func restoreFromTrash(ctx context.Context, mv *meta.Vol, p, dst vpath.Path) (time.Time, error) {
+	items, err := mv.Trash(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var item *meta.TrashItem
+	for i := range items {
+		if items[i].Path == p.String() {
+			item = &items[i]
+		}
+	}
+	if item == nil {
+		return time.Time{}, cairn.E("restore", cairn.NotFound, p.String(), errors.New("nothing removed from there is in the trash (see 'cairn trash')"))
+	}
+	parent, err := mv.Lookup(ctx, dst.Dir().Parts)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if _, err = mv.RestoreTrash(ctx, item.ID, parent, dst.Base()); err != nil {
+		return time.Time{}, relabel(err, dst.String())
+	}
+	return time.Unix(0, item.Deleted), nil
+}
+
+// restoreVersion makes version n of the file at p current again, as a
+// new version (nothing is lost), and returns the new version's number.
+func (e *env) restoreVersion(ctx context.Context, mv *meta.Vol, p vpath.Path, n uint64) (uint64, error) {
+	ent, err := mv.Lookup(ctx, p.Parts)
+	if err != nil {
+		return 0, err
+	}
+	ver, err := findVersion(ent, p.String(), n)
+	if err != nil {
+		return 0, err
+	}
+	parent, err := mv.Lookup(ctx, p.Dir().Parts)
+	if err != nil {
+		return 0, err
+	}
+	r, err := e.open(ctx)
+	if err != nil {
+		return 0, err
+	}
+	gen, err := r.Meta.WriteGen(ctx)
+	if err != nil {
+		return 0, err
+	}
+	nv := *ver
+	nv.Committed = 0
+	ne, _, err := mv.CommitVersion(ctx, parent, p.Base(), meta.Commit{Version: nv, Mode: ent.Mode, UID: ent.UID, GID: ent.GID, Gen: gen})
+	if err != nil {
+		return 0, err
+	}
+	return ne.Current().N, nil
 }
 
 func (e *env) trashCmd() *cobra.Command {

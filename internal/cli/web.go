@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -223,4 +224,64 @@ func (s *webSource) Trash(ctx context.Context, vol string) ([]apitypes.TrashItem
 		return nil, err
 	}
 	return trashOf(mv, items), nil
+}
+
+// Restore does what 'cairn restore' does for the page's buttons.
+func (s *webSource) Restore(ctx context.Context, req apitypes.RestoreRequest) (*apitypes.RestoreResult, error) {
+	p, err := vpath.Parse(req.Vol + ":" + req.Path)
+	if err != nil {
+		return nil, err
+	}
+	mv, err := s.r.Meta.Open(ctx, req.Vol)
+	if err != nil {
+		return nil, err
+	}
+	if req.FromTrash {
+		dst := p
+		if req.To != "" {
+			if dst, err = vpath.Parse(req.Vol + ":" + req.To); err != nil {
+				return nil, err
+			}
+		}
+		removed, err := restoreFromTrash(ctx, mv, p, dst)
+		if err != nil {
+			return nil, err
+		}
+		return &apitypes.RestoreResult{Path: dst.String(), Removed: &removed}, nil
+	}
+	n, err := s.e.restoreVersion(ctx, mv, p, req.Version)
+	if err != nil {
+		return nil, err
+	}
+	return &apitypes.RestoreResult{Path: p.String(), Version: n}, nil
+}
+
+// Download reads version n (0: the current one) of a file as 'cairn cat
+// --version N' does (a device that alone holds its data is woken, within
+// the usual wake timeout: a download is a person's explicit request).
+func (s *webSource) Download(ctx context.Context, vol, path string, n uint64) (int64, func(io.Writer) error, error) {
+	p, err := vpath.Parse(vol + ":" + path)
+	if err != nil {
+		return 0, nil, err
+	}
+	v, err := s.r.Volume(ctx, vol)
+	if err != nil {
+		return 0, nil, err
+	}
+	ent, err := v.Meta.Lookup(ctx, p.Parts)
+	if err != nil {
+		return 0, nil, err
+	}
+	if ent.Type != meta.TypeFile {
+		return 0, nil, cairn.E("download", cairn.IsDir, p.String(), errors.New("not a regular file"))
+	}
+	var ver *meta.Version // nil: the current one
+	size := ent.Size
+	if n != 0 {
+		if ver, err = findVersion(ent, p.String(), n); err != nil {
+			return 0, nil, err
+		}
+		size = ver.Size
+	}
+	return size, func(w io.Writer) error { return v.ReadFile(ctx, ent, ver, w) }, nil
 }

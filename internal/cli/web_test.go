@@ -188,9 +188,48 @@ func TestWebServe(t *testing.T) {
 		t.Fatalf("trash: API %+v, CLI %+v", apiTrash, cliTrash)
 	}
 
+	// The page's buttons: download version 1, make it current again,
+	// bring the removed file back.
+	if code, b := davDo(t, c, "GET", w.url+"api/v1/download?vol=home&path=/a.txt&version=1", "alice", pass, nil); code != http.StatusOK || string(b) != "first" {
+		t.Fatalf("download of version 1: %d %q", code, b)
+	}
+	post := func(body string, origin string) (int, []byte) {
+		req, err := http.NewRequest("POST", w.url+"api/v1/restore", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.SetBasicAuth("alice", pass)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Origin", origin)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	origin := strings.TrimSuffix(w.url, "/")
+	if code, b := post(`{"vol":"home","path":"/a.txt","version":1}`, "https://attacker.example"); code != http.StatusForbidden {
+		t.Fatalf("cross-site restore: %d %s", code, b)
+	}
+	if code, b := post(`{"vol":"home","path":"/a.txt","version":1}`, origin); code != http.StatusOK || !strings.Contains(string(b), `"version": 3`) {
+		t.Fatalf("restore of version 1: %d %s", code, b)
+	}
+	if got := r.ok("cat", "home:/a.txt"); got != "first" {
+		t.Fatalf("after the restore of version 1: %q", got)
+	}
+	if code, b := post(`{"vol":"home","path":"/gone.txt","from_trash":true}`, origin); code != http.StatusOK || !strings.Contains(string(b), `"removed"`) {
+		t.Fatalf("restore from the trash: %d %s", code, b)
+	}
+	if got := r.ok("cat", "home:/gone.txt"); got != "removed" {
+		t.Fatalf("after the restore from the trash: %q", got)
+	}
+	r.ok("rm", "home:/gone.txt")
+
 	var vols []apitypes.Volume
 	webGet(t, c, w.url+"api/v1/volumes", pass, &vols)
-	if len(vols) != 1 || vols[0].Name != "home" || vols[0].Files != 1 || vols[0].Bytes != int64(len("second, longer")) {
+	if len(vols) != 1 || vols[0].Name != "home" || vols[0].Files != 1 || vols[0].Bytes != int64(len("first")) {
 		t.Fatalf("volumes: %+v", vols)
 	}
 

@@ -13,9 +13,12 @@ import (
 	"encoding/json"
 	"errors"
 	"html/template"
+	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +43,12 @@ type Source interface {
 	// slash path) of volume vol, oldest first.
 	Versions(ctx context.Context, vol, path string) ([]apitypes.FileVersion, error)
 	Trash(ctx context.Context, vol string) ([]apitypes.TrashItem, error)
+	// Restore makes an old version current, or brings back a removed
+	// entry, as 'cairn restore' does (req is checked: a clean path).
+	Restore(ctx context.Context, req apitypes.RestoreRequest) (*apitypes.RestoreResult, error)
+	// Download returns the size of version n (0: the current one) of the
+	// file at path of volume vol, and a function that writes its bytes.
+	Download(ctx context.Context, vol, path string, n uint64) (size int64, write func(io.Writer) error, err error)
 }
 
 // Options configure a Handler.
@@ -62,6 +71,8 @@ type Handler struct {
 	log   *slog.Logger
 	mux   *http.ServeMux
 	page  *template.Template
+
+	csrf *http.CrossOriginProtection
 
 	stores  cached[[]apitypes.StoreInfo]
 	volumes cached[[]apitypes.Volume]
@@ -108,7 +119,7 @@ func New(src Source, o Options) (*Handler, error) {
 	if err != nil {
 		return nil, cairn.E("web", cairn.Other, "page.html", err)
 	}
-	h := &Handler{src: src, log: o.Logger, page: page, mux: http.NewServeMux(),
+	h := &Handler{src: src, log: o.Logger, page: page, mux: http.NewServeMux(), csrf: http.NewCrossOriginProtection(),
 		guard: httpauth.NewGuard(o.Users, "cairn web", "'cairn dav passwd add USER' makes one", o.Logger)}
 	h.stores = cached[[]apitypes.StoreInfo]{ttl: o.SlowTTL, fill: src.Stores}
 	h.volumes = cached[[]apitypes.Volume]{ttl: o.SlowTTL, fill: src.Volumes}
@@ -117,7 +128,7 @@ func New(src Source, o Options) (*Handler, error) {
 	h.mux.HandleFunc("GET /page.css", h.serveAsset("assets/page.css", "text/css; charset=utf-8"))
 	h.mux.HandleFunc("GET /api/v1/{$}", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, map[string]any{"version": apitypes.Version, "device": src.Device(),
-			"endpoints": []string{"status", "devices", "stores", "volumes", "work", "versions", "trash"}})
+			"endpoints": []string{"status", "devices", "stores", "volumes", "work", "versions", "trash", "download", "restore"}})
 	})
 	h.mux.HandleFunc("GET /api/v1/devices", apiOf(h, src.Devices))
 	h.mux.HandleFunc("GET /api/v1/stores", apiOf(h, h.stores.get))
@@ -142,6 +153,8 @@ func New(src Source, o Options) (*Handler, error) {
 		items, err := src.Trash(r.Context(), vol)
 		h.answer(w, r, items, err)
 	})
+	h.mux.HandleFunc("GET /api/v1/download", h.serveDownload)
+	h.mux.HandleFunc("/api/v1/restore", h.serveRestore)
 	if o.Metrics != nil {
 		h.mux.Handle("GET /metrics", o.Metrics)
 	}
@@ -151,22 +164,144 @@ func New(src Source, o Options) (*Handler, error) {
 	return h, nil
 }
 
-// ServeHTTP authenticates the request, then serves it. Only GET and HEAD
-// are served: nothing here changes the realm.
+// ServeHTTP authenticates the request, then serves it. GET and HEAD are
+// served everywhere; the one request that changes the realm, POST
+// /api/v1/restore, must come from the page's own origin (a cross-site
+// request is refused: net/http's CrossOriginProtection, from
+// Sec-Fetch-Site or Origin) and carry a JSON body (which a cross-site
+// form cannot send without a CORS preflight, which is never granted).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if h.guard.Authenticate(w, r) == "" {
+	user := h.guard.Authenticate(w, r)
+	if user == "" {
 		return
 	}
+	r = r.WithContext(context.WithValue(r.Context(), userKey{}, user))
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
 	w.Header().Set("Cache-Control", "no-store")
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+	switch {
+	case r.Method == http.MethodGet || r.Method == http.MethodHead:
+	case r.Method == http.MethodPost && r.URL.Path == "/api/v1/restore":
+		if err := h.csrf.Check(r); err != nil {
+			h.log.Warn("web: cross-origin request refused", "path", r.URL.Path, "origin", r.Header.Get("Origin"), "err", err)
+			writeError(w, http.StatusForbidden, "cross-origin request refused: "+err.Error())
+			return
+		}
+	default:
 		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed: the page and the API only read")
+		writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed here: only POST /api/v1/restore changes the realm")
 		return
 	}
 	h.mux.ServeHTTP(w, r)
+}
+
+// userKey keys the authenticated user in a request's context.
+type userKey struct{}
+
+// maxRestoreBody bounds the body of POST /api/v1/restore.
+const maxRestoreBody = 64 << 10
+
+func (h *Handler) serveRestore(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		writeError(w, http.StatusMethodNotAllowed, "a restore is a POST with a JSON body (doc/api.md)")
+		return
+	}
+	if ct, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";"); strings.TrimSpace(ct) != "application/json" {
+		writeError(w, http.StatusUnsupportedMediaType, "the body must be JSON (Content-Type: application/json)")
+		return
+	}
+	req, err := ParseRestore(http.MaxBytesReader(w, r.Body, maxRestoreBody))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	res, err := h.src.Restore(r.Context(), req)
+	if err == nil {
+		h.log.Info("web: restored", "user", r.Context().Value(userKey{}), "vol", req.Vol, "path", req.Path, "version", req.Version, "from_trash", req.FromTrash, "to", req.To)
+	}
+	h.answer(w, r, res, err)
+}
+
+// ParseRestore reads and checks a restore request: a valid volume, clean
+// absolute paths that name a file or directory below the root (no ".."),
+// exactly one of version and from_trash, to only with from_trash.
+func ParseRestore(body io.Reader) (apitypes.RestoreRequest, error) {
+	var req apitypes.RestoreRequest
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, cairn.E("web restore", cairn.Invalid, "", err)
+	}
+	if dec.More() {
+		return req, cairn.E("web restore", cairn.Invalid, "", errors.New("one JSON object only"))
+	}
+	if err := vpath.ValidVolume(req.Vol); err != nil {
+		return req, cairn.E("web restore", cairn.Invalid, req.Vol, err)
+	}
+	var err error
+	if req.Path, err = cleanFilePath(req.Path); err != nil {
+		return req, err
+	}
+	if (req.Version == 0) == !req.FromTrash {
+		return req, cairn.E("web restore", cairn.Invalid, req.Path, errors.New("give exactly one of version and from_trash"))
+	}
+	if req.To != "" {
+		if !req.FromTrash {
+			return req, cairn.E("web restore", cairn.Invalid, req.To, errors.New("to is for a restore from the trash"))
+		}
+		if req.To, err = cleanFilePath(req.To); err != nil {
+			return req, err
+		}
+	}
+	return req, nil
+}
+
+func (h *Handler) serveDownload(w http.ResponseWriter, r *http.Request) {
+	vol, path, n, err := ParseDownloadQuery(r.URL.RawQuery)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	size, write, err := h.src.Download(r.Context(), vol, path, n)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	name := path[strings.LastIndexByte(path, '/')+1:]
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": name}))
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	if r.Method == http.MethodHead {
+		return
+	}
+	if err := write(w); err != nil {
+		// The status is sent: all that can be done is to cut the body
+		// short (the client sees fewer bytes than Content-Length).
+		h.log.Warn("web: download cut short", "vol", vol, "path", path, "version", n, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// ParseDownloadQuery reads a download's query: vol and path as for the
+// versions, and version=N (optional; absent: the current version).
+func ParseDownloadQuery(raw string) (vol, path string, n uint64, err error) {
+	q, err := parseQuery(raw, "vol", "path", "version")
+	if err != nil {
+		return "", "", 0, err
+	}
+	if v := q["version"]; len(v) > 0 {
+		if len(v) > 1 {
+			return "", "", 0, cairn.E("web query", cairn.Invalid, "version", errors.New("parameter version given more than once"))
+		}
+		if n, err = strconv.ParseUint(v[0], 10, 64); err != nil || n == 0 {
+			return "", "", 0, cairn.E("web query", cairn.Invalid, v[0], errors.New("version must be a number from 1"))
+		}
+		delete(q, "version")
+	}
+	vol, path, err = ParseVersionsQuery(q.Encode())
+	return vol, path, n, err
 }
 
 func apiOf[T any](h *Handler, get func(context.Context) (T, error)) http.HandlerFunc {
@@ -257,22 +392,32 @@ func ParseVersionsQuery(raw string) (vol, path string, err error) {
 	if err != nil {
 		return "", "", err
 	}
+	if p, err = cleanFilePath(p); err != nil {
+		return "", "", err
+	}
+	return vol, p, nil
+}
+
+// cleanFilePath checks that p is absolute, names something below the
+// root and never leaves its volume (no ".."), and returns it clean
+// ("/a/b").
+func cleanFilePath(p string) (string, error) {
 	if !strings.HasPrefix(p, "/") {
-		return "", "", cairn.E("web query", cairn.Invalid, p, errors.New("path must start with '/'"))
+		return "", cairn.E("web query", cairn.Invalid, p, errors.New("path must start with '/'"))
 	}
 	for _, c := range strings.Split(p, "/") {
 		if c == ".." {
-			return "", "", cairn.E("web query", cairn.Invalid, p, errors.New("'..' is not allowed in a path"))
+			return "", cairn.E("web query", cairn.Invalid, p, errors.New("'..' is not allowed in a path"))
 		}
 	}
 	parts, err := vpath.SplitClean(p)
 	if err != nil {
-		return "", "", cairn.E("web query", cairn.Invalid, p, err)
+		return "", cairn.E("web query", cairn.Invalid, p, err)
 	}
 	if len(parts) == 0 {
-		return "", "", cairn.E("web query", cairn.IsDir, p, errors.New("the root is a directory: give a file's path"))
+		return "", cairn.E("web query", cairn.IsDir, p, errors.New("the root is a directory: give a file's path"))
 	}
-	return vol, "/" + strings.Join(parts, "/"), nil
+	return "/" + strings.Join(parts, "/"), nil
 }
 
 func parseQuery(raw string, allowed ...string) (url.Values, error) {

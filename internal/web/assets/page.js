@@ -24,7 +24,7 @@
       const tr = document.createElement("tr");
       for (const c of cells) {
         const td = document.createElement("td");
-        td.textContent = c;
+        if (c instanceof Node) td.appendChild(c); else td.textContent = c;
         tr.appendChild(td);
       }
       tbody.appendChild(tr);
@@ -38,6 +38,42 @@
     const body = await r.json();
     if (!r.ok) throw new Error(body.error || r.statusText);
     return body;
+  }
+  // post sends a JSON body: the only requests that change the realm
+  // (POST /api/v1/restore), refused by the server from any other origin.
+  async function post(path, body) {
+    const r = await fetch(location.origin + path, { method: "POST", credentials: "same-origin",
+      headers: { "Content-Type": "application/json", Accept: "application/json" }, body: JSON.stringify(body) });
+    const b = await r.json();
+    if (!r.ok) throw new Error(b.error || r.statusText);
+    return b;
+  }
+  function button(label, onclick) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = label;
+    b.addEventListener("click", onclick);
+    return b;
+  }
+  function link(label, href) {
+    const a = document.createElement("a");
+    a.textContent = label;
+    a.href = href;
+    return a;
+  }
+  // action runs a restore, then says what it did (or why not) and shows
+  // the list again.
+  function action(err, formId, body) {
+    return async () => {
+      const out = document.getElementById(err);
+      try {
+        const res = await post("/api/v1/restore", body);
+        out.textContent = "restored " + res.path + (res.version ? " as version " + res.version : "");
+        document.getElementById(formId).requestSubmit();
+      } catch (e) {
+        out.textContent = e.message;
+      }
+    };
   }
   async function refresh() {
     try {
@@ -66,15 +102,24 @@
       const q = new URLSearchParams(new FormData(ev.target));
       document.getElementById(err).textContent = "";
       try {
-        fill(document.getElementById(body), rows(await get(path + "?" + q)));
+        fill(document.getElementById(body), rows(await get(path + "?" + q), q));
       } catch (e) {
         document.getElementById(err).textContent = e.message;
       }
     });
   }
   form("versions-form", "/api/v1/versions", "versions-body", "versions-error",
-    vs => vs.slice().reverse().map(v => [v.n + (v.current ? " (current)" : ""), human(v.size), when(v.mtime), when(v.committed), v.stores.join(", ")]), "no versions");
+    (vs, q) => vs.slice().reverse().map(v => {
+      const vol = q.get("vol"), path = q.get("path"), acts = document.createElement("span");
+      acts.appendChild(link("download", "/api/v1/download?" + new URLSearchParams({ vol: vol, path: path, version: v.n })));
+      if (!v.current) acts.append(" ", button("restore", action("versions-error", "versions-form", { vol: vol, path: path, version: v.n })));
+      return [v.n + (v.current ? " (current)" : ""), human(v.size), when(v.mtime), when(v.committed), v.stores.join(", "), acts];
+    }), "no versions");
   form("trash-form", "/api/v1/trash", "trash-body", "trash-error",
-    ts => ts.map(t => [when(t.deleted), when(t.expires), human(t.size), t.path]), "the trash is empty");
+    (ts, q) => ts.map(t => {
+      const vol = q.get("vol"), path = t.path.slice(t.path.indexOf(":") + 1);
+      return [when(t.deleted), when(t.expires), human(t.size), t.path,
+        button("restore", action("trash-error", "trash-form", { vol: vol, path: path, from_trash: true }))];
+    }), "the trash is empty");
   setInterval(refresh, poll);
 })();
