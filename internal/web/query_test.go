@@ -77,3 +77,34 @@ func FuzzParseVersionsQuery(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseRestore: any body gives a cairn.Error or a request whose paths
+// are clean and below the root, with exactly one of version and
+// from_trash, and to only with from_trash.
+func FuzzParseRestore(f *testing.F) {
+	for _, s := range []string{`{"vol":"home","path":"/a","version":2}`, `{"vol":"home","path":"/a/../b","from_trash":true,"to":"/c"}`,
+		`{"vol":"home","path":"/a"}{}`, `{"vol":"x","path":"//a//b/./c","version":1,"from_trash":true}`, `[]`, `{"path":1}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		req, err := ParseRestore(strings.NewReader(body))
+		if err != nil {
+			var ce *cairn.Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %v is not a cairn.Error", err)
+			}
+			return
+		}
+		if (req.Version == 0) == !req.FromTrash || (req.To != "" && !req.FromTrash) {
+			t.Fatalf("ParseRestore(%q) = %+v", body, req)
+		}
+		for _, p := range []string{req.Path, req.To} {
+			if p == "" && p == req.To {
+				continue
+			}
+			if c, err := cleanFilePath(p); err != nil || c != p {
+				t.Fatalf("ParseRestore(%q): path %q not clean (%q, %v)", body, p, c, err)
+			}
+		}
+	})
+}
