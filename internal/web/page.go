@@ -17,6 +17,7 @@ type pageData struct {
 	Stores  []apitypes.StoreInfo
 	Volumes []apitypes.Volume
 	Work    apitypes.Work
+	Status  *apitypes.Status
 	// Errors says which sections could not be read, by section.
 	Errors map[string]string
 }
@@ -36,6 +37,9 @@ func (h *Handler) servePage(w http.ResponseWriter, r *http.Request) {
 	}
 	if d.Work, err = h.src.Work(ctx); err != nil {
 		d.Errors["work"] = err.Error()
+	}
+	if d.Status, err = h.status.get(ctx); err != nil {
+		d.Errors["problems"] = err.Error()
 	}
 	var buf bytes.Buffer
 	if err := h.page.Execute(&buf, d); err != nil {

@@ -76,7 +76,12 @@ type Handler struct {
 
 	stores  cached[[]apitypes.StoreInfo]
 	volumes cached[[]apitypes.Volume]
+	status  cached[*apitypes.Status]
 }
+
+// statusTTL is how long a status (which asks every awake store once) is
+// reused.
+const statusTTL = 5 * time.Second
 
 // cached keeps a slow answer for ttl.
 type cached[T any] struct {
@@ -123,6 +128,7 @@ func New(src Source, o Options) (*Handler, error) {
 		guard: httpauth.NewGuard(o.Users, "cairn web", "'cairn dav passwd add USER' makes one", o.Logger)}
 	h.stores = cached[[]apitypes.StoreInfo]{ttl: o.SlowTTL, fill: src.Stores}
 	h.volumes = cached[[]apitypes.Volume]{ttl: o.SlowTTL, fill: src.Volumes}
+	h.status = cached[*apitypes.Status]{ttl: min(statusTTL, o.SlowTTL), fill: src.Status}
 	h.mux.HandleFunc("GET /{$}", h.servePage)
 	h.mux.HandleFunc("GET /page.js", h.serveAsset("assets/page.js", "text/javascript; charset=utf-8"))
 	h.mux.HandleFunc("GET /page.css", h.serveAsset("assets/page.css", "text/css; charset=utf-8"))
@@ -134,7 +140,7 @@ func New(src Source, o Options) (*Handler, error) {
 	h.mux.HandleFunc("GET /api/v1/stores", apiOf(h, h.stores.get))
 	h.mux.HandleFunc("GET /api/v1/volumes", apiOf(h, h.volumes.get))
 	h.mux.HandleFunc("GET /api/v1/work", apiOf(h, src.Work))
-	h.mux.HandleFunc("GET /api/v1/status", apiOf(h, src.Status))
+	h.mux.HandleFunc("GET /api/v1/status", apiOf(h, h.status.get))
 	h.mux.HandleFunc("GET /api/v1/versions", func(w http.ResponseWriter, r *http.Request) {
 		vol, path, err := ParseVersionsQuery(r.URL.RawQuery)
 		if err != nil {

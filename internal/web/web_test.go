@@ -40,7 +40,7 @@ func (f *fakeSource) Volumes(ctx context.Context) ([]apitypes.Volume, error) {
 	return []apitypes.Volume{{Name: "home", Files: 2, Policies: []meta.PolicyRecord{}}}, nil
 }
 func (f *fakeSource) Status(ctx context.Context) (*apitypes.Status, error) {
-	return &apitypes.Status{Device: "<b>laptop</b>", Problems: []apitypes.Problem{}, Mounts: []apitypes.MountStatus{}}, nil
+	return &apitypes.Status{Device: "<b>laptop</b>", Problems: []apitypes.Problem{{What: "store <i>s3</i>", Detail: "does not answer"}}, Mounts: []apitypes.MountStatus{}}, nil
 }
 
 func (f *fakeSource) Work(ctx context.Context) (apitypes.Work, error) {
@@ -87,7 +87,8 @@ func TestPage(t *testing.T) {
 	rec := get("/")
 	body := rec.Body.String()
 	if rec.Code != http.StatusOK || strings.Contains(body, "<b>laptop</b>") || !strings.Contains(body, "&lt;b&gt;laptop&lt;/b&gt;") ||
-		!strings.Contains(body, "dev&lt;1&gt;") || !strings.Contains(body, "2.0 KiB") {
+		!strings.Contains(body, "dev&lt;1&gt;") || !strings.Contains(body, "2.0 KiB") ||
+		strings.Contains(body, "<i>s3</i>") || !strings.Contains(body, "<strong>store &lt;i&gt;s3&lt;/i&gt;</strong>: does not answer") {
 		t.Fatalf("page: %d\n%s", rec.Code, body)
 	}
 	get("/api/v1/stores")

@@ -77,9 +77,20 @@
   }
   async function refresh() {
     try {
+      const st = await get("/api/v1/status");
+      const ul = document.getElementById("problems-list");
+      ul.replaceChildren();
+      for (const p of st.problems.length ? st.problems : [{ what: "none", detail: "" }]) {
+        const li = document.createElement("li");
+        const b = document.createElement("strong");
+        b.textContent = p.what;
+        li.append(b, p.detail ? ": " + p.detail : "");
+        ul.appendChild(li);
+      }
       const ds = await get("/api/v1/devices");
-      fill(section("devices"), ds.map(d => [d.name, d.role, d.state, when(d.registered), when(d.last_seen),
-        d.capacity ? human(d.free) : "-", d.capacity ? human(d.used) : "-", human(Math.round(d.rate)) + "/s"]));
+      fill(section("devices"), ds.map(d => [d.name, d.role, d.state, when(d.since || d.registered), when(d.last_seen),
+        d.capacity ? human(d.free) : "-", d.capacity ? human(d.used) : "-", human(Math.round(d.rate)) + "/s",
+        d.wake && d.wake.mac ? "wake-on-lan " + d.wake.mac + (d.wake.proxy ? " by " + d.wake.proxy : "") : "-"]));
       const w = await get("/api/v1/work");
       document.getElementById("queue").textContent = "Upload queue: " + w.queue.files + " file(s), " + human(w.queue.bytes) +
         (w.queue.draining ? ", uploading now" : "");
