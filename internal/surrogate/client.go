@@ -29,6 +29,9 @@ type Client struct {
 	addr string
 	hc   *http.Client
 	tr   *http.Transport
+
+	mu   sync.Mutex
+	peer string // the surrogate's node name, from its verified certificate
 }
 
 // NewClient returns a client of the surrogate at addr (host:port) over
@@ -65,6 +68,14 @@ func ClientTLS(creds *pki.Credentials, rev pki.Revocations) (*tls.Config, error)
 // Addr is the surrogate's address.
 func (c *Client) Addr() string { return c.addr }
 
+// Name is the surrogate's node name, as its certificate says ("" before
+// the first answer).
+func (c *Client) Name() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.peer
+}
+
 // Close closes idle connections.
 func (c *Client) Close() { c.tr.CloseIdleConnections() }
 
@@ -90,6 +101,15 @@ func (c *Client) do(ctx context.Context, op, method, path string, body []byte, h
 		return nil, cairn.E(op, cairn.Unavailable, c.addr, err)
 	}
 	defer resp.Body.Close()
+	// The handshake verified the certificate (pki.ClientTLS): its
+	// identity can be read.
+	if resp.TLS != nil && len(resp.TLS.PeerCertificates) > 0 {
+		if id, perr := pki.IdentityOf(resp.TLS.PeerCertificates[0]); perr == nil {
+			c.mu.Lock()
+			c.peer = id.Name
+			c.mu.Unlock()
+		}
+	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, max+1))
 	if err != nil {
 		return nil, cairn.E(op, cairn.Unavailable, c.addr, err)

@@ -375,3 +375,23 @@ func TestRoles(t *testing.T) {
 		t.Fatal("a device of another CA was let in")
 	}
 }
+
+// Measure gives a round trip and both rates, names the surrogate by its
+// certificate, and leaves no session behind.
+func TestMeasure(t *testing.T) {
+	f := start(t, nil)
+	c := f.client("laptop")
+	m, err := Measure(t.Context(), c, 3, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.RTT <= 0 || m.Up <= 0 || m.Down <= 0 || m.ProbeBytes != 64<<10 || m.Info.Offer != 1<<20 {
+		t.Fatalf("measurement %+v", m)
+	}
+	if c.Name() != "sur" {
+		t.Fatalf("name %q", c.Name())
+	}
+	if st := f.srv.Stats(); st.Clients != 0 {
+		t.Fatalf("the probe session is left: %+v", st)
+	}
+}
