@@ -16,7 +16,7 @@ import (
 
 // fixture is a surrogate served over mutual TLS on 127.0.0.1, in realm r1.
 type fixture struct {
-	t    *testing.T
+	t    testing.TB
 	ca   *pki.CA
 	dir  string
 	cfg  Config
@@ -24,7 +24,7 @@ type fixture struct {
 	addr string
 }
 
-func start(t *testing.T, tune func(*Config)) *fixture {
+func start(t testing.TB, tune func(*Config)) *fixture {
 	t.Helper()
 	ca, err := pki.CreateCA(t.TempDir(), "r1")
 	if err != nil {

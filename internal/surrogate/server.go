@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/zeebo/blake3"
@@ -68,6 +69,8 @@ type Server struct {
 	log  *slog.Logger
 	stop chan struct{}
 	done chan struct{}
+
+	closeOnce sync.Once
 
 	mu      sync.Mutex
 	clients map[ClientID]*client
@@ -142,10 +145,10 @@ func NewServer(cfg Config) (*Server, error) {
 
 // Close stops the sweeper and deletes every client's data.
 func (s *Server) Close() error {
-	select {
-	case <-s.stop:
+	first := false
+	s.closeOnce.Do(func() { first = true })
+	if !first {
 		return nil
-	default:
 	}
 	close(s.stop)
 	<-s.done
@@ -180,25 +183,31 @@ func (s *Server) sweeper() {
 	}
 }
 
-// expire deletes the registrations whose lease has ended.
+// expire deletes the registrations whose lease has ended. It never holds
+// the server's lock while waiting for a client's (a client's lock is held
+// through a stage's writes).
 func (s *Server) expire() {
 	now := s.cfg.Now()
-	s.mu.Lock()
-	var dead []*client
-	for id, c := range s.clients {
+	for _, c := range s.snapshot() {
 		c.mu.Lock()
-		if !now.Before(c.expires) {
-			dead = append(dead, c)
-			delete(s.clients, id)
-			s.granted -= c.quota
-		}
+		ended := !now.Before(c.expires)
 		c.mu.Unlock()
+		if ended {
+			s.log.Info("surrogate lease expired: client's chunks deleted", "client", c.id)
+			s.drop(c)
+		}
 	}
-	s.mu.Unlock()
-	for _, c := range dead {
-		s.log.Info("surrogate lease expired: client's chunks deleted", "client", c.id)
-		c.wipe()
+}
+
+// snapshot lists the registrations.
+func (s *Server) snapshot() []*client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cs := make([]*client, 0, len(s.clients))
+	for _, c := range s.clients {
+		cs = append(cs, c)
 	}
+	return cs
 }
 
 // wipe deletes the client's chunks; later requests of it find no client.
@@ -231,10 +240,11 @@ type Stats struct {
 
 // Stats sums the live registrations.
 func (s *Server) Stats() Stats {
+	cs := s.snapshot()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := Stats{Clients: len(s.clients), Granted: s.granted}
-	for _, c := range s.clients {
+	st := Stats{Clients: len(cs), Granted: s.granted}
+	s.mu.Unlock()
+	for _, c := range cs {
 		c.mu.Lock()
 		st.Used += c.used
 		st.Chunks += int64(len(c.chunks))
@@ -538,7 +548,11 @@ func (s *Server) stage(w http.ResponseWriter, c *client, body []byte) {
 				_ = os.Remove(filepath.Join(c.dir, id.String()))
 				delete(c.chunks, id)
 			}
-			s.fail(w, 0, cairn.E(op, cairn.IO, o.ID.String(), err))
+			kind := cairn.IO
+			if errors.Is(err, syscall.ENOSPC) {
+				kind = cairn.Unavailable // the disk filled below the offer
+			}
+			s.fail(w, 0, cairn.E(op, kind, o.ID.String(), err))
 			return
 		}
 		c.chunks[o.ID] = n
