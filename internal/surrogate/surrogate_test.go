@@ -395,3 +395,38 @@ func TestMeasure(t *testing.T) {
 		t.Fatalf("the probe session is left: %+v", st)
 	}
 }
+
+// A client making more state-changing requests within one window than
+// the nonce cache holds is told to retry (Unavailable), and can once its
+// nonces have left the window.
+func TestNonceCacheBounded(t *testing.T) {
+	f := start(t, func(c *Config) { c.MaxNonces, c.Window = 3, 300*time.Millisecond })
+	s := f.register(f.client("laptop"))
+	for range 3 {
+		if _, err := s.Renew(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := s.Renew(t.Context())
+	wantKind(t, "renew past the nonce cache", err, cairn.Unavailable)
+	time.Sleep(400 * time.Millisecond)
+	if _, err := s.Renew(t.Context()); err != nil {
+		t.Fatalf("after the window: %v", err)
+	}
+}
+
+// A device whose certificate the realm revoked is refused, on a
+// connection made before the revocation too.
+func TestRevokedDeviceRefused(t *testing.T) {
+	rev := pki.NewRevocationList()
+	f := start(t, func(c *Config) { c.Revocations = rev })
+	c := f.client("laptop")
+	s := f.register(c)
+	if err := rev.RevokeName("laptop"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Renew(t.Context())
+	wantKind(t, "renew of a revoked device", err, cairn.Permission)
+	_, err = c.Register(t.Context(), 0)
+	wantKind(t, "register of a revoked device", err, cairn.Permission)
+}
