@@ -151,6 +151,8 @@ func (e *env) nodeCmd() *cobra.Command {
 	var registrars []string
 	var lease, drain, maintEvery, reclaimEvery time.Duration
 	var sleepBus, metricsAddr string
+	var offer, quota string
+	var stagingLease time.Duration
 	serve := &cobra.Command{
 		Use:   "serve [--listen HOST:PORT] [--gateway-listen HOST:PORT] [--registrar ADDR] [--donate SIZE]",
 		Short: "Serve this machine's store to the realm's devices (and, on a device, the join and registrar endpoints)",
@@ -181,6 +183,17 @@ from its registrar, and refuses every request until it has one. A
 benefactor refuses writes past --donate SIZE (its donation; default: no
 bound but its disk); a surrogate refuses every write (it holds staged
 copies only).
+
+A surrogate also serves the staging API of data staging on the same
+listener (doc/surrogate.md): the realm's devices register (each gets a
+quota, a session key and a lease), stage encrypted chunks named by hash,
+read them back, and unstage them. --offer SIZE is the space offered to all
+of them together (default: half the free space of CAIRN_HOME's file system
+at start), --quota SIZE the most one device's session is granted (default:
+a quarter of the offer), --staging-lease DURATION how long a registration
+lasts unless renewed (default 1h). It keeps soft state only, in
+$CAIRN_HOME/staged: deleted at every start, and a session's chunks when its
+lease ends or it deregisters.
 
 Every node has power states (see 'cairn devices'), a device's as a
 benefactor's or surrogate's: 'cairn node standby' announces by hand that
@@ -215,6 +228,29 @@ Prometheus metrics on http://ADDR/metrics (doc/metrics.md).`,
 				if alwaysOn {
 					return withCode(ExitUsage, fmt.Errorf("node serve: --always-on is for a device; mark a %s from a device with 'cairn node set-always-on %s'", c.Identity.Role, c.Identity.Name))
 				}
+				var staging realm.StagingOptions
+				if offer != "" || quota != "" || cmd.Flags().Changed("staging-lease") {
+					if c.Identity.Role != pki.Surrogate {
+						return withCode(ExitUsage, fmt.Errorf("node serve: --offer, --quota and --staging-lease are for a surrogate, not a %s", c.Identity.Role))
+					}
+					for _, f := range []struct {
+						flag, v string
+						n       *int64
+					}{{"--offer", offer, &staging.Offer}, {"--quota", quota, &staging.Quota}} {
+						if f.v == "" {
+							continue
+						}
+						n, perr := parseSize(f.v)
+						if perr != nil || n <= 0 {
+							return withCode(ExitUsage, fmt.Errorf("node serve: %s %q: want a size above 0 (e.g. 50GiB)", f.flag, f.v))
+						}
+						*f.n = n
+					}
+					if stagingLease < time.Minute {
+						return withCode(ExitUsage, fmt.Errorf("node serve: --staging-lease %v: want at least 1m", stagingLease))
+					}
+					staging.Lease = stagingLease
+				}
 				if donate != "" {
 					if c.Identity.Role != pki.Benefactor {
 						return withCode(ExitUsage, fmt.Errorf("node serve: --donate is for a benefactor; a %s takes no writes", c.Identity.Role))
@@ -226,7 +262,10 @@ Prometheus metrics on http://ADDR/metrics (doc/metrics.md).`,
 					donation = n
 				}
 				return e.serveStandalone(cmd, c, realm.StandaloneOptions{Listen: listen, Advertise: advertise, Lease: lease, Registrars: registrars, Donation: donation,
-					DrainTimeout: drain, SleepBus: sleepBus})
+					DrainTimeout: drain, SleepBus: sleepBus, Staging: staging})
+			}
+			if offer != "" || quota != "" || cmd.Flags().Changed("staging-lease") {
+				return withCode(ExitUsage, errors.New("node serve: --offer, --quota and --staging-lease are for a surrogate; a device stages on surrogates, it is none"))
 			}
 			if donate != "" {
 				return withCode(ExitUsage, errors.New("node serve: --donate is for a benefactor; a device's store is its own"))
@@ -267,6 +306,9 @@ Prometheus metrics on http://ADDR/metrics (doc/metrics.md).`,
 	serve.Flags().StringVar(&gatewayListen, "gateway-listen", "", "device running the embedded etcd: where the metadata gateway listens (default: the --listen host, port + 1)")
 	serve.Flags().BoolVar(&noGateway, "no-gateway", false, "do not serve the metadata gateway (no other device can then reach this realm's metadata)")
 	serve.Flags().StringVar(&donate, "donate", "", "benefactor: the most its store may hold (e.g. 50GiB); puts past it are refused")
+	serve.Flags().StringVar(&offer, "offer", "", "surrogate: the space offered to the realm's devices for staging, all together (e.g. 50GiB; default: half the free space at start)")
+	serve.Flags().StringVar(&quota, "quota", "", "surrogate: the most one device's staging session is granted (default: a quarter of --offer)")
+	serve.Flags().DurationVar(&stagingLease, "staging-lease", time.Hour, "surrogate: how long a device's staging registration lasts unless renewed; its chunks are deleted when it ends")
 	serve.Flags().DurationVar(&reclaimEvery, "reclaim-every", realm.DefaultReclaimEvery, "device: how often to move home what was offloaded while it slept (also done at start and on resume; negative: only 'cairn offload reclaim')")
 	serve.Flags().DurationVar(&drain, "drain", realm.DefaultDrainTimeout, "how long a node announcing standby waits for the chunk requests in flight")
 	serve.Flags().StringVar(&sleepBus, "sleep-bus", os.Getenv("CAIRN_SLEEP_BUS"), "D-Bus address where systemd-logind is (default: $CAIRN_SLEEP_BUS, else the system bus; \"none\": do not take its sleep inhibitor)")

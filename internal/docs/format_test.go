@@ -24,6 +24,7 @@ import (
 	"cairn.dev/cairn/internal/store/localstore"
 	"cairn.dev/cairn/internal/store/objstore"
 	"cairn.dev/cairn/internal/store/packstore"
+	"cairn.dev/cairn/internal/surrogate"
 	"cairn.dev/cairn/internal/userkey"
 )
 
@@ -70,6 +71,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"node wire protocol, join token, revocation and token lists, registrar state": one(t, "node wire protocol",
 			wire.Version, pki.JoinFormat, pki.TokenListFormat, pki.RevocationFormat, realm.RegistrarFormat),
 		"erasure-coded shards and shard maps, repair queue, shard-map cache": fmt.Sprint(ecstore.Version),
+		"surrogate staging API, surrogate list":                              one(t, "surrogate", surrogate.Version, realm.SurrogateListFormat),
 	}
 	b, err := os.ReadFile("../../doc/format.md")
 	if err != nil {

@@ -54,6 +54,7 @@ var layer = map[string]int{
 	"internal/node/wire":                3, // node wire protocol v1: shared by server and client
 	"internal/node":                     4, // a node's chunk service (server)
 	"internal/store/remotestore":        4, // client of a node's chunk service
+	"internal/surrogate":                4, // data staging's surrogate service and its client (doc/surrogate.md)
 	"internal/etcdsvc":                  3,
 	"internal/etcdsvc/etcdtest":         4,
 	"internal/etcdsvc/etcdtest/etcdbin": 5,

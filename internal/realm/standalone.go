@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"cairn.dev/cairn/internal/node/wire"
 	"cairn.dev/cairn/internal/pki"
 	"cairn.dev/cairn/internal/store/localstore"
+	"cairn.dev/cairn/internal/surrogate"
 )
 
 // A benefactor's or surrogate's home holds its credentials (pki/node), its
@@ -119,7 +121,28 @@ type StandaloneOptions struct {
 	// states (its control socket, systemd-logind's inhibitor).
 	DrainTimeout time.Duration
 	SleepBus     string
+	// Staging configures a surrogate's staging service (doc/surrogate.md),
+	// served on the same listener under /surrogate/v1/. Ignored on a
+	// benefactor.
+	Staging StagingOptions
 }
+
+// StagingOptions configure a surrogate's staging service.
+type StagingOptions struct {
+	// Offer is the space offered to all clients together; 0: half the
+	// free space of the home's file system when the node starts.
+	Offer int64
+	// Quota is the most one client is granted (0: a quarter of Offer).
+	Quota int64
+	// Lease is a client's registration lease (0: 1 h).
+	Lease time.Duration
+}
+
+// StagingDir is where a surrogate keeps its clients' staged chunks: soft
+// state, deleted whenever the node starts.
+func StagingDir(home string) string { return filepath.Join(home, stagingDir) }
+
+const stagingDir = "staged"
 
 // ServeStandalone runs the node of a benefactor's or surrogate's home until
 // ctx ends. It serves the home's store (made on first run) to the realm's
@@ -205,7 +228,23 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 	if err != nil {
 		return err
 	}
-	chunkGate := &gate{h: srv.Handler}
+	var handler http.Handler = srv.Handler
+	if creds.Identity.Role == pki.Surrogate {
+		sur, serr := newStaging(home, creds.Identity.Realm, rev, o.Staging, log)
+		if serr != nil {
+			return serr
+		}
+		defer sur.Close()
+		chunks := handler
+		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(r.URL.Path, surrogate.PathPrefix) {
+				sur.ServeHTTP(w, r)
+				return
+			}
+			chunks.ServeHTTP(w, r)
+		})
+	}
+	chunkGate := &gate{h: handler}
 	srv.Handler = chunkGate
 	hb, err := newHeartbeat(home, creds, rev, state, configured, o.Lease, log)
 	if err != nil {
@@ -366,6 +405,33 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 			}
 		}
 	}
+}
+
+// newStaging starts a surrogate's staging service over the home's staging
+// directory (wiped: soft state).
+func newStaging(home, realmID string, rev pki.Revocations, o StagingOptions, log *slog.Logger) (*surrogate.Server, error) {
+	dir := StagingDir(home)
+	if o.Offer < 0 || o.Quota < 0 || o.Lease < 0 {
+		return nil, cairn.E("node serve", cairn.Invalid, dir, fmt.Errorf("offer %d, quota %d, lease %v: none may be negative", o.Offer, o.Quota, o.Lease))
+	}
+	if o.Offer == 0 {
+		// Measured before the wipe counts what a former run left as free.
+		_ = os.RemoveAll(dir)
+		var fs unix.Statfs_t
+		if err := unix.Statfs(home, &fs); err != nil {
+			return nil, cairn.E("node serve", cairn.IO, home, err)
+		}
+		o.Offer = int64(fs.Bavail) * fs.Bsize / 2
+		if o.Offer <= 0 {
+			return nil, cairn.E("node serve", cairn.Unavailable, home, errors.New("no free space to offer"))
+		}
+	}
+	srv, err := surrogate.NewServer(surrogate.Config{Dir: dir, Offer: o.Offer, Quota: o.Quota, Lease: o.Lease, Realm: realmID, Revocations: rev, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("surrogate staging service", "dir", dir, "offer", o.Offer, "lease", o.Lease)
+	return srv, nil
 }
 
 func removed(name string, err error) error {
