@@ -83,6 +83,19 @@ func (e env) CacheStore(ctx context.Context) (cairn.Store, error) {
 		NoSync: true, TrustIDs: true, PackSize: 16 << 20, Logger: e.r.log})
 }
 
+// pinDir is the pin store's directory in the home (pin.go).
+const pinDir = "pinned"
+
+// PinStore opens the store pinned data is kept in (director.PinStorer): a
+// localstore in home/pinned, never evicted; Unhoard empties it of what is
+// no longer pinned. Unlike the chunk cache it syncs what it writes: it
+// is what a device away from the network has, and a crash there could
+// not be made good by fetching again.
+func (e env) PinStore(ctx context.Context) (cairn.Store, error) {
+	return localstore.Open(ctx, filepath.Join(e.r.Home, pinDir), localstore.Options{
+		TrustIDs: true, PackSize: 16 << 20, Logger: e.r.log})
+}
+
 // CacheStats reports what the chunk cache did in this process (zero if it
 // was never opened).
 func (r *Realm) CacheStats() cachestore.Stats {
