@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -40,7 +41,7 @@ if the volume is never mounted here. Pins are this device's own: they are
 recorded in $CAIRN_HOME/pins.json and survive restarts.
 
 --priority N orders the fetching: higher first (default 0). Pinning a path
-already pinned changes its priority. --wait fetches now, in the
+already pinned changes its priority when --priority is given. --wait fetches now, in the
 foreground, with a progress bar on a terminal, and fails (exit 6) if some
 data could not be fetched. Pinned data is never evicted from this device;
 'cairn unpin' hands it back to the chunk cache.`,
@@ -54,7 +55,11 @@ data could not be fetched. Pinned data is never evicted from this device;
 			if err != nil {
 				return err
 			}
-			pin, updated, err := r.Pin(ctx, p, prio)
+			var setPrio *int
+			if cmd.Flags().Changed("priority") {
+				setPrio = &prio
+			}
+			pin, updated, err := r.Pin(ctx, p, setPrio)
 			if err != nil {
 				return err
 			}
@@ -163,5 +168,30 @@ offline.`,
 			fmt.Fprintf(e.stdout, "unpinned %s\n", p)
 			return nil
 		},
+	}
+}
+
+// keepPins runs this device's pin keeper (realm.KeepPins) until ctx ends,
+// on a realm handle of its own: the node's background work opens volumes
+// through the node's handle, whose volume map and keyring are not made for
+// use from two goroutines. The function returned stops the keeper, waits
+// for it and closes its handle.
+func (e *env) keepPins(ctx context.Context) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	r, err := realm.Open(ctx, e.home, e.options())
+	if err != nil {
+		cancel()
+		e.log.Warn("pins: not kept: the realm did not open", "err", err)
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.KeepPins(ctx, 0)
+	}()
+	return func() {
+		cancel()
+		<-done
+		r.Close()
 	}
 }

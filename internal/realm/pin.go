@@ -137,10 +137,11 @@ func editPins(home string, edit func([]Pin) ([]Pin, error)) error {
 	return nil
 }
 
-// Pin pins the subtree at p (a directory or a file) with priority prio,
-// or changes the priority of a pin already there (updated true). It needs
-// the metadata service: the path must exist.
-func (r *Realm) Pin(ctx context.Context, p vpath.Path, prio int) (pin Pin, updated bool, err error) {
+// Pin pins the subtree at p (a directory or a file) with priority *prio
+// (nil: 0, or for a pin already there, its priority unchanged); a pin
+// already there is updated (updated true). It needs the metadata service:
+// the path must exist.
+func (r *Realm) Pin(ctx context.Context, p vpath.Path, prio *int) (pin Pin, updated bool, err error) {
 	mv, err := r.Meta.Open(ctx, p.Volume)
 	if err != nil {
 		return Pin{}, false, err
@@ -148,12 +149,18 @@ func (r *Realm) Pin(ctx context.Context, p vpath.Path, prio int) (pin Pin, updat
 	if _, err := mv.Lookup(ctx, p.Parts); err != nil {
 		return Pin{}, false, err
 	}
-	pin = Pin{Path: p.String(), VolumeID: mv.V.ID, Priority: prio, Added: time.Now().UnixNano()}
+	pin = Pin{Path: p.String(), VolumeID: mv.V.ID, Added: time.Now().UnixNano()}
+	if prio != nil {
+		pin.Priority = *prio
+	}
 	err = editPins(r.Home, func(ps []Pin) ([]Pin, error) {
 		for i := range ps {
 			if ps[i].Path == pin.Path {
 				updated = true
-				ps[i].Priority, ps[i].VolumeID = prio, mv.V.ID
+				ps[i].VolumeID = mv.V.ID
+				if prio != nil {
+					ps[i].Priority = *prio
+				}
 				pin = ps[i]
 				return ps, nil
 			}
@@ -509,6 +516,9 @@ func (r *Realm) pinState(ctx context.Context, st *PinState, vols map[string]*fs.
 // cannot, such as data that was unreachable at the last pass).
 const DefaultPinEvery = time.Minute
 
+// pinRetry is how soon a pass that did not finish is tried again.
+const pinRetry = 5 * time.Second
+
 // pinDebounce gathers the changes of a burst into one pass.
 const pinDebounce = 300 * time.Millisecond
 
@@ -516,7 +526,7 @@ const pinDebounce = 300 * time.Millisecond
 // the start, soon after a pinned volume changes (a watch on each), when
 // the pins file changes (cairn pin, cairn unpin), and every every (0:
 // DefaultPinEvery). A pass that fails (offline: the service or the data's
-// node cannot be reached) is logged and tried again at the next occasion.
+// node cannot be reached) is logged and tried again within pinRetry.
 // The device's node runs it (cairn node serve): it is the process a device
 // keeps running whether or not a volume is mounted, and one keeper per
 // device means one fetch of each object.
@@ -563,6 +573,9 @@ func (r *Realm) KeepPins(ctx context.Context, every time.Duration) {
 			}
 			if msg != "" && msg != lastErr {
 				r.log.Warn("pins: pass incomplete; will try again", "err", msg)
+			}
+			if msg != "" {
+				due = time.Now().Add(min(every, pinRetry))
 			}
 			lastErr = msg
 			if pass.Fetched > 0 || pass.Released > 0 {
