@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -121,6 +122,25 @@ func TestPinOffline(t *testing.T) {
 	}
 	if ls = b.pinLs(); len(ls) != 1 || !ls[0].Complete || ls[0].Files != 4 {
 		t.Fatalf("pin ls offline: %+v", ls)
+	}
+	// The long form (CAIRN_TEST_PIN_MOUNT=1) reads them through a mount
+	// too, started offline on a volume never mounted here.
+	if os.Getenv("CAIRN_TEST_PIN_MOUNT") != "" {
+		skipWithoutFUSE(t)
+		mnt := t.TempDir()
+		_, exited, out := b.foregroundWith(mnt, nil, "--mode", "blocking")
+		for name, want := range files {
+			if got, err := os.ReadFile(filepath.Join(mnt, "s", name)); err != nil || string(got) != string(want) {
+				t.Fatalf("mount offline: read of pinned %s: %v", name, err)
+			}
+		}
+		t1 := time.Now()
+		if _, err := os.ReadFile(filepath.Join(mnt, "u", "other")); !errors.Is(err, syscall.EIO) || time.Since(t1) > 2*time.Second {
+			t.Fatalf("mount offline: read of an unpinned file: %v after %v", err, time.Since(t1))
+		}
+		b.ok("umount", mnt)
+		waitExit(t, exited, out)
+		t.Logf("every pinned file read through a mount started offline")
 	}
 	syscall.Kill(pid, syscall.SIGCONT)
 
