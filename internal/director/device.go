@@ -76,7 +76,7 @@ func (d *deviceStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 		return data, err
 	}
 	// Pinned data (hoard.go): on this device for good, offline too.
-	if ps, perr := d.d.pinStore(ctx); perr == nil && ps != nil {
+	if ps, perr := d.d.pinStore(ctx, false); perr == nil && ps != nil {
 		if data, err := ps.Get(ctx, id); err == nil {
 			return data, nil
 		}

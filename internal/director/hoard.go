@@ -22,17 +22,20 @@ import (
 // as anything read.
 
 // PinStorer is an optional ability of an Env: the store pinned data is
-// kept in. The director opens it on first need and closes it.
+// kept in. With create false it returns nil and no error when there is
+// none yet (nothing was ever pinned on this device: reads do not make
+// one). The director keeps what it opened and closes it.
 type PinStorer interface {
-	PinStore(ctx context.Context) (cairn.Store, error)
+	PinStore(ctx context.Context, create bool) (cairn.Store, error)
 }
 
 // errNoPinStore: the Env has no pin store (a benefactor, a test Env).
 var errNoPinStore = errors.New("this device keeps no pinned data")
 
 // pinStore opens the pin store on first need; nil with no error when the
-// Env has none.
-func (d *Director) pinStore(ctx context.Context) (cairn.Store, error) {
+// Env has none, or (create false) has none yet: asked again next time, as
+// another process (the node's pin keeper) may make it meanwhile.
+func (d *Director) pinStore(ctx context.Context, create bool) (cairn.Store, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -45,8 +48,8 @@ func (d *Director) pinStore(ctx context.Context) (cairn.Store, error) {
 	if !ok {
 		return nil, nil
 	}
-	st, err := ps.PinStore(ctx)
-	if err != nil {
+	st, err := ps.PinStore(ctx, create)
+	if err != nil || st == nil {
 		return nil, err
 	}
 	d.pins = st
@@ -77,7 +80,7 @@ func (d *Director) Here(ctx context.Context, ids []cairn.ID) ([]bool, error) {
 		return nil, err
 	}
 	copy(here, in)
-	ps, err := d.pinStore(ctx)
+	ps, err := d.pinStore(ctx, false)
 	if err != nil || ps == nil {
 		return here, err
 	}
@@ -111,7 +114,7 @@ func (d *Director) GetHere(ctx context.Context, id cairn.ID) ([]byte, error) {
 	if data, err := local.Get(ctx, id); err == nil || !errors.Is(err, cairn.ErrNotFound) {
 		return data, err
 	}
-	if ps, err := d.pinStore(ctx); err != nil {
+	if ps, err := d.pinStore(ctx, false); err != nil {
 		return nil, err
 	} else if ps != nil {
 		if data, err := ps.Get(ctx, id); err == nil || !errors.Is(err, cairn.ErrNotFound) {
@@ -140,7 +143,7 @@ func (d *Director) GetHere(ctx context.Context, id cairn.ID) ([]byte, error) {
 // and fails (director.ErrNotHere) for the rest.
 func (d *Director) Hoard(ctx context.Context, ids []cairn.ID) (HoardStats, error) {
 	var st HoardStats
-	ps, err := d.pinStore(ctx)
+	ps, err := d.pinStore(ctx, true)
 	if err != nil {
 		return st, err
 	}
@@ -189,7 +192,7 @@ func (d *Director) Hoard(ctx context.Context, ids []cairn.ID) (HoardStats, error
 // from the pin store; it returns how many and their bytes. A pin store
 // that can compact is compacted once something was deleted.
 func (d *Director) Unhoard(ctx context.Context, keep func(cairn.ID) bool) (n int, bytes int64, err error) {
-	ps, err := d.pinStore(ctx)
+	ps, err := d.pinStore(ctx, false)
 	if err != nil || ps == nil {
 		return 0, 0, err
 	}

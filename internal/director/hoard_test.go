@@ -20,7 +20,7 @@ type pinEnv struct {
 	pins cairn.Store
 }
 
-func (e *pinEnv) PinStore(context.Context) (cairn.Store, error) { return noClose{e.pins}, nil }
+func (e *pinEnv) PinStore(context.Context, bool) (cairn.Store, error) { return noClose{e.pins}, nil }
 
 // Pinned data (Hoard) is read from this device, offline too, however
 // much else the chunk cache takes in and evicts meanwhile; Hoard is

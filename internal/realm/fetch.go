@@ -3,6 +3,7 @@ package realm
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -91,8 +92,14 @@ const pinDir = "pinned"
 // no longer pinned. Unlike the chunk cache it syncs what it writes: it
 // is what a device away from the network has, and a crash there could
 // not be made good by fetching again.
-func (e env) PinStore(ctx context.Context) (cairn.Store, error) {
-	return localstore.Open(ctx, filepath.Join(e.r.Home, pinDir), localstore.Options{
+func (e env) PinStore(ctx context.Context, create bool) (cairn.Store, error) {
+	dir := filepath.Join(e.r.Home, pinDir)
+	if !create {
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+	}
+	return localstore.Open(ctx, dir, localstore.Options{
 		TrustIDs: true, PackSize: 16 << 20, Logger: e.r.log})
 }
 
