@@ -318,11 +318,21 @@ func (r *Realm) syncPins(ctx context.Context, memo *pinMemo, progress func(PinPr
 		pass.Files += len(fl)
 	}
 	want := map[cairn.ID]bool{}
+	current := map[cairn.ID]bool{} // manifests of this pass: the memo keeps only those
+	defer func() {
+		for m := range memo.objs {
+			if !current[m] {
+				delete(memo.objs, m)
+			}
+		}
+	}()
 	prog := PinProgress{Files: pass.Files}
 	for i, fl := range files {
 		vs := volOf[i]
 		for _, f := range fl {
 			fctx := store.WithSources(ctx, f.ver.Stores)
+			current[f.ver.Manifest] = true
+			err = nil
 			objs, ok := memo.objs[f.ver.Manifest]
 			if !ok {
 				objs, err = vs.v.Objects(fctx, f.ver, nil)
