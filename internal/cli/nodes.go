@@ -282,6 +282,7 @@ Prometheus metrics on http://ADDR/metrics (doc/metrics.md).`,
 				return err
 			}
 			go e.drainWhileServing(cmd.Context())
+			defer e.keepPins(cmd.Context())() // this device's pins (doc/offline.md, "Pins")
 			err = r.Serve(cmd.Context(), realm.ServeOptions{Listen: listen, Advertise: advertise, Lease: lease, GatewayListen: gatewayListen, NoGateway: noGateway,
 				DrainTimeout: drain, SleepBus: sleepBus, AlwaysOn: alwaysOn, Maint: realm.MaintOptions{Every: maintEvery}, ReclaimEvery: reclaimEvery, Ready: func(addr string, join bool) {
 					extra := ""

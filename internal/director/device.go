@@ -75,6 +75,12 @@ func (d *deviceStore) Get(ctx context.Context, id cairn.ID) ([]byte, error) {
 	if err == nil || !errors.Is(err, cairn.ErrNotFound) {
 		return data, err
 	}
+	// Pinned data (hoard.go): on this device for good, offline too.
+	if ps, perr := d.d.pinStore(ctx, false); perr == nil && ps != nil {
+		if data, err := ps.Get(ctx, id); err == nil {
+			return data, nil
+		}
+	}
 	c, cerr := d.d.chunkCache(ctx)
 	if cerr != nil {
 		return nil, cerr

@@ -194,6 +194,7 @@ type Director struct {
 	cacheStore cairn.Store
 	cache      *cachestore.Store
 	router     *router
+	pins       cairn.Store // the pin store (hoard.go), nil until first need
 
 	// The policy wrappers have their own lock: a wrapper being made does
 	// not hold up reads through the chunk cache.
@@ -256,6 +257,9 @@ func (d *Director) Close() error {
 	}
 	if d.target != nil && d.ownsTarget {
 		d.target.Close()
+	}
+	if d.pins != nil {
+		d.pins.Close()
 	}
 	if d.offDone != nil {
 		d.offDone()

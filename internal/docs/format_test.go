@@ -58,6 +58,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"journal (work accepted locally, finished later)": fmt.Sprint(journal.Version),
 		"mount status socket":                             fmt.Sprint(mount.StatusVersion),
 		"local copy of a volume's namespace":              fmt.Sprint(meta.LocalCopyVersion),
+		"pins (subtrees kept on this device)":             fmt.Sprint(realm.PinsVersion),
 		"keyring":                                         fmt.Sprint(keyring.FormatVersion),
 		"realm config":                                    one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
 		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),

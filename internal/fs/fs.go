@@ -691,3 +691,47 @@ func (v *Volume) offload(c meta.Commit) meta.Commit {
 	c.Offload = v.offloadTo
 	return c
 }
+
+// Object is one stored object a file version's data needs: its manifest
+// or one of its chunks (Size: the chunk's plaintext bytes in the file; 0
+// for the manifest and for a delta chunk's base, which only helps decode).
+type Object struct {
+	ID   cairn.ID
+	Size int64
+}
+
+// Objects lists what version ver's data needs, the manifest first, then
+// each chunk in file order (and the base of a delta chunk), without
+// duplicates. get reads the manifest (nil: through the volume's store,
+// which may fetch it from the nodes the version names).
+func (v *Volume) Objects(ctx context.Context, ver *meta.Version, get func(context.Context, cairn.ID) ([]byte, error)) ([]Object, error) {
+	var m *manifest.Manifest
+	var err error
+	if get == nil {
+		m, err = v.Manifest(ctx, ver)
+	} else {
+		var stored []byte
+		if stored, err = get(ctx, ver.Manifest); err == nil {
+			m, err = v.openManifest(stored, ver.Manifest)
+		}
+		if err != nil {
+			err = fmt.Errorf("manifest of version %d: %w", ver.N, err)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := []Object{{ID: ver.Manifest}}
+	seen := map[cairn.ID]bool{ver.Manifest: true}
+	for _, r := range m.Chunks {
+		size := int64(r.Size)
+		for ref := &r; ref != nil; ref = ref.Base {
+			if !seen[ref.ID] {
+				seen[ref.ID] = true
+				out = append(out, Object{ID: ref.ID, Size: size})
+			}
+			size = 0
+		}
+	}
+	return out, nil
+}

@@ -3,6 +3,7 @@ package realm
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -81,6 +82,25 @@ func (e env) CacheStore(ctx context.Context) (cairn.Store, error) {
 		// A cache needs no durability, and smaller packs let eviction
 		// give space back sooner.
 		NoSync: true, TrustIDs: true, PackSize: 16 << 20, Logger: e.r.log})
+}
+
+// pinDir is the pin store's directory in the home (pin.go).
+const pinDir = "pinned"
+
+// PinStore opens the store pinned data is kept in (director.PinStorer): a
+// localstore in home/pinned, never evicted; Unhoard empties it of what is
+// no longer pinned. Unlike the chunk cache it syncs what it writes: it
+// is what a device away from the network has, and a crash there could
+// not be made good by fetching again.
+func (e env) PinStore(ctx context.Context, create bool) (cairn.Store, error) {
+	dir := filepath.Join(e.r.Home, pinDir)
+	if !create {
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+	}
+	return localstore.Open(ctx, dir, localstore.Options{
+		TrustIDs: true, PackSize: 16 << 20, Logger: e.r.log})
 }
 
 // CacheStats reports what the chunk cache did in this process (zero if it

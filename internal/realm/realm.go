@@ -483,6 +483,17 @@ func (r *Realm) Volume(ctx context.Context, name string) (*fs.Volume, error) {
 	if v, ok := r.vols[name]; ok {
 		return v, nil
 	}
+	v, err := r.openVolume(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	r.vols[name] = v
+	return v, nil
+}
+
+// openVolume opens a volume by name, not kept in r.vols: the caller
+// closes it (the pin keeper, which runs beside the node's other work).
+func (r *Realm) openVolume(ctx context.Context, name string) (*fs.Volume, error) {
 	mv, err := r.Meta.Open(ctx, name)
 	if err != nil {
 		return nil, err
@@ -495,12 +506,7 @@ func (r *Realm) Volume(ctx context.Context, name string) (*fs.Volume, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, err := fs.OpenFor(r.Meta, mv, master, w, fs.Options{Workers: r.opts.Workers, Readahead: readahead, ReadaheadFor: r.readaheadFor, Epochs: epochs, Logger: r.log})
-	if err != nil {
-		return nil, err
-	}
-	r.vols[name] = v
-	return v, nil
+	return fs.OpenFor(r.Meta, mv, master, w, fs.Options{Workers: r.opts.Workers, Readahead: readahead, ReadaheadFor: r.readaheadFor, Epochs: epochs, Logger: r.log})
 }
 
 // AllVolumes opens every volume of the realm.
