@@ -146,3 +146,9 @@ func (r *Realm) selfName(ctx context.Context) (string, error) {
 	}
 	return r.name, nil
 }
+
+// Reserve reserves donated space (director.Donations, for stripe
+// policies).
+func (e env) Reserve(ctx context.Context, req meta.ReserveRequest) (*meta.Reservation, error) {
+	return e.r.Meta.Reserve(ctx, req)
+}
