@@ -66,14 +66,19 @@ func stripeStrategy(ctx context.Context, d *Director, pol meta.Policy) (Strategy
 	if !ok {
 		return nil, cairn.E("open policy", cairn.Invalid, key, errors.New("this realm cannot reserve donated space"))
 	}
-	inc := d.stripeReserve()
+	inc, whole := d.stripeReserve(), false
+	if size := datasetSize(ctx); size > 0 {
+		// The whole dataset, with room for the morsels' trailers, the
+		// chunks' headers and the manifests: all or nothing.
+		inc, whole = size+size/32+MorselSize, true
+	}
 	var set []string // the plan's benefactors, most free first
 	res, err := don.Reserve(ctx, meta.ReserveRequest{Holder: d.self(ctx), TTL: stripeLease, Plan: func(donors []meta.Donor) (map[string]int64, error) {
 		// As much of an increment as the top W can take, halved down to
-		// a morsel per benefactor.
+		// a morsel per benefactor; a whole dataset or nothing.
 		for n := inc; ; n /= 2 {
 			plan, err := GreedyPlan(donors, pol.W, n, MorselSize)
-			if err == nil || n <= MorselSize {
+			if err == nil || n <= MorselSize || whole {
 				set = set[:0]
 				for _, dn := range donors {
 					if plan[dn.Name] > 0 {
@@ -100,6 +105,21 @@ func stripeStrategy(ctx context.Context, d *Director, pol meta.Policy) (Strategy
 	}
 	d.stripeSets[key] = rec.String()
 	return ps, nil
+}
+
+type datasetSizeKey struct{}
+
+// WithDatasetSize tells a write under a stripe policy made with ctx the
+// size of the dataset about to be written (put knows it): the first
+// ForWrite under the policy then reserves it whole, all or nothing,
+// before anything is written (FreeLoader §4.1.1), instead of increments.
+func WithDatasetSize(ctx context.Context, n int64) context.Context {
+	return context.WithValue(ctx, datasetSizeKey{}, n)
+}
+
+func datasetSize(ctx context.Context) int64 {
+	n, _ := ctx.Value(datasetSizeKey{}).(int64)
+	return n
 }
 
 func (d *Director) stripeReserve() int64 {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
+	"fmt"
 	"io"
 	iofs "io/fs"
 	"os"
@@ -110,7 +112,97 @@ func TestStripeGreedy(t *testing.T) {
 		}
 	}
 	t.Logf("bytes held per benefactor: %v; reservations %d", held, len(recs))
-	if held["b1"] < mib || held["b2"] < mib || held["b3"] > 4096 {
+	if held["b1"] < mib/4 || held["b2"] < mib/4 || held["b1"]+held["b2"] < int64(len(data)) || held["b3"] > 4096 {
 		t.Fatalf("bytes held: %v", held)
+	}
+}
+
+// Two devices importing at once, under a stripe policy, datasets each
+// more than half of the donated pool: the reservations, made before
+// anything is written, let exactly one import through; the other fails
+// with ErrNoRoom having written nothing, and no benefactor is promised or
+// holds more than its donation.
+func TestStripeReservationRace(t *testing.T) {
+	ctx := context.Background()
+	a, b, _ := twoDevices(t, Options{})
+	const mib = 1 << 20
+	donations := map[string]int64{"b1": 6 * mib, "b2": 5 * mib}
+	homes := map[string]string{}
+	for n, d := range donations {
+		homes[n] = joinAs(t, a, pki.Benefactor, n)
+		serveStandalone(t, homes[n], StandaloneOptions{Donation: d})
+	}
+	for n := range homes {
+		waitNode(t, a.Meta, n, meta.NodeOnline, 30*time.Second)
+	}
+	const pol = "stripe:2"
+	if _, err := a.SetPolicy(ctx, DefaultVolume, "/", pol); err != nil {
+		t.Fatal(err)
+	}
+	const size = 6 * mib
+	type result struct {
+		name    string
+		err     error
+		writing bool // the error came from the write, after the reservation
+	}
+	results := make(chan result, 2)
+	start := make(chan struct{})
+	for i, r := range []*Realm{a, b} {
+		go func() {
+			<-start
+			name := fmt.Sprintf("f%d", i)
+			v, err := r.PolicyVolume(WithDatasetSize(ctx, size), DefaultVolume, pol)
+			writing := err == nil
+			if err == nil {
+				data := make([]byte, size)
+				rand.Read(data)
+				root, _ := v.Meta.Root(ctx)
+				_, _, err = v.WriteFile(ctx, root, name, func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }, fs.Attrs{Mode: 0o644})
+			}
+			results <- result{name, err, writing}
+		}()
+	}
+	close(start)
+	var won []string
+	for range 2 {
+		r := <-results
+		if r.err == nil {
+			won = append(won, r.name)
+			continue
+		}
+		if !errors.Is(r.err, meta.ErrNoRoom) || r.writing {
+			t.Fatalf("the losing import (failed writing: %v): %v", r.writing, r.err)
+		}
+	}
+	if len(won) != 1 {
+		t.Fatalf("%d of 2 imports of 6 MiB into 11 MiB donated succeeded", len(won))
+	}
+	recs, err := a.Meta.Reservations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	per := map[string]int64{}
+	for _, r := range recs {
+		per[r.Node] += r.Bytes
+	}
+	for n, d := range donations {
+		if per[n] > d {
+			t.Errorf("%d bytes reserved on %s, which donates %d", per[n], n, d)
+		}
+		var used int64
+		filepath.WalkDir(filepath.Join(homes[n], "store"), func(p string, de iofs.DirEntry, err error) error {
+			if err == nil && !de.IsDir() {
+				if info, ierr := de.Info(); ierr == nil {
+					used += info.Size()
+				}
+			}
+			return nil
+		})
+		if used > d {
+			t.Errorf("%s holds %d bytes, donates %d", n, used, d)
+		}
+	}
+	if got, _, err := readFile(b, won[0]); err != nil || len(got) != size {
+		t.Fatalf("the winner's file read on b: %d bytes, %v", len(got), err)
 	}
 }
