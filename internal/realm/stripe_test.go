@@ -88,6 +88,27 @@ func TestStripeGreedy(t *testing.T) {
 		t.Fatalf("the version records %v", stores)
 	}
 
+	// gc sweeps the morsels' benefactors through the stripe wrapper
+	// (chunk IDs), never raw (where it would see morsel IDs no version
+	// names, and delete them); the file reads back after it.
+	rep, _, err := r2.GC(ctx, GCOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var viaStripe bool
+	for _, s := range rep.Stores {
+		if s.Name == "b1" || s.Name == "b2" {
+			t.Fatalf("gc swept %s raw: %+v", s.Name, rep.Stores)
+		}
+		viaStripe = viaStripe || s.Name == "stripe:2,greedy@b2,b1"
+	}
+	if !viaStripe {
+		t.Fatalf("gc did not sweep the stripe set: %+v", rep.Stores)
+	}
+	if got, _, err := readFile(r2, "f"); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back after gc: %d bytes, %v", len(got), err)
+	}
+
 	// Each of b2 and b1 holds morsels, b3 nothing; none holds the marker.
 	held := map[string]int64{}
 	for n, home := range homes {
