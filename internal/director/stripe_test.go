@@ -2,6 +2,7 @@ package director
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -44,5 +45,29 @@ func TestGreedyPlan(t *testing.T) {
 	}
 	if _, err := GreedyPlan(donors[3:], 2, m/4, m); !errors.Is(err, meta.ErrNoRoom) {
 		t.Fatalf("no donor with room for a morsel: %v", err)
+	}
+}
+
+// Morsels go round-robin over the stripe set, in its order, each to a
+// member whose reservation has room for it; a member whose reservation
+// is used up is passed over.
+func TestMorselRoundRobin(t *testing.T) {
+	d := New(newEnv(), Options{})
+	defer d.Close()
+	ms := &morselSet{d: d, left: map[string]int64{"b2": 3, "b1": 2}, at: map[cairn.ID]int{}}
+	for _, n := range []string{"b2", "b1"} {
+		ms.members = append(ms.members, &member{name: n, d: d})
+	}
+	var got []string
+	for range 6 {
+		i := ms.pick(1)
+		if i < 0 {
+			got = append(got, "-")
+			continue
+		}
+		got = append(got, ms.members[i].name)
+	}
+	if want := "b2 b1 b2 b1 b2 -"; strings.Join(got, " ") != want {
+		t.Fatalf("placement %q, want %q", strings.Join(got, " "), want)
 	}
 }

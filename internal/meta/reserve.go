@@ -99,8 +99,7 @@ type Reservation struct {
 func (s *Service) resvPrefix(node string) string { return s.key("resv", node) + "/" }
 
 // Donors returns the awake benefactors with what each can still take,
-// most free space first (then by name), read at one revision, and that
-// revision.
+// most free space first (then by name), read at one revision.
 func (s *Service) Donors(ctx context.Context) ([]Donor, error) {
 	d, _, _, err := s.donors(ctx)
 	return d, err
