@@ -87,6 +87,10 @@ func TestStripeGreedy(t *testing.T) {
 	if len(stores) != 1 || stores[0] != "stripe:2,greedy@b2,b1" {
 		t.Fatalf("the version records %v", stores)
 	}
+	// A read keeps W+1 morsels' worth of chunks ahead.
+	if n := r2.readaheadFor(stores); n != 3*64 {
+		t.Fatalf("readahead for a stripe set of 2: %d chunks", n)
+	}
 
 	// gc sweeps the morsels' benefactors through the stripe wrapper
 	// (chunk IDs), never raw (where it would see morsel IDs no version
