@@ -24,12 +24,17 @@ type Device struct {
 	Wake *meta.WakeInfo `json:"wake"`
 	// AlwaysOn: its owner marked it always-on (node serve --always-on,
 	// node set-always-on).
-	AlwaysOn   bool       `json:"always_on,omitempty"`
-	Addr       string     `json:"addr,omitempty"`
-	Capacity   int64      `json:"capacity"`
-	Free       int64      `json:"free"`
-	Used       int64      `json:"used"`
-	Rate       float64    `json:"rate"` // bytes per second
+	AlwaysOn bool    `json:"always_on,omitempty"`
+	Addr     string  `json:"addr,omitempty"`
+	Capacity int64   `json:"capacity"`
+	Free     int64   `json:"free"`
+	Used     int64   `json:"used"`
+	Rate     float64 `json:"rate"` // bytes per second
+	// Donated is a benefactor's donation (0: none reported); DonorFree
+	// what it can still take (its donation less its use, at most its
+	// disk's free space; without a donation, its disk's free space).
+	Donated    int64      `json:"donated,omitempty"`
+	DonorFree  int64      `json:"donor_free,omitempty"`
 	Served     int64      `json:"served"`
 	Registered time.Time  `json:"registered"`
 	LastSeen   *time.Time `json:"last_seen,omitempty"`

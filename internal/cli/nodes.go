@@ -27,7 +27,7 @@ func devicesOf(nodes []meta.NodeStatus) []deviceJSON {
 	out := make([]deviceJSON, 0, len(nodes))
 	for _, n := range nodes {
 		out = append(out, deviceJSON{Name: n.Name, Role: n.Role, State: n.State, Since: unixTime(n.Since), Wake: n.Wake, AlwaysOn: n.AlwaysOn, Addr: n.Addr, Capacity: n.Capacity, Free: n.Free, Used: n.Used,
-			Rate: n.Rate, Served: n.Served, Registered: time.Unix(0, n.Registered).UTC(), LastSeen: unixTime(n.LastSeen), Removed: unixTime(n.Removed)})
+			Rate: n.Rate, Donated: n.Donated, DonorFree: n.DonorFree(), Served: n.Served, Registered: time.Unix(0, n.Registered).UTC(), LastSeen: unixTime(n.LastSeen), Removed: unixTime(n.Removed)})
 	}
 	return out
 }
@@ -59,7 +59,10 @@ whether its owner marked it always-on ("device, always-on": see 'cairn node
 set-always-on'), how it can be woken (Wake-on-LAN: the MAC and broadcast address of the
 interface that carries its address, learned when it registers, and the
 proxy that sends the packet, if set; or "no wake method"), its address,
-the capacity and use of its store's disk, and when it last reported; then
+the capacity and use of its store's disk, a benefactor's donation
+('node serve --donate') and the space it can still take (FREE: its
+donation less its use, at most its disk's free space), its measured
+serving rate, and when it last reported; then
 where the realm's metadata lives (the devices whose etcd member serves it,
 their gateways, and each member's health: leader, follower, learner, not
 started).
@@ -95,7 +98,7 @@ copy of the namespace: doc/offline.md), and exits 6.`,
 				return e.printJSON(out)
 			}
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tROLE\tSTATE\tSINCE\tADDRESS\tCAPACITY\tUSED\tLAST SEEN\tWAKE")
+			fmt.Fprintln(tw, "NAME\tROLE\tSTATE\tSINCE\tADDRESS\tCAPACITY\tUSED\tDONATED\tFREE\tRATE\tLAST SEEN\tWAKE")
 			for _, d := range out {
 				seen, since := "never", "-"
 				if d.LastSeen != nil {
@@ -108,6 +111,16 @@ copy of the namespace: doc/offline.md), and exits 6.`,
 				if d.Capacity > 0 {
 					cap, used = apitypes.IBytes(d.Capacity), apitypes.IBytes(d.Used)
 				}
+				donated, free, rate := "-", "-", "-"
+				if d.Donated > 0 {
+					donated = apitypes.IBytes(d.Donated)
+				}
+				if d.Capacity > 0 || d.Donated > 0 {
+					free = apitypes.IBytes(d.DonorFree)
+				}
+				if d.Rate > 0 {
+					rate = apitypes.IBytes(int64(d.Rate)) + "/s"
+				}
 				addr := d.Addr
 				if addr == "" {
 					addr = "-"
@@ -116,7 +129,7 @@ copy of the namespace: doc/offline.md), and exits 6.`,
 				if d.AlwaysOn {
 					role += ", always-on"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, role, d.State, since, addr, cap, used, seen, wakeMethod(d.Wake))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, role, d.State, since, addr, cap, used, donated, free, rate, seen, wakeMethod(d.Wake))
 			}
 			if err := tw.Flush(); err != nil {
 				return err

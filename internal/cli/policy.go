@@ -29,6 +29,13 @@ versions goes, for a whole volume or a directory path:
   ec:K+M@STORE1,...,STOREn     Reed-Solomon: each object cut into K data and
                                M parity shards, shard i on STOREi (n = K+M);
                                any K stores give it back, storage is n/K
+  stripe:W[,greedy]            donated space: chunks packed into ~1 MiB
+                               morsels, spread round-robin over the W
+                               benefactors with the most free space (fewer
+                               when fewer have room); the space is reserved
+                               first ('put' reserves the whole dataset: all or
+                               nothing); versions record the benefactors used
+                               (stripe:W,greedy@B1,...); one copy only
 
 STOREs are stores added with 'cairn store add' or nodes of the realm. The
 policy in force for a file is the one set on the longest prefix of its path.

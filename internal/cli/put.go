@@ -24,6 +24,7 @@ import (
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
+	"cairn.dev/cairn/internal/realm"
 	"cairn.dev/cairn/internal/store"
 	"cairn.dev/cairn/internal/vpath"
 )
@@ -352,6 +353,23 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 		// at once; memory is bounded by the byte budget below instead.
 		workers = 32 * runtime.GOMAXPROCS(0)
 	}
+	// Count what there is, so the bar can show a total, and so that a
+	// stripe policy reserves the whole dataset on donated space before
+	// anything is written (doc/director.md, "Striping").
+	showBar := human && !e.quiet && isTerminal(e.stderr)
+	var totalFiles, totalBytes int64
+	for _, s := range srcs {
+		_ = filepath.WalkDir(s, func(path string, d iofs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				if info, err := d.Info(); err == nil {
+					totalFiles++
+					totalBytes += info.Size()
+				}
+			}
+			return nil
+		})
+	}
+	ctx = realm.WithDatasetSize(ctx, totalBytes)
 	var volFor func(string) *fs.Volume
 	var sp *spool
 	if background {
@@ -376,23 +394,6 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 		return nil, err
 	}
 	st.sum.WorkersUsed = workers
-	// Count what there is, so the bar can show a total (only for a bar).
-	showBar := human && !e.quiet && isTerminal(e.stderr)
-	var totalFiles, totalBytes int64
-	for _, s := range srcs {
-		if !showBar {
-			break
-		}
-		_ = filepath.WalkDir(s, func(path string, d iofs.DirEntry, err error) error {
-			if err == nil && d.Type().IsRegular() {
-				if info, err := d.Info(); err == nil {
-					totalFiles++
-					totalBytes += info.Size()
-				}
-			}
-			return nil
-		})
-	}
 	st.prog = newProgress(e.stderr, showBar, totalFiles, totalBytes)
 	defer st.prog.finish()
 

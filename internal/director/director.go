@@ -98,7 +98,11 @@ type Options struct {
 	// Decide says Offload (offload.go): a node or registered store, or
 	// "" or "auto" for the first awake one that fits.
 	OffloadTo string
-	Logger    *slog.Logger
+	// StripeReserve is how many bytes a write under a stripe policy
+	// reserves on donated space at a time (stripe.go); 0:
+	// DefaultStripeReserve.
+	StripeReserve int64
+	Logger        *slog.Logger
 }
 
 // Use says what a node that is not awake was wanted for.
@@ -201,6 +205,11 @@ type Director struct {
 	polMu     sync.Mutex
 	polClosed bool
 	pol       map[string]*PolicyStore // by canonical policy string
+
+	// The stripe node set chosen for each stripe policy written under
+	// (stripe.go): policy as set → policy with its set.
+	stripeMu   sync.Mutex
+	stripeSets map[string]string
 
 	// Wakes in progress, by node name (wake.go).
 	wmu      sync.Mutex

@@ -51,6 +51,10 @@ type PolicyStore struct {
 
 	pmu  sync.Mutex
 	prim primaryCache // a copies policy's primary, as last read (primary.go)
+
+	// morsels is a stripe policy's set of benefactors, under Store (a
+	// pack store of morsels): stripe.go.
+	morsels *morselSet
 }
 
 // policyInFlight bounds the Puts and Gets under way through one policy's
@@ -137,6 +141,17 @@ func (d *Director) Policy(ctx context.Context, s string) (*PolicyStore, error) {
 		return nil, errClosed
 	}
 	if ps := d.pol[key]; ps != nil {
+		return ps, nil
+	}
+	if pol.Kind == meta.PolicyStripe {
+		ps, err := d.newStripe(ctx, pol)
+		if err != nil {
+			return nil, err
+		}
+		if d.pol == nil {
+			d.pol = map[string]*PolicyStore{}
+		}
+		d.pol[key] = ps
 		return ps, nil
 	}
 	members := make([]storeset.Named, len(pol.Stores))

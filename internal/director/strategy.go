@@ -27,6 +27,8 @@ var strategies = map[string]func(ctx context.Context, d *Director, pol meta.Poli
 	},
 	meta.PolicyCopies: wrapperStrategy,
 	meta.PolicyEC:     wrapperStrategy,
+	// Striped over benefactors (FreeLoader §4.1.2): stripe.go.
+	meta.PolicyStripe: stripeStrategy,
 }
 
 func wrapperStrategy(ctx context.Context, d *Director, pol meta.Policy) (Strategy, error) {

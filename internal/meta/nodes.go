@@ -33,8 +33,9 @@ import (
 // method). A record of format 1 stays of format 1 when this cairn writes
 // its power fields: the format says how its removal revokes. 4 adds
 // AlwaysOn (absent in records of formats 1 to 3, which read as a node not
-// marked always-on).
-const NodeRecordFormat = 4
+// marked always-on). 5 adds Donated (absent in records of formats 1 to
+// 4, which read as a node that reported no donation).
+const NodeRecordFormat = 5
 
 // nodeFormatSerials is the first format whose records list the node's
 // certificate serials: a removal revokes those, not the name.
@@ -63,6 +64,11 @@ type NodeRecord struct {
 	// Served is the bytes it served since it started.
 	Rate   float64 `json:"rate,omitempty"`
 	Served int64   `json:"served,omitempty"`
+	// Donated is the space a benefactor offers (node serve --donate): it
+	// refuses writes past it. 0: no donation reported (a device, a
+	// surrogate, a benefactor serving without --donate, or a record of
+	// format 1 to 4). Format 5.
+	Donated int64 `json:"donated,omitempty"`
 	// Registered is when the node joined (or the realm was created, for
 	// the first device); LastSeen its last heartbeat report; Removed when
 	// its owner removed it (0: not removed). All unix ns.
@@ -122,6 +128,21 @@ func (rec *NodeRecord) keep(old *NodeRecord) {
 	if old.Wake != nil && (rec.Wake == nil || old.Wake.Set) {
 		rec.Wake = old.Wake
 	}
+}
+
+// DonorFree is the space a benefactor can still take: its donation less
+// what its store holds, and never more than its disk has free; without a
+// donation, its disk's free space. Reservations (reserve.go) are not
+// subtracted here.
+func (rec *NodeRecord) DonorFree() int64 {
+	free := rec.Free
+	if rec.Donated > 0 {
+		d := rec.Donated - rec.Used
+		if rec.Capacity == 0 || d < free {
+			free = d
+		}
+	}
+	return max(free, 0)
 }
 
 // Node states, as `cairn devices` shows them (doc/power.md).

@@ -29,17 +29,28 @@ const (
 	PolicyLocal  = "local"  // the writing device's store (the default)
 	PolicyCopies = "copies" // copies:N@s1,...,sn: N whole copies on N of the n stores
 	PolicyEC     = "ec"     // ec:K+M@s1,...,sN: Reed-Solomon, shard i on store i, N = K+M
+	PolicyStripe = "stripe" // stripe:W[,greedy][@b1,...]: morsels round-robin over W benefactors
 )
+
+// StripeGreedy is the greedy striping strategy (FreeLoader 4.1.2), the
+// only one so far.
+const StripeGreedy = "greedy"
 
 // MaxPolicyStores bounds the stores one policy names.
 const MaxPolicyStores = 255
 
 // Policy is a parsed placement policy.
 type Policy struct {
-	Kind   string   // PolicyLocal, PolicyCopies or PolicyEC
-	N      int      // copies: copies to keep
-	K, M   int      // ec: data and parity shards
-	Stores []string // copies and ec: member stores (registered stores or nodes), in order
+	Kind  string // PolicyLocal, PolicyCopies or PolicyEC
+	N     int    // copies: copies to keep
+	K, M  int    // ec: data and parity shards
+	W     int    // stripe: the stripe width
+	Strat string // stripe: the strategy (StripeGreedy)
+	// Stores: copies and ec: member stores (registered stores or nodes),
+	// in order. stripe: none in a policy a person sets; in the policy a
+	// version records, the benefactors its morsels went to (the stripe
+	// node set), in the order they were chosen.
+	Stores []string
 }
 
 // String is the policy's canonical form, the one versions record.
@@ -49,6 +60,12 @@ func (p Policy) String() string {
 		return fmt.Sprintf("copies:%d@%s", p.N, strings.Join(p.Stores, ","))
 	case PolicyEC:
 		return fmt.Sprintf("ec:%d+%d@%s", p.K, p.M, strings.Join(p.Stores, ","))
+	case PolicyStripe:
+		s := fmt.Sprintf("stripe:%d,%s", p.W, p.Strat)
+		if len(p.Stores) > 0 {
+			s += "@" + strings.Join(p.Stores, ",")
+		}
+		return s
 	}
 	return PolicyLocal
 }
@@ -56,7 +73,7 @@ func (p Policy) String() string {
 // IsPolicyName reports whether a name in a version's stores list is a
 // copies or ec policy (store and node names hold no ':').
 func IsPolicyName(name string) bool {
-	return strings.HasPrefix(name, PolicyCopies+":") || strings.HasPrefix(name, PolicyEC+":")
+	return strings.HasPrefix(name, PolicyCopies+":") || strings.HasPrefix(name, PolicyEC+":") || strings.HasPrefix(name, PolicyStripe+":")
 }
 
 // ParsePolicy parses local, copies:N@a,b,... or ec:K+M@a,b,... and checks
@@ -71,8 +88,11 @@ func ParsePolicy(s string) (Policy, error) {
 		return Policy{Kind: PolicyLocal}, nil
 	}
 	kind, rest, ok := strings.Cut(s, ":")
-	if !ok || (kind != PolicyCopies && kind != PolicyEC) {
-		return bad("a policy is local, copies:N@STORE,STORE,... or ec:K+M@STORE,...,STORE (K+M stores)")
+	if !ok || (kind != PolicyCopies && kind != PolicyEC && kind != PolicyStripe) {
+		return bad("a policy is local, copies:N@STORE,STORE,..., ec:K+M@STORE,...,STORE (K+M stores) or stripe:W[,greedy]")
+	}
+	if kind == PolicyStripe {
+		return parseStripe(s, rest)
 	}
 	params, list, ok := strings.Cut(rest, "@")
 	if !ok || list == "" {
@@ -118,6 +138,43 @@ func ParsePolicy(s string) (Policy, error) {
 			return bad(fmt.Sprintf("ec:%d+%d needs exactly %d stores (shard i goes to store i), %d named", k, m, k+m, len(p.Stores)))
 		}
 		p.K, p.M = k, m
+	}
+	return p, nil
+}
+
+// parseStripe parses what follows "stripe:": W[,greedy][@b1,...,bn],
+// 1 <= W <= MaxPolicyStores; the benefactors (what a version records) are
+// valid node names, none twice.
+func parseStripe(s, rest string) (Policy, error) {
+	bad := func(why string) (Policy, error) {
+		return Policy{}, cairn.E("parse policy", cairn.Invalid, s, errors.New(why))
+	}
+	params, list, hasList := strings.Cut(rest, "@")
+	ws, strat, hasStrat := strings.Cut(params, ",")
+	w, err := strconv.Atoi(ws)
+	if err != nil || w < 1 || w > MaxPolicyStores || strconv.Itoa(w) != ws {
+		return bad("stripe:W wants a width W from 1 to 255 (stripe:W or stripe:W,greedy)")
+	}
+	if !hasStrat {
+		strat = StripeGreedy
+	}
+	if strat != StripeGreedy {
+		return bad(fmt.Sprintf("striping strategy %q: this cairn knows greedy only", strat))
+	}
+	p := Policy{Kind: PolicyStripe, W: w, Strat: strat}
+	if hasList {
+		p.Stores = strings.Split(list, ",")
+		if len(p.Stores) > MaxPolicyStores {
+			return bad(fmt.Sprintf("at most %d benefactors", MaxPolicyStores))
+		}
+		for i, name := range p.Stores {
+			if err := CheckStoreName(name); err != nil {
+				return bad(fmt.Sprintf("benefactor %q: a node name is 1 to 63 of a-z, 0-9, '.', '_', '-'", name))
+			}
+			if slices.Contains(p.Stores[:i], name) {
+				return bad(fmt.Sprintf("benefactor %q is named twice", name))
+			}
+		}
 	}
 	return p, nil
 }

@@ -17,6 +17,8 @@ func TestParsePolicy(t *testing.T) {
 		"copies:1@a,b,c":        {Kind: "copies", N: 1, Stores: []string{"a", "b", "c"}},
 		"ec:2+2@m1,m2,gcs,az":   {Kind: "ec", K: 2, M: 2, Stores: []string{"m1", "m2", "gcs", "az"}},
 		"ec:1+1@laptop,s3.eu-1": {Kind: "ec", K: 1, M: 1, Stores: []string{"laptop", "s3.eu-1"}},
+		"stripe:4,greedy":       {Kind: "stripe", W: 4, Strat: "greedy"},
+		"stripe:2,greedy@b2,b1": {Kind: "stripe", W: 2, Strat: "greedy", Stores: []string{"b2", "b1"}},
 	}
 	for s, want := range good {
 		p, err := meta.ParsePolicy(s)
@@ -24,7 +26,7 @@ func TestParsePolicy(t *testing.T) {
 			t.Errorf("ParsePolicy(%q): %v", s, err)
 			continue
 		}
-		if p.Kind != want.Kind || p.N != want.N || p.K != want.K || p.M != want.M || strings.Join(p.Stores, ",") != strings.Join(want.Stores, ",") {
+		if p.Kind != want.Kind || p.N != want.N || p.K != want.K || p.M != want.M || p.W != want.W || p.Strat != want.Strat || strings.Join(p.Stores, ",") != strings.Join(want.Stores, ",") {
 			t.Errorf("ParsePolicy(%q) = %+v, want %+v", s, p, want)
 		}
 		if p.String() != s {
@@ -38,7 +40,12 @@ func TestParsePolicy(t *testing.T) {
 	for i := range many {
 		many[i] = "s" + strings.Repeat("x", i%3) + string(rune('a'+i%26)) + strings.Repeat("0", i/26)
 	}
+	// stripe:W is stripe:W,greedy.
+	if p, err := meta.ParsePolicy("stripe:3"); err != nil || p.String() != "stripe:3,greedy" {
+		t.Errorf("stripe:3: %v %v", p, err)
+	}
 	for _, s := range []string{
+		"stripe:", "stripe:0", "stripe:256", "stripe:02", "stripe:2,fast", "stripe:2,greedy@", "stripe:2@b,b", "stripe:2@B",
 		"", "Local", "copies", "copies:2", "copies:2@", "copies:0@a", "copies:3@a,b", "copies:02@a,b", "copies:-1@a",
 		"copies:2@a,a", "copies:1@A", "copies:1@a,,b", "copies:1@local", "ec:2@a,b", "ec:2+0@a,b", "ec:0+2@a,b",
 		"ec:2+2@a,b,c", "ec:2+2@a,b,c,d,e", "ec:2+2@a,b,c,a", "ec:x+1@a,b", "mirror:2@a,b",

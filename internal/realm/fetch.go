@@ -166,3 +166,16 @@ func (r *Realm) selfName(ctx context.Context) (string, error) {
 	}
 	return r.name, nil
 }
+
+// Reserve reserves donated space (director.Donations, for stripe
+// policies).
+func (e env) Reserve(ctx context.Context, req meta.ReserveRequest) (*meta.Reservation, error) {
+	return e.r.Meta.Reserve(ctx, req)
+}
+
+// WithDatasetSize tells writes made with ctx under a stripe policy the
+// size of the dataset about to be written: it is reserved whole on
+// donated space before anything is written (director.WithDatasetSize).
+func WithDatasetSize(ctx context.Context, n int64) context.Context {
+	return director.WithDatasetSize(ctx, n)
+}

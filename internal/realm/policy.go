@@ -188,7 +188,8 @@ func (r *Realm) closePolicies() {
 }
 
 // PoliciesInUse returns the distinct copies and ec policies named by the
-// versions of every volume (trash included) and set on paths, sorted.
+// versions of every volume (trash included) and set on paths, and the
+// stripe sets versions name, sorted.
 func (r *Realm) PoliciesInUse(ctx context.Context) ([]string, error) {
 	seen := map[string]bool{}
 	list, err := r.Meta.Volumes(ctx)
@@ -218,7 +219,9 @@ func (r *Realm) PoliciesInUse(ctx context.Context) ([]string, error) {
 			return nil, err
 		}
 		for _, rec := range recs {
-			if meta.IsPolicyName(rec.Policy) {
+			// A stripe policy as set names no benefactors yet: it is no
+			// wrapper until written under (stripe:W,greedy@set).
+			if meta.IsPolicyName(rec.Policy) && !strings.HasPrefix(rec.Policy, meta.PolicyStripe+":") {
 				seen[rec.Policy] = true
 			}
 		}
@@ -276,6 +279,9 @@ func (r *Realm) Repair(ctx context.Context, storeName string, scrub bool, progre
 		}
 		if storeName != "" && !slices.Contains(pol.Stores, storeName) {
 			continue
+		}
+		if pol.Kind == meta.PolicyStripe {
+			continue // no redundancy to repair (a lost morsel is re-imported: issue 20, item 6)
 		}
 		ps, err := r.policyStore(ctx, s)
 		if err != nil {
@@ -556,7 +562,9 @@ func (r *Realm) policyGCStores(ctx context.Context, out []fs.NamedStore) ([]fs.N
 	var wrappers []fs.NamedStore
 	for _, s := range pols {
 		pol, err := meta.ParsePolicy(s)
-		if err != nil || pol.Kind != meta.PolicyEC {
+		// ec shards, and stripe morsels (packs of chunks), are swept
+		// through their wrappers, never raw from their members.
+		if err != nil || (pol.Kind != meta.PolicyEC && (pol.Kind != meta.PolicyStripe || len(pol.Stores) == 0)) {
 			continue
 		}
 		for _, m := range pol.Stores {

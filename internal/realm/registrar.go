@@ -74,7 +74,7 @@ func (g *registrar) Register(ctx context.Context, peer pki.NodeIdentity, rep wir
 	}
 	lease := time.Duration(rep.Lease)
 	rec := meta.NodeRecord{Name: peer.Name, Role: string(peer.Role), Addr: rep.Addr, Capacity: rep.Capacity, Free: rep.Free,
-		Used: rep.Used, Served: rep.Served, Rate: rep.Rate}
+		Used: rep.Used, Served: rep.Served, Rate: rep.Rate, Donated: rep.Donated}
 	var wake *meta.WakeInfo
 	if rep.MAC != "" {
 		wake = &meta.WakeInfo{MAC: rep.MAC, Broadcast: rep.Broadcast}

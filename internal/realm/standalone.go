@@ -253,7 +253,7 @@ func ServeStandalone(ctx context.Context, home string, o StandaloneOptions) erro
 	defer hb.close()
 
 	report := func() wire.Report {
-		rep := wire.Report{Addr: addr, Served: m.served.Load(), Rate: m.rate(time.Now()), Lease: int64(o.Lease)}
+		rep := wire.Report{Addr: addr, Served: m.served.Load(), Rate: m.rate(time.Now()), Lease: int64(o.Lease), Donated: o.Donation}
 		var fs unix.Statfs_t
 		if serr := unix.Statfs(storeDir, &fs); serr == nil {
 			rep.Capacity = int64(fs.Blocks) * fs.Bsize

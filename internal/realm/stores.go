@@ -21,6 +21,7 @@ import (
 
 	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/director"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/store"
@@ -320,10 +321,19 @@ func (r *Realm) openNamed(ctx context.Context, name string) (*namedStore, error)
 	return n, nil
 }
 
-// readaheadFor is fs.Options.ReadaheadFor: cloudReadahead when stores
-// names a cloud store this realm has opened (a whole-file read opens it
-// for the manifest, before the chunks), else 0 (the volume's readahead).
+// readaheadFor is fs.Options.ReadaheadFor: for a stripe set, W+1
+// morsels of chunks; cloudReadahead when stores names a cloud store this
+// realm has opened (a whole-file read opens it for the manifest, before
+// the chunks), else 0 (the volume's readahead).
 func (r *Realm) readaheadFor(stores []string) int {
+	for _, name := range stores {
+		// A stripe set: W+1 morsels' worth of chunks (16 KiB on average)
+		// ahead, so that a read keeps a morsel requested from each of
+		// the W benefactors while it consumes one (FreeLoader §4.3).
+		if pol, err := meta.ParsePolicy(name); err == nil && pol.Kind == meta.PolicyStripe {
+			return (len(pol.Stores) + 1) * director.MorselSize / (16 << 10)
+		}
+	}
 	r.remoteMu.Lock()
 	defer r.remoteMu.Unlock()
 	for _, name := range stores {

@@ -24,6 +24,11 @@ func TestWritesOffSurrogatesAndWithinDonations(t *testing.T) {
 	donor := serveStandalone(t, joinAs(t, a, pki.Benefactor, "donor"), StandaloneOptions{Donation: donation})
 	waitNode(t, a.Meta, "cafe", meta.NodeOnline, 30*time.Second)
 	waitNode(t, a.Meta, "donor", meta.NodeOnline, 30*time.Second)
+	// The benefactor reports its donation (record format 5), and what it
+	// can still take.
+	if st, err := a.Meta.Node(ctx, "donor"); err != nil || st.Donated != donation || st.DonorFree() > donation || st.DonorFree() <= 0 || st.Format != meta.NodeRecordFormat {
+		t.Fatalf("the benefactor's record: %+v, %v", st, err)
+	}
 
 	// The device.
 	if _, err := a.CheckPolicy(ctx, "copies:1@cafe"); !errors.Is(err, cairn.ErrPermission) || !strings.Contains(err.Error(), "surrogate") {

@@ -41,6 +41,9 @@ type Report struct {
 	// measured serving rate, bytes per second.
 	Served int64   `json:"served"`
 	Rate   float64 `json:"rate"`
+	// Donated is a benefactor's donation (node serve --donate): the most
+	// its store may hold; 0: none set. Optional, added within version 1.
+	Donated int64 `json:"donated,omitempty"`
 	// Lease is the node's heartbeat lease in ns: it reports every Lease/3,
 	// and shows offline when no report arrives within Lease.
 	Lease int64 `json:"lease"`
@@ -115,7 +118,7 @@ func (r Report) Check() error {
 	if err := CheckAddr(r.Addr); err != nil {
 		return err
 	}
-	if r.Capacity < 0 || r.Free < 0 || r.Used < 0 || r.Served < 0 {
+	if r.Capacity < 0 || r.Free < 0 || r.Used < 0 || r.Served < 0 || r.Donated < 0 {
 		return invalid("report", errors.New("negative figure"))
 	}
 	if math.IsNaN(r.Rate) || math.IsInf(r.Rate, 0) || r.Rate < 0 {

@@ -13,7 +13,7 @@ import (
 )
 
 func goodReport() Report {
-	return Report{Addr: "donor.lan:7461", Capacity: 1 << 40, Free: 1 << 39, Used: 12345, Served: 99, Rate: 1.5e6, Lease: int64(10 * time.Second)}
+	return Report{Addr: "donor.lan:7461", Capacity: 1 << 40, Free: 1 << 39, Used: 12345, Served: 99, Rate: 1.5e6, Donated: 1 << 30, Lease: int64(10 * time.Second)}
 }
 
 func TestReportRoundTrip(t *testing.T) {
@@ -36,6 +36,7 @@ func TestReportRoundTrip(t *testing.T) {
 		func(r *Report) { r.Addr = strings.Repeat("a", 300) + ":1" },
 		func(r *Report) { r.Capacity = -1 },
 		func(r *Report) { r.Used = -1 },
+		func(r *Report) { r.Donated = -1 },
 		func(r *Report) { r.Rate = math.Inf(1) },
 		func(r *Report) { r.Rate = -1 },
 		func(r *Report) { r.Lease = int64(time.Millisecond) },
