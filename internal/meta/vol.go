@@ -26,6 +26,10 @@ type Vol struct {
 	// local is the copy v answers from offline (offline.go).
 	locOnce sync.Once
 	local   *volLocal
+
+	// acl caches ACL decisions and the paths of inodes seen (acl.go).
+	aclOnce sync.Once
+	acl     *aclState
 }
 
 func inoHex(ino uint64) string { return fmt.Sprintf("%016x", ino) }
@@ -197,6 +201,19 @@ func (v *Vol) Root(ctx context.Context) (*Entry, error) { return v.Get(ctx, 0, "
 
 // Get returns the entry name in directory parent (parent 0: the root).
 func (v *Vol) Get(ctx context.Context, parent uint64, name string) (*Entry, error) {
+	e, err := v.get(ctx, parent, name)
+	if err != nil {
+		return nil, err
+	}
+	path := v.childPath(parent, name)
+	if err := v.authRead(ctx, "lookup", path); err != nil {
+		return nil, err
+	}
+	v.notePath(e, path)
+	return e, nil
+}
+
+func (v *Vol) get(ctx context.Context, parent uint64, name string) (*Entry, error) {
 	if lc := v.offlineCopy(nil); lc != nil {
 		return lc.Get(parent, name)
 	}
@@ -275,7 +292,8 @@ func (v *Vol) readDir(ctx context.Context, ino uint64, bad func(error)) ([]Entry
 	if lc := v.LocalCopy(); lc != nil {
 		lc.ListedDir(ino, out, at)
 	}
-	return out, at, nil
+	out, err = v.filterRead(ctx, ino, out)
+	return out, at, err
 }
 
 func (v *Vol) readDirEtcd(ctx context.Context, ino uint64, bad func(error)) ([]Entry, int64, error) {
@@ -343,6 +361,12 @@ func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (
 		clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(pk), ">", 0),
 	}
+	path := v.childPath(parent.Ino, e.Name)
+	acmps, err := v.authWrite(ctx, "create", path, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	cmps = append(cmps, acmps...)
 	tops, touched := v.touchOps(now, nil, parent)
 	ops := append([]clientv3.Op{clientv3.OpPut(k, string(b))}, tops...)
 	var lk string
@@ -375,6 +399,10 @@ func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (
 		if release != nil {
 			release()
 		}
+		if v.aclStale(ctx, acmps) {
+			// Decided on ACLs that changed since: decide again.
+			return v.create(ctx, parent, e, locked)
+		}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			old, derr := v.decode("create", kvs[0].Key, kvs[0].Value, kvs[0].ModRevision)
 			if derr != nil {
@@ -389,6 +417,7 @@ func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (
 		return nil, nil, cairn.E("create", cairn.NotFound, parent.Name, errors.New("parent directory was removed"))
 	}
 	e.Rev = resp.Header.Revision
+	v.notePath(&e, path)
 	touchedDirs(resp, 1, touched)
 	var l *Lock
 	if release != nil {
@@ -531,6 +560,11 @@ func (v *Vol) commitVersion(ctx context.Context, parent *Entry, name string, c C
 		}
 		k := v.entryKey(parent.Ino, name)
 		cmps = append(cmps, v.s.fenceCmps(c.Gen)...)
+		acmps, err := v.authWrite(ctx, "commit", v.childPath(parent.Ino, name), false)
+		if err != nil {
+			return nil, nil, err
+		}
+		cmps = append(cmps, acmps...)
 		b, _ := json.Marshal(next)
 		ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
 		var offloaded int64
@@ -691,6 +725,11 @@ func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
 	b, _ := json.Marshal(n)
 	k := v.keyOf(e)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev)}
+	acmps, err := v.authWrite(ctx, "update", v.childPath(e.Parent, e.Name), false)
+	if err != nil {
+		return nil, err
+	}
+	cmps = append(cmps, acmps...)
 	ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
 	if len(e.Links) > 1 {
 		// Attributes belong to the inode: every name's copy gets them.
@@ -738,13 +777,17 @@ func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string,
 		}
 	}
 	now := time.Now().UnixNano()
+	acmps, err := v.authWrite(ctx, "remove", v.childPath(parent.Ino, name), e.IsDir())
+	if err != nil {
+		return nil, err
+	}
 	if e.Nlink() > 1 {
-		return nil, v.unlink(ctx, parent, e, path, now)
+		return nil, v.unlink(ctx, parent, e, path, now, acmps)
 	}
 	item := TrashItem{ID: fmt.Sprintf("%016x-%s", now, randomID()[:8]), Path: path, Deleted: now, Entry: *e}
 	b, _ := json.Marshal(item)
 	k := v.keyOf(e)
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev)}
+	cmps := append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev)}, acmps...)
 	if e.IsDir() && !recursive {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(v.dirPrefix(e.Ino)), "=", 0).WithPrefix())
 	}
@@ -772,12 +815,13 @@ func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string,
 // the others are rewritten without it (with ctime now), in one
 // transaction; nothing goes to the trash, since the inode lives on under
 // its other names (the last name's removal trashes it as any file's).
-func (v *Vol) unlink(ctx context.Context, parent, e *Entry, path string, now int64) error {
+func (v *Vol) unlink(ctx context.Context, parent, e *Entry, path string, now int64, acmps []clientv3.Cmp) error {
 	others, err := v.copies(ctx, "remove", e)
 	if err != nil {
 		return relabel(err, path)
 	}
 	cmps, ops := v.unlinkOps(e, others, now)
+	cmps = append(cmps, acmps...)
 	k := v.keyOf(e)
 	at := len(ops)
 	skip := map[string]bool{k: true}
@@ -831,13 +875,17 @@ func (v *Vol) RestoreTrash(ctx context.Context, id string, parent *Entry, name s
 	e.Parent, e.Name, e.Ctime = parent.Ino, name, time.Now().UnixNano()
 	b, _ := json.Marshal(e)
 	k := v.keyOf(&e)
+	acmps, err := v.authWrite(ctx, "restore", v.childPath(parent.Ino, name), e.IsDir())
+	if err != nil {
+		return nil, err
+	}
 	cctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
-	resp, err := v.s.cli.Txn(cctx).If(
+	resp, err := v.s.cli.Txn(cctx).If(append([]clientv3.Cmp{
 		clientv3.Compare(clientv3.ModRevision(tk), "=", trev),
 		clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0),
-	).Then(clientv3.OpDelete(tk), clientv3.OpPut(k, string(b))).Commit()
+	}, acmps...)...).Then(clientv3.OpDelete(tk), clientv3.OpPut(k, string(b))).Commit()
 	if err != nil {
 		return nil, etcdErr("restore", item.Path, err)
 	}
@@ -1084,6 +1132,15 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 		clientv3.Compare(clientv3.ModRevision(sk), "=", src.Rev),
 		clientv3.Compare(clientv3.CreateRevision(v.keyOf(dstParent)), ">", 0),
 	}
+	srcPath, newPath := v.childPath(srcParent.Ino, srcName), v.childPath(dstParent.Ino, dstName)
+	acmps, err := v.authWrite(ctx, "rename", srcPath, src.IsDir())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := v.authWrite(ctx, "rename", newPath, true); err != nil {
+		return nil, err
+	}
+	cmps = append(cmps, acmps...)
 	ops := []clientv3.Op{clientv3.OpDelete(sk), clientv3.OpPut(dk, string(b))}
 	if dst == nil {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(dk), "=", 0))
@@ -1142,6 +1199,10 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	}
 	touchedDirs(resp, at, touched)
 	n.Rev = resp.Header.Revision
+	v.notePath(&n, newPath)
+	if n.IsDir() {
+		v.movePaths(srcPath, newPath)
+	}
 	return &n, nil
 }
 
