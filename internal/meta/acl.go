@@ -276,11 +276,11 @@ func (w *ACLView) below(path string) []string {
 // decided on it compares.
 type aclSnap struct {
 	ACLView
-	read                      time.Time
-	genRev, grantRev, ownRev  int64
+	read                       time.Time
+	genRev, grantRev, ownRev   int64
 	grantKey, ownerKey, genKey string
-	user                      string // the principal's user, resolved
-	named                     bool   // some record names the principal
+	user                       string // the principal's user, resolved
+	named                      bool   // some record names the principal
 }
 
 // aclState is a Vol's ACL cache and the paths of inodes it has seen.

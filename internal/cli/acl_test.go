@@ -1,0 +1,120 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/cli"
+)
+
+// ACLs inside a volume, through the CLI of four devices: the owner's desk
+// and phone, a read-only member's (bob) and a stranger's (carol). Allowed
+// operations work, forbidden ones fail with exit 4, and nothing forbidden
+// shows in a listing; an ACL is inherited down the tree; device:phone:none
+// denies the owner's phone.
+func TestACLCLI(t *testing.T) {
+	a := newRealm(t, "--no-passphrase", "--name", "desk")
+	a.serve("2s")
+	a.waitState("desk", "awake", 5*time.Second)
+	for _, u := range []string{"alice", "bob", "carol"} {
+		a.ok("user", "add", u)
+	}
+	a.ok("volume", "create", "team")
+	a.ok("mkdir", "-p", "team:/pub/secret", "team:/shared")
+	src := filepath.Join(t.TempDir(), "a.txt")
+	writeFile(t, src, []byte("public\n"), 0o644)
+	putJSON(t, a, src, "team:/pub/")
+	sec := filepath.Join(t.TempDir(), "s.txt")
+	writeFile(t, sec, []byte("secret\n"), 0o644)
+	putJSON(t, a, sec, "team:/pub/secret/")
+	a.ok("share", "team", "bob", "--read")
+	a.ok("acl", "set", "team:/shared", "bob:rw")
+	a.ok("acl", "set", "team:/pub/secret", "bob:none")
+	a.ok("acl", "set", "team:/pub/secret", "device:phone:none")
+	a.fails(cli.ExitUsage, "acl", "set", "team:/pub", "bob:w")
+	a.fails(cli.ExitUsage, "acl", "set", "team:/pub", "bob")
+
+	var rep struct {
+		Access []struct {
+			Principal, Perm, Why string
+		}
+	}
+	if err := json.Unmarshal([]byte(a.ok("acl", "get", "--json", "team:/pub/secret/s.txt")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, x := range rep.Access {
+		got[x.Principal] = x.Perm
+	}
+	want := map[string]string{"user:alice": "rw", "user:bob": "none", "user:carol": "none", "device:phone": "none"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("acl get: %s has %q, want %q (%+v)", k, got[k], v, rep.Access)
+		}
+	}
+	if out := a.ok("acl", "get", "team:/shared/x"); !strings.Contains(out, "user:bob") || !strings.Contains(out, "acl on /shared") {
+		t.Fatalf("acl get team:/shared/x:\n%s", out)
+	}
+
+	join := func(user, name string) *realmT {
+		tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", name, "--user", user))
+		d := joiner(t)
+		d.ok("join", tok, "--no-passphrase")
+		return d
+	}
+	bob, carol, phone := join("bob", "bobpc"), join("carol", "carolpc"), join("alice", "phone")
+	up := filepath.Join(t.TempDir(), "up.txt")
+	writeFile(t, up, []byte("uploaded\n"), 0o644)
+
+	// bob reads /pub but not /pub/secret, which he does not even see.
+	if out := bob.ok("ls", "-R", "team:/"); strings.Contains(out, "secret") || !strings.Contains(out, "a.txt") {
+		t.Fatalf("bob's ls -R team:/:\n%s", out)
+	}
+	if got := bob.ok("cat", "team:/pub/a.txt"); got != "public\n" {
+		t.Fatalf("bob cat: %q", got)
+	}
+	bob.fails(cli.ExitPermission, "cat", "team:/pub/secret/s.txt")
+	bob.fails(cli.ExitPermission, "ls", "team:/pub/secret")
+	// and writes only below /shared (inherited, two levels down).
+	bob.fails(cli.ExitPermission, "put", up, "team:/pub/")
+	bob.fails(cli.ExitPermission, "mkdir", "team:/pub/d")
+	bob.fails(cli.ExitPermission, "rm", "team:/pub/a.txt")
+	bob.fails(cli.ExitPermission, "mv", "team:/pub/a.txt", "team:/shared/a.txt")
+	bob.ok("mkdir", "-p", "team:/shared/x/y")
+	putJSON(t, bob, up, "team:/shared/x/y/")
+	if got := bob.ok("cat", "team:/shared/x/y/up.txt"); got != "uploaded\n" {
+		t.Fatalf("bob's upload read back: %q", got)
+	}
+	if out := a.ok("ls", "team:/shared/x/y"); !strings.Contains(out, "up.txt") {
+		t.Fatalf("bob's upload, seen by the owner:\n%s", out)
+	}
+	bob.fails(cli.ExitPermission, "acl", "set", "team:/pub", "bob:rw")
+
+	// carol: the volume is not shared with her.
+	carol.fails(cli.ExitPermission, "ls", "team:/")
+	carol.fails(cli.ExitPermission, "cat", "team:/pub/a.txt")
+	carol.fails(cli.ExitPermission, "put", up, "team:/pub/")
+
+	// alice's phone: all but /pub/secret; her desk: all.
+	if out := phone.ok("ls", "team:/pub"); strings.Contains(out, "secret") || !strings.Contains(out, "a.txt") {
+		t.Fatalf("phone's ls team:/pub:\n%s", out)
+	}
+	phone.fails(cli.ExitPermission, "cat", "team:/pub/secret/s.txt")
+	putJSON(t, phone, up, "team:/pub/")
+	if out := a.ok("ls", "team:/pub"); !strings.Contains(out, "secret") {
+		t.Fatalf("desk's ls team:/pub:\n%s", out)
+	}
+	if got := a.ok("cat", "team:/pub/secret/s.txt"); got != "secret\n" {
+		t.Fatalf("desk cat: %q", got)
+	}
+
+	// Taking the device entry back lets the phone read again.
+	a.ok("acl", "rm", "team:/pub/secret", "device:phone")
+	if got := phone.ok("cat", "team:/pub/secret/s.txt"); got != "secret\n" {
+		t.Fatalf("phone cat after acl rm: %q", got)
+	}
+	a.fails(cli.ExitNotFound, "acl", "rm", "team:/pub/secret", "device:phone")
+}
