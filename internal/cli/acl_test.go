@@ -1,7 +1,10 @@
 package cli_test
 
 import (
+	"crypto/tls"
 	"encoding/json"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -92,6 +95,42 @@ func TestACLCLI(t *testing.T) {
 		t.Fatalf("bob's upload, seen by the owner:\n%s", out)
 	}
 	bob.fails(cli.ExitPermission, "acl", "set", "team:/pub", "bob:rw")
+
+	// The same through a WebDAV gateway on bob's device: 403, not listed.
+	pass := strings.TrimSpace(bob.ok("dav", "passwd", "add", "bob"))
+	d := bob.startDav("team", "--listen", "127.0.0.1:0")
+	// (The certificate of a joined device names no IP address: TLS is
+	// not what this test checks.)
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	for _, x := range []struct {
+		method, path string
+		body         []byte
+		want         int
+	}{
+		{"GET", "pub/a.txt", nil, http.StatusOK},
+		{"GET", "pub/secret/s.txt", nil, http.StatusForbidden},
+		{"PUT", "pub/new.txt", []byte("no"), http.StatusForbidden},
+		{"DELETE", "pub/a.txt", nil, http.StatusForbidden},
+		{"MKCOL", "pub/col", nil, http.StatusForbidden},
+		{"PUT", "shared/dav.txt", []byte("yes"), http.StatusCreated},
+	} {
+		if code, b := davDo(t, c, x.method, d.url+x.path, "bob", pass, x.body); code != x.want {
+			t.Fatalf("bob's WebDAV %s %s: %d %s, want %d", x.method, x.path, code, b, x.want)
+		}
+	}
+	req, _ := http.NewRequest("PROPFIND", d.url+"pub/", nil)
+	req.SetBasicAuth("bob", pass)
+	req.Header.Set("Depth", "1")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMultiStatus || strings.Contains(string(body), "secret") || !strings.Contains(string(body), "a.txt") {
+		t.Fatalf("bob's PROPFIND /pub/: %d\n%s", resp.StatusCode, body)
+	}
+	d.stop(t)
 
 	// carol: the volume is not shared with her.
 	carol.fails(cli.ExitPermission, "ls", "team:/")
