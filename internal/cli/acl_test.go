@@ -3,6 +3,10 @@ package cli_test
 import (
 	"crypto/tls"
 	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"syscall"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -96,6 +100,30 @@ func TestACLCLI(t *testing.T) {
 	}
 	bob.fails(cli.ExitPermission, "acl", "set", "team:/pub", "bob:rw")
 
+	// The same through a mount on bob's device: EACCES, not listed.
+	mnt := t.TempDir()
+	bob.mountVol("team", mnt)
+	if ents, err := os.ReadDir(filepath.Join(mnt, "pub")); err != nil || len(ents) != 1 || ents[0].Name() != "a.txt" {
+		t.Fatalf("bob's mount lists pub: %v %v", ents, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(mnt, "pub", "a.txt")); err != nil || string(b) != "public\n" {
+		t.Fatalf("bob's mount reads pub/a.txt: %q %v", b, err)
+	}
+	for what, err := range map[string]error{
+		"read pub/secret/s.txt": func() error { _, err := os.ReadFile(filepath.Join(mnt, "pub", "secret", "s.txt")); return err }(),
+		"stat pub/secret":       func() error { _, err := os.Stat(filepath.Join(mnt, "pub", "secret")); return err }(),
+		"write pub/m.txt":       os.WriteFile(filepath.Join(mnt, "pub", "m.txt"), []byte("no"), 0o644),
+		"mkdir pub/m":           os.Mkdir(filepath.Join(mnt, "pub", "m"), 0o755),
+		"remove pub/a.txt":      os.Remove(filepath.Join(mnt, "pub", "a.txt")),
+	} {
+		if !errors.Is(err, syscall.EACCES) {
+			t.Errorf("bob's mount: %s: %v, want EACCES", what, err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "shared", "m.txt"), []byte("yes"), 0o644); err != nil {
+		t.Fatalf("bob's mount writes shared/m.txt: %v", err)
+	}
+
 	// The same through a WebDAV gateway on bob's device: 403, not listed.
 	pass := strings.TrimSpace(bob.ok("dav", "passwd", "add", "bob"))
 	d := bob.startDav("team", "--listen", "127.0.0.1:0")
@@ -156,4 +184,39 @@ func TestACLCLI(t *testing.T) {
 		t.Fatalf("phone cat after acl rm: %q", got)
 	}
 	a.fails(cli.ExitNotFound, "acl", "rm", "team:/pub/secret", "device:phone")
+}
+
+// mountVol mounts volume vol at dir (--foreground --mode blocking) until
+// the test ends.
+func (r *realmT) mountVol(vol, dir string) {
+	r.t.Helper()
+	cmd := r.command("mount", "--foreground", "--mode", "blocking", vol, dir)
+	cmd.Env = r.env
+	var out outBuf
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	p := &proc{done: make(chan struct{})}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	r.t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-p.done
+		}
+		if isMounted(dir) {
+			exec.Command("fusermount3", "-uz", dir).Run()
+		}
+	})
+	waitFor(r.t, "mount --foreground serving", 20*time.Second, func() bool {
+		select {
+		case <-p.done:
+			r.t.Fatalf("mount --foreground exited early: %v\n%s", p.err, out.String())
+		default:
+		}
+		return isMounted(dir)
+	})
 }

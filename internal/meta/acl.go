@@ -561,6 +561,13 @@ func (v *Vol) authRead(ctx context.Context, op, path string) error {
 	return v.decide(sn, p, op, path, PermRead)
 }
 
+// CheckRead reports (Kind Permission) whether this Service's principal
+// may not read name in directory parent: for callers that answer lookups
+// from a cache of their own (the mount's entry cache, kept by a watch).
+func (v *Vol) CheckRead(ctx context.Context, parent uint64, name string) error {
+	return v.authRead(ctx, "lookup", v.childPath(parent, name))
+}
+
 // filterRead drops from a listing of directory ino the entries the
 // principal may not read, and notes the paths of the others.
 func (v *Vol) filterRead(ctx context.Context, ino uint64, es []Entry) ([]Entry, error) {
