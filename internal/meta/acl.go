@@ -539,13 +539,21 @@ func (v *Vol) readSnap(ctx context.Context) (*aclSnap, *Principal, error) {
 	st.mu.Lock()
 	sn := st.snap
 	st.mu.Unlock()
-	if sn != nil && time.Since(sn.read) < aclReadTTL {
+	if sn != nil && (time.Since(sn.read) < aclReadTTL || v.s.isOffline()) {
+		// (Offline, the last snapshot decides, however old.)
 		return sn, p, nil
 	}
-	sn, err := v.loadACL(ctx, p)
+	if v.offlineCopy(nil) != nil {
+		return nil, nil, nil // offline before any snapshot: see threat model
+	}
+	nsn, err := v.loadACL(ctx, p)
 	if err != nil {
+		if v.offlineCopy(err) != nil {
+			return sn, p, nil
+		}
 		return nil, nil, err
 	}
+	sn = nsn
 	st.mu.Lock()
 	st.snap = sn
 	st.mu.Unlock()
@@ -587,7 +595,7 @@ func (v *Vol) filterRead(ctx context.Context, ino uint64, es []Entry) ([]Entry, 
 	if err := v.decide(sn, p, "read dir", dir, PermRead); err != nil {
 		return nil, err
 	}
-	out := es[:0]
+	out := make([]Entry, 0, len(es)) // (es may be a local copy's own)
 	for _, e := range es {
 		if have, _ := sn.Access(sn.user, p.Device, joinPath(dir, e.Name)); have.Allows(PermRead) {
 			out = append(out, e)

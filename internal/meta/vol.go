@@ -280,12 +280,14 @@ func (v *Vol) ReadDirSkip(ctx context.Context, ino uint64, bad func(error)) ([]E
 
 func (v *Vol) readDir(ctx context.Context, ino uint64, bad func(error)) ([]Entry, int64, error) {
 	if lc := v.offlineCopy(nil); lc != nil {
-		return lc.ReadDir(ino), lc.State().Rev, nil
+		out, err := v.filterRead(ctx, ino, lc.ReadDir(ino))
+		return out, lc.State().Rev, err
 	}
 	out, at, err := v.readDirEtcd(ctx, ino, bad)
 	if err != nil {
 		if lc := v.offlineCopy(err); lc != nil {
-			return lc.ReadDir(ino), lc.State().Rev, nil
+			out, err := v.filterRead(ctx, ino, lc.ReadDir(ino))
+			return out, lc.State().Rev, err
 		}
 		return out, at, err
 	}
