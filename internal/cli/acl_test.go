@@ -123,6 +123,19 @@ func TestACLCLI(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mnt, "shared", "m.txt"), []byte("yes"), 0o644); err != nil {
 		t.Fatalf("bob's mount writes shared/m.txt: %v", err)
 	}
+	// A directory the mount learns of from its watch is written into as
+	// its place says (its path is known from the lookup).
+	if _, err := os.ReadDir(filepath.Join(mnt, "shared")); err != nil {
+		t.Fatal(err)
+	}
+	a.ok("mkdir", "team:/shared/late")
+	waitFor(t, "shared/late in bob's mount", 10*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(mnt, "shared", "late"))
+		return err == nil
+	})
+	if err := os.WriteFile(filepath.Join(mnt, "shared", "late", "f.txt"), []byte("yes"), 0o644); err != nil {
+		t.Fatalf("bob's mount writes shared/late/f.txt: %v", err)
+	}
 
 	// The same through a WebDAV gateway on bob's device: 403, not listed.
 	pass := strings.TrimSpace(bob.ok("dav", "passwd", "add", "bob"))

@@ -572,8 +572,15 @@ func (v *Vol) authRead(ctx context.Context, op, path string) error {
 // CheckRead reports (Kind Permission) whether this Service's principal
 // may not read name in directory parent: for callers that answer lookups
 // from a cache of their own (the mount's entry cache, kept by a watch).
-func (v *Vol) CheckRead(ctx context.Context, parent uint64, name string) error {
-	return v.authRead(ctx, "lookup", v.childPath(parent, name))
+// If it may and e (the entry found there, or nil) is given, e's path is
+// noted, as a Get of it would.
+func (v *Vol) CheckRead(ctx context.Context, parent uint64, name string, e *Entry) error {
+	path := v.childPath(parent, name)
+	if err := v.authRead(ctx, "lookup", path); err != nil {
+		return err
+	}
+	v.notePath(e, path)
+	return nil
 }
 
 // filterRead drops from a listing of directory ino the entries the

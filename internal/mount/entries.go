@@ -159,7 +159,7 @@ func (c *entryCache) get(ctx context.Context, parent uint64, name string, fresh 
 			c.mu.Unlock()
 			// The watch keeps every record; the volume's ACLs decide
 			// what this device may see of them.
-			if err := c.vol.CheckRead(ctx, parent, name); err != nil {
+			if err := c.vol.CheckRead(ctx, parent, name, e); err != nil {
 				return nil, err
 			}
 			return copyEntry(e), nil
@@ -168,7 +168,7 @@ func (c *entryCache) get(ctx context.Context, parent uint64, name string, fresh 
 			c.mu.Unlock()
 			// A listing leaves out what the ACLs deny: refused, not
 			// absent.
-			if err := c.vol.CheckRead(ctx, parent, name); err != nil {
+			if err := c.vol.CheckRead(ctx, parent, name, nil); err != nil {
 				return nil, err
 			}
 			return nil, cairn.E("lookup", cairn.NotFound, name, nil)
