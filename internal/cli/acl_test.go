@@ -83,7 +83,20 @@ func TestACLCLI(t *testing.T) {
 	if got := bob.ok("cat", "team:/pub/a.txt"); got != "public\n" {
 		t.Fatalf("bob cat: %q", got)
 	}
-	bob.fails(cli.ExitPermission, "cat", "team:/pub/secret/s.txt")
+	// Every refusal is logged with the user and device refused; every
+	// grant and revocation with who made it.
+	if res := bob.fails(cli.ExitPermission, "cat", "team:/pub/secret/s.txt"); !strings.Contains(res.stderr, `msg="acl: access denied"`) ||
+		!strings.Contains(res.stderr, "user=bob device=bobpc") {
+		t.Fatalf("bob's refused read is not logged with his user and device:\n%s", res.stderr)
+	}
+	if res := a.run("-v", "acl", "set", "team:/pub", "carol:none"); res.code != 0 || !strings.Contains(res.stderr, `msg="acl: granted"`) ||
+		!strings.Contains(res.stderr, "principal=user:carol perm=none by_user=alice by_device=desk") {
+		t.Fatalf("acl set -v: %+v", res)
+	}
+	if res := a.run("-v", "acl", "rm", "team:/pub", "carol"); res.code != 0 || !strings.Contains(res.stderr, `msg="acl: revoked"`) ||
+		!strings.Contains(res.stderr, "principal=user:carol by_user=alice by_device=desk") {
+		t.Fatalf("acl rm -v: %+v", res)
+	}
 	bob.fails(cli.ExitPermission, "ls", "team:/pub/secret")
 	// and writes only below /shared (inherited, two levels down).
 	bob.fails(cli.ExitPermission, "put", up, "team:/pub/")
