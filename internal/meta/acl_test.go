@@ -116,8 +116,22 @@ func TestACLDecides(t *testing.T) {
 	wantPerm(t, "bob moves /shared/x to /pub/x", err)
 	err = bob.Rename(ctx, broot, "pub", bshared, "pub", "/shared/pub")
 	wantPerm(t, "bob moves /pub into /shared", err)
-	if _, err = bob.Remove(ctx, bshared, "x", "/shared/x", true); err != nil {
+	if _, err = bob.Remove(ctx, bshared, "x", "home:/shared/x", true); err != nil {
 		t.Fatalf("bob removes /shared/x: %v", err)
+	}
+	// The trash: bob sees what he may read, and cannot put back a file
+	// of a denied path in one he may write.
+	gone, err := v.Remove(ctx, secret, "s", "home:/pub/secret/s", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr, err := bob.Trash(ctx); err != nil || len(tr) != 1 || tr[0].Path != "home:/shared/x" {
+		t.Fatalf("bob's trash: %+v %v", tr, err)
+	}
+	_, err = bob.RestoreTrash(ctx, gone.ID, bshared, "s")
+	wantPerm(t, "bob restores /pub/secret/s into /shared", err)
+	if _, err = v.RestoreTrash(ctx, gone.ID, secret, "s"); err != nil {
+		t.Fatal(err)
 	}
 
 	// carol: not shared, no ACL: nothing.

@@ -856,7 +856,36 @@ func (v *Vol) Trash(ctx context.Context) ([]TrashItem, error) {
 		out = append(out, t)
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return out, err
+	}
+	// Removed entries the principal may not read are not listed.
+	sn, p, err := v.readSnap(ctx)
+	if sn == nil || err != nil || !sn.named {
+		return out, err
+	}
+	kept := out[:0]
+	for _, t := range out {
+		if tp := v.trashPath(&t); tp != "" {
+			if have, _ := sn.Access(sn.user, p.Device, tp); have.Allows(PermRead) {
+				kept = append(kept, t)
+			}
+		}
+	}
+	return kept, nil
+}
+
+// trashPath is where trash item t was in the volume ("" if its Path, kept
+// for people as VOLUME:/a/b, does not say).
+func (v *Vol) trashPath(t *TrashItem) string {
+	p, ok := strings.CutPrefix(t.Path, v.V.Name+":")
+	if !ok {
+		return ""
+	}
+	if p, err := CleanACLPath(p); err == nil {
+		return p
+	}
+	return ""
 }
 
 // RestoreTrash puts trash item id back as name in directory parent.
@@ -877,6 +906,12 @@ func (v *Vol) RestoreTrash(ctx context.Context, id string, parent *Entry, name s
 	e.Parent, e.Name, e.Ctime = parent.Ino, name, time.Now().UnixNano()
 	b, _ := json.Marshal(e)
 	k := v.keyOf(&e)
+	// Restoring needs rw where it was (its ACLs and those below) and
+	// where it goes: else a removed file of a denied path could be put
+	// back in a readable one.
+	if _, err := v.authWrite(ctx, "restore", v.trashPath(&item), e.IsDir()); err != nil {
+		return nil, err
+	}
 	acmps, err := v.authWrite(ctx, "restore", v.childPath(parent.Ino, name), e.IsDir())
 	if err != nil {
 		return nil, err
