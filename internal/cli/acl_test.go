@@ -112,6 +112,10 @@ func TestACLCLI(t *testing.T) {
 		t.Fatalf("bob's upload, seen by the owner:\n%s", out)
 	}
 	bob.fails(cli.ExitPermission, "acl", "set", "team:/pub", "bob:rw")
+	bob.fails(cli.ExitPermission, "acl", "get", "team:/pub/secret")
+	if out := bob.ok("acl", "get", "team:/shared"); !strings.Contains(out, "acl on /shared") {
+		t.Fatalf("bob's acl get team:/shared:\n%s", out)
+	}
 
 	// The same through a mount on bob's device: EACCES, not listed.
 	mnt := t.TempDir()

@@ -8,10 +8,12 @@ package realm
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sort"
 	"strings"
 
+	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/pki"
 )
@@ -102,6 +104,12 @@ func (r *Realm) ACL(ctx context.Context, volName, path string) (*ACLReport, erro
 	w, err := v.ACLView(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if p := r.Meta.Principal(); p != nil {
+		// Who can do what at a path is for those who may read it.
+		if have, why := w.Access(p.User, p.Device, path); !have.Allows(meta.PermRead) {
+			return nil, cairn.E("acl get", cairn.Permission, volName+":"+path, fmt.Errorf("access %s (%s)", have, why))
+		}
 	}
 	users, err := r.Meta.Users(ctx)
 	if err != nil {
