@@ -30,26 +30,26 @@ import (
 
 // PutSummary is what `put --json` prints.
 type PutSummary struct {
-	Files         int64    `json:"files"`            // regular files stored (new versions), or queued with --background
-	Queued        int64    `json:"queued"`           // of those, files queued for upload (--background), not committed yet
-	Skipped       int64    `json:"skipped"`          // unchanged files not read
-	Dirs          int64    `json:"dirs"`             // directories created
-	Symlinks      int64    `json:"symlinks"`         // symlinks created or updated
-	Specials      int64    `json:"specials"`         // FIFOs, sockets and device nodes created or updated
-	Links         int64    `json:"links"`            // hard links made: a further name of a file stored once
-	Failed        int64    `json:"failed"`           // items that could not be stored
-	Denied        int64    `json:"denied,omitempty"` // of those, items refused (the volume's ACLs, a missing key)
-	Bytes         int64    `json:"bytes"`            // logical bytes of the files stored
-	NewBytes      int64    `json:"new_bytes"`        // bytes added to the store (chunks and manifests)
-	NewChunks     int64    `json:"new_chunks"`       // chunks added to the store
-	DupBytes      int64    `json:"dup_bytes"`        // plaintext bytes not stored again thanks to dedup
-	Chunks        int64    `json:"chunks"`           // chunks in the files stored
-	HealedChunks  int64    `json:"healed_chunks"`    // stored chunks found damaged (--force) and written afresh
-	Seconds       float64  `json:"seconds"`          // wall time
-	MBPerSec      float64  `json:"mb_per_s"`         // Bytes / Seconds / 1e6
-	FilesPerSec   float64  `json:"files_per_s"`      // (Files+Skipped) / Seconds
-	WorkersUsed   int      `json:"workers"`          // files written in parallel
-	ScannedSource int64    `json:"scanned_bytes"`    // bytes found in the sources
+	Files         int64    `json:"files"`         // regular files stored (new versions), or queued with --background
+	Queued        int64    `json:"queued"`        // of those, files queued for upload (--background), not committed yet
+	Skipped       int64    `json:"skipped"`       // unchanged files not read
+	Dirs          int64    `json:"dirs"`          // directories created
+	Symlinks      int64    `json:"symlinks"`      // symlinks created or updated
+	Specials      int64    `json:"specials"`      // FIFOs, sockets and device nodes created or updated
+	Links         int64    `json:"links"`         // hard links made: a further name of a file stored once
+	Failed        int64    `json:"failed"`        // items that could not be stored
+	Denied        int64    `json:"denied"`        // of those, items refused (the volume's ACLs, a missing key)
+	Bytes         int64    `json:"bytes"`         // logical bytes of the files stored
+	NewBytes      int64    `json:"new_bytes"`     // bytes added to the store (chunks and manifests)
+	NewChunks     int64    `json:"new_chunks"`    // chunks added to the store
+	DupBytes      int64    `json:"dup_bytes"`     // plaintext bytes not stored again thanks to dedup
+	Chunks        int64    `json:"chunks"`        // chunks in the files stored
+	HealedChunks  int64    `json:"healed_chunks"` // stored chunks found damaged (--force) and written afresh
+	Seconds       float64  `json:"seconds"`       // wall time
+	MBPerSec      float64  `json:"mb_per_s"`      // Bytes / Seconds / 1e6
+	FilesPerSec   float64  `json:"files_per_s"`   // (Files+Skipped) / Seconds
+	WorkersUsed   int      `json:"workers"`       // files written in parallel
+	ScannedSource int64    `json:"scanned_bytes"` // bytes found in the sources
 	Errors        []string `json:"errors,omitempty"`
 }
 
