@@ -228,7 +228,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 	root.AddCommand(e.webCmd())
 	root.AddCommand(e.storeCmd())
 	root.AddCommand(e.policyCmd(), e.repairCmd())
-	root.AddCommand(e.userCmd(), e.shareCmd(), e.unshareCmd())
+	root.AddCommand(e.userCmd(), e.shareCmd(), e.unshareCmd(), e.aclCmd())
 	root.AddCommand(e.queueCmd())
 	root.AddCommand(e.metaCmd())
 	root.AddCommand(e.manCmd())

@@ -39,6 +39,7 @@ type PutSummary struct {
 	Specials      int64    `json:"specials"`      // FIFOs, sockets and device nodes created or updated
 	Links         int64    `json:"links"`         // hard links made: a further name of a file stored once
 	Failed        int64    `json:"failed"`        // items that could not be stored
+	Denied        int64    `json:"denied"`        // of those, items refused (the volume's ACLs, a missing key)
 	Bytes         int64    `json:"bytes"`         // logical bytes of the files stored
 	NewBytes      int64    `json:"new_bytes"`     // bytes added to the store (chunks and manifests)
 	NewChunks     int64    `json:"new_chunks"`    // chunks added to the store
@@ -106,7 +107,11 @@ kill loses nothing queued: the next drainer finishes the work.`,
 				}
 			}
 			if err == nil && sum != nil && sum.Failed > 0 {
-				return withCode(ExitError, fmt.Errorf("put: %d item(s) could not be stored", sum.Failed))
+				code := ExitError
+				if sum.Denied == sum.Failed {
+					code = ExitPermission // every failure a refusal: exit 4
+				}
+				return withCode(code, fmt.Errorf("put: %d item(s) could not be stored", sum.Failed))
 			}
 			return err
 		},
@@ -317,6 +322,9 @@ func (st *putState) account(ws fs.WriteStats) {
 
 func (st *putState) fail(path string, err error) {
 	atomic.AddInt64(&st.sum.Failed, 1)
+	if cairn.KindOf(err) == cairn.Permission {
+		atomic.AddInt64(&st.sum.Denied, 1)
+	}
 	st.mu.Lock()
 	if len(st.sum.Errors) < 1000 {
 		st.sum.Errors = append(st.sum.Errors, fmt.Sprintf("%s: %v", path, err))

@@ -11,6 +11,7 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/cli"
+	cmeta "cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/realm"
 )
 
@@ -124,8 +125,21 @@ func TestUsersShareVolume(t *testing.T) {
 	}
 	// With the old keys: what was written before opens, what was written
 	// after does not.
+	// bob's cairn refuses him the volume's names now (no grant: no
+	// access); a device reading etcd directly is not held by that.
+	raw, err := cmeta.New(br.Meta.Client(), cmeta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rawVol, err := raw.Open(ctx, "family")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kept.Meta.Lookup(ctx, []string{"f.txt"}); cairn.KindOf(err) != cairn.Permission {
+		t.Fatalf("bob's cairn looks up a name of a volume no longer shared with him: %v", err)
+	}
 	readKept := func(name string) (string, error) {
-		e, err := kept.Meta.Lookup(ctx, []string{name})
+		e, err := rawVol.Lookup(ctx, []string{name})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -132,13 +133,28 @@ func sweep(dir string, log *slog.Logger) {
 // stopped (no request in flight).
 func (h *Handler) Close() error { return os.RemoveAll(h.stage) }
 
-// statusWriter records the status a handler answered, for the log.
+// statusWriter records the status a handler answered, for the log. A
+// request the volume's ACLs refused (denied, set by FS.pathErr) is
+// answered 403 where x/net/webdav would say 404, 405 or 500.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	denied atomic.Bool
+}
+
+type deniedKey struct{}
+
+// markDenied records, in a request's context, that the ACLs refused it.
+func markDenied(ctx context.Context) {
+	if w, ok := ctx.Value(deniedKey{}).(*statusWriter); ok {
+		w.denied.Store(true)
+	}
 }
 
 func (w *statusWriter) WriteHeader(code int) {
+	if w.denied.Load() && (code == http.StatusNotFound || code == http.StatusMethodNotAllowed || code == http.StatusInternalServerError || code == http.StatusConflict) {
+		code = http.StatusForbidden
+	}
 	if w.status == 0 {
 		w.status = code
 	}
@@ -160,7 +176,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sw := &statusWriter{ResponseWriter: w}
 	user := h.guard.Authenticate(sw, r)
 	if user != "" {
-		h.serve(sw, r)
+		h.serve(sw, r.WithContext(context.WithValue(r.Context(), deniedKey{}, sw)))
 	}
 	if sw.status == 0 {
 		sw.status = http.StatusOK // headers written without WriteHeader

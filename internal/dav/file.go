@@ -62,7 +62,7 @@ func (d *dirFile) Readdir(count int) ([]os.FileInfo, error) {
 	if !d.listed {
 		ents, err := d.fsys.vol.Meta.ReadDir(d.ctx, d.e.Ino)
 		if err != nil {
-			return nil, d.fsys.pathErr("readdir", d.name, err)
+			return nil, d.fsys.pathErr(d.ctx, "readdir", d.name, err)
 		}
 		cacheOf(d.ctx).put(d.parts, ents)
 		for i := range ents {
@@ -449,7 +449,7 @@ func (f *regFile) Close() error {
 	}
 	e, _, err := f.fsys.vol.WriteFile(ctx, f.parent, f.base, open, attrs)
 	if err != nil {
-		return f.fsys.pathErr("commit", f.name, err)
+		return f.fsys.pathErr(ctx, "commit", f.name, err)
 	}
 	f.committed = e
 	if len(f.pending) > 0 {

@@ -63,9 +63,12 @@ func (f *FS) volPath(parts []string) string {
 
 // pathErr turns a cairn error into what x/net/webdav understands, logging
 // the cause it hides.
-func (f *FS) pathErr(op, name string, err error) error {
+func (f *FS) pathErr(ctx context.Context, op, name string, err error) error {
 	if err == nil {
 		return nil
+	}
+	if cairn.KindOf(err) == cairn.Permission {
+		markDenied(ctx)
 	}
 	var errno syscall.Errno
 	switch cairn.KindOf(err) {
@@ -94,7 +97,7 @@ func (f *FS) pathErr(op, name string, err error) error {
 func (f *FS) dir(ctx context.Context, op, name string, parts []string) (*meta.Entry, error) {
 	e, err := f.vol.Meta.Lookup(ctx, parts)
 	if err != nil {
-		return nil, f.pathErr(op, name, err)
+		return nil, f.pathErr(ctx, op, name, err)
 	}
 	if !e.IsDir() {
 		return nil, &os.PathError{Op: op, Path: name, Err: syscall.ENOENT}
@@ -164,7 +167,7 @@ func (f *FS) resolveRead(ctx context.Context, op, name string, parts []string) (
 func (f *FS) resolve(ctx context.Context, op, name string, parts []string) (parent, e *meta.Entry, err error) {
 	if len(parts) == 0 {
 		e, err = f.vol.Meta.Root(ctx)
-		return nil, e, f.pathErr(op, name, err)
+		return nil, e, f.pathErr(ctx, op, name, err)
 	}
 	parent, err = f.dir(ctx, op, name, parts[:len(parts)-1])
 	if err != nil {
@@ -172,7 +175,7 @@ func (f *FS) resolve(ctx context.Context, op, name string, parts []string) (pare
 	}
 	e, err = f.vol.Meta.Get(ctx, parent.Ino, parts[len(parts)-1])
 	if err != nil {
-		return parent, nil, f.pathErr(op, name, err)
+		return parent, nil, f.pathErr(ctx, op, name, err)
 	}
 	if hidden(e) {
 		return parent, nil, &os.PathError{Op: op, Path: name, Err: syscall.ENOENT}
@@ -211,7 +214,7 @@ func (f *FS) Mkdir(ctx context.Context, name string, perm os.FileMode) error {
 	}
 	_, err = f.vol.Meta.Create(ctx, parent, meta.Entry{Name: parts[len(parts)-1], Type: meta.TypeDir,
 		Mode: newMode(perm, 0o755), UID: f.uid, GID: f.gid})
-	return f.pathErr(op, name, err)
+	return f.pathErr(ctx, op, name, err)
 }
 
 // RemoveAll moves name, with everything below it, to the volume's trash
@@ -244,7 +247,7 @@ func (f *FS) RemoveAll(ctx context.Context, name string) error {
 	if errors.Is(err, cairn.ErrNotFound) {
 		return nil
 	}
-	return f.pathErr(op, name, err)
+	return f.pathErr(ctx, op, name, err)
 }
 
 // moveKey keys the context of a MOVE request: its moveOf.
@@ -292,7 +295,7 @@ func (f *FS) Rename(ctx context.Context, oldName, newName string) error {
 		return err
 	}
 	err = f.vol.Meta.Rename(ctx, srcParent, from[len(from)-1], dstParent, to[len(to)-1], f.volPath(to))
-	return f.pathErr(op, oldName, err)
+	return f.pathErr(ctx, op, oldName, err)
 }
 
 func slicesEqual(a, b []string) bool {

@@ -63,6 +63,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"realm config":                                    one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
 		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),
 		"node registry records":                           fmt.Sprint(meta.NodeRecordFormat),
+		"ACL records":                                     fmt.Sprint(meta.ACLRecordFormat),
 		"primary records":                                 fmt.Sprint(meta.PrimaryRecordFormat),
 		"offload entries":                                 fmt.Sprint(meta.OffloadFormat),
 		"users, volume grants and key stanzas":            one(t, "users", meta.UserRecordFormat, userkey.StanzaFormat),

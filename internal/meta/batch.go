@@ -102,6 +102,35 @@ func (v *Vol) putBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 	var sess *concurrency.Session
 	var toTouch []touch
 	var linked []int // puts of files with several names
+	// Every entry's path, for the ACL decision: a directory the batch
+	// makes gives its path to the entries it makes below it.
+	made0 := map[uint64]string{}
+	paths := make([]string, len(puts))
+	for i := range puts {
+		e := &puts[i].Entry
+		d, ok := made0[e.Parent]
+		if !ok {
+			d, ok = v.dirPath(e.Parent)
+		}
+		if ok {
+			paths[i] = joinPath(d, e.Name)
+			if e.IsDir() {
+				made0[e.Ino] = paths[i]
+			}
+		}
+	}
+	acmps, aerrs, err := v.authWriteMany(ctx, "put batch", paths)
+	if err != nil {
+		return res, err
+	}
+	if err := errors.Join(aerrs...); err != nil {
+		for _, e := range aerrs {
+			if e != nil {
+				return res, e
+			}
+		}
+	}
+	cmps = append(cmps, acmps...)
 	for i := range puts {
 		p := &puts[i]
 		e := p.Entry
@@ -201,6 +230,9 @@ func (v *Vol) putBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 	}
 	if resp.Succeeded {
 		res.Rev = resp.Header.Revision
+		for i := range puts {
+			v.notePath(&puts[i].Entry, paths[i])
+		}
 		touchedDirs(resp, at, touched)
 		res.Locks = make([]*Lock, len(puts))
 		r := 0
@@ -214,6 +246,9 @@ func (v *Vol) putBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 	}
 	if len(puts) > 1 {
 		return res, cairn.E("put batch", cairn.Conflict, "", errors.New("a name or directory changed concurrently"))
+	}
+	if v.aclStale(ctx, acmps) {
+		return res, cairn.E("put batch", cairn.Conflict, puts[0].Entry.Name, errors.New("the volume's ACLs changed meanwhile: try again"))
 	}
 	e := &puts[0].Entry
 	kvs := resp.Responses[0].GetResponseRange().Kvs
@@ -296,9 +331,24 @@ func (v *Vol) CommitVersions(ctx context.Context, cs []BatchCommit) []CommitResu
 	var single []int
 	var txns []*commitTxn
 	var t *commitTxn
+	paths := make([]string, len(cs))
+	for i := range cs {
+		paths[i] = v.childPath(cs[i].Parent.Ino, cs[i].Name)
+	}
+	acmps, aerrs, err := v.authWriteMany(ctx, "commit", paths)
+	if err != nil {
+		for i := range cs {
+			res[i].Err = err
+		}
+		return res
+	}
 	for i := range cs {
 		bc := &cs[i]
 		c := &bc.Commit
+		if aerrs[i] != nil {
+			res[i].Err = aerrs[i]
+			continue
+		}
 		if c.Cur == nil || !bc.Parent.IsDir() || c.Offload != nil {
 			// (An offloaded version's entry is written by CommitVersion's
 			// own transaction.)
@@ -326,7 +376,7 @@ func (v *Vol) CommitVersions(ctx context.Context, cs []BatchCommit) []CommitResu
 		}
 		if t == nil || t.gen != c.Gen || t.keys[k] || len(t.ops)+len(ops) > maxTxnOps ||
 			len(t.cmps)+len(cmps) > maxTxnOps || t.bytes+len(b) > maxTxnBytes && len(t.idx) > 0 {
-			t = &commitTxn{gen: c.Gen, keys: map[string]bool{}, cmps: v.s.fenceCmps(c.Gen)}
+			t = &commitTxn{gen: c.Gen, keys: map[string]bool{}, cmps: append(v.s.fenceCmps(c.Gen), acmps...)}
 			txns = append(txns, t)
 		}
 		t.idx = append(t.idx, i)

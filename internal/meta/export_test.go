@@ -19,3 +19,10 @@ func EncodeLocalCopyForTest(vol Volume, rev int64, ents []Entry) []byte {
 // WrapLocalCopyBodyForTest returns body behind a local copy's header and
 // with its checksum.
 func WrapLocalCopyBodyForTest(body []byte) []byte { return wrapLocalCopy(body) }
+
+// SetTestHookACLDecided makes every write call f between its ACL decision
+// and its commit; the returned function removes it.
+func SetTestHookACLDecided(f func(op, path string)) func() {
+	aclDecided = f
+	return func() { aclDecided = nil }
+}

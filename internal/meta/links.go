@@ -172,6 +172,14 @@ func (v *Vol) Link(ctx context.Context, src *Entry, dstParent *Entry, name strin
 	ccmps, cops := v.copyOps(&n, append([]*Entry{src, {Parent: dstParent.Ino, Name: name}}, others...))
 	// The new name's copy has no record to compare (CreateRevision above).
 	cmps = append(cmps, ccmps[2:]...)
+	acmps, errs, err := v.authWriteMany(ctx, "link", []string{v.childPath(src.Parent, src.Name), v.childPath(dstParent.Ino, name)})
+	if err != nil {
+		return nil, err
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, errs[0]
+	}
+	cmps = append(cmps, acmps...)
 	ops := cops
 	at := len(ops)
 	tops, touched := v.touchOps(now, map[string]bool{sk: true, dk: true}, dstParent)

@@ -74,6 +74,9 @@ type Service struct {
 
 	// off is whether etcd can be reached (offline.go).
 	off offlineState
+
+	// principal, if set, is who the Service acts for (acl.go).
+	principal atomic.Pointer[Principal]
 }
 
 // New returns a Service using cli.

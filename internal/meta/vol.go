@@ -26,6 +26,10 @@ type Vol struct {
 	// local is the copy v answers from offline (offline.go).
 	locOnce sync.Once
 	local   *volLocal
+
+	// acl caches ACL decisions and the paths of inodes seen (acl.go).
+	aclOnce sync.Once
+	acl     *aclState
 }
 
 func inoHex(ino uint64) string { return fmt.Sprintf("%016x", ino) }
@@ -197,6 +201,19 @@ func (v *Vol) Root(ctx context.Context) (*Entry, error) { return v.Get(ctx, 0, "
 
 // Get returns the entry name in directory parent (parent 0: the root).
 func (v *Vol) Get(ctx context.Context, parent uint64, name string) (*Entry, error) {
+	e, err := v.get(ctx, parent, name)
+	if err != nil {
+		return nil, err
+	}
+	path := v.childPath(parent, name)
+	if err := v.authRead(ctx, "lookup", path); err != nil {
+		return nil, err
+	}
+	v.notePath(e, path)
+	return e, nil
+}
+
+func (v *Vol) get(ctx context.Context, parent uint64, name string) (*Entry, error) {
 	if lc := v.offlineCopy(nil); lc != nil {
 		return lc.Get(parent, name)
 	}
@@ -263,19 +280,22 @@ func (v *Vol) ReadDirSkip(ctx context.Context, ino uint64, bad func(error)) ([]E
 
 func (v *Vol) readDir(ctx context.Context, ino uint64, bad func(error)) ([]Entry, int64, error) {
 	if lc := v.offlineCopy(nil); lc != nil {
-		return lc.ReadDir(ino), lc.State().Rev, nil
+		out, err := v.filterRead(ctx, ino, lc.ReadDir(ino))
+		return out, lc.State().Rev, err
 	}
 	out, at, err := v.readDirEtcd(ctx, ino, bad)
 	if err != nil {
 		if lc := v.offlineCopy(err); lc != nil {
-			return lc.ReadDir(ino), lc.State().Rev, nil
+			out, err := v.filterRead(ctx, ino, lc.ReadDir(ino))
+			return out, lc.State().Rev, err
 		}
 		return out, at, err
 	}
 	if lc := v.LocalCopy(); lc != nil {
 		lc.ListedDir(ino, out, at)
 	}
-	return out, at, nil
+	out, err = v.filterRead(ctx, ino, out)
+	return out, at, err
 }
 
 func (v *Vol) readDirEtcd(ctx context.Context, ino uint64, bad func(error)) ([]Entry, int64, error) {
@@ -343,6 +363,12 @@ func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (
 		clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(pk), ">", 0),
 	}
+	path := v.childPath(parent.Ino, e.Name)
+	acmps, err := v.authWrite(ctx, "create", path, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	cmps = append(cmps, acmps...)
 	tops, touched := v.touchOps(now, nil, parent)
 	ops := append([]clientv3.Op{clientv3.OpPut(k, string(b))}, tops...)
 	var lk string
@@ -375,6 +401,10 @@ func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (
 		if release != nil {
 			release()
 		}
+		if v.aclStale(ctx, acmps) {
+			// Decided on ACLs that changed since: decide again.
+			return v.create(ctx, parent, e, locked)
+		}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			old, derr := v.decode("create", kvs[0].Key, kvs[0].Value, kvs[0].ModRevision)
 			if derr != nil {
@@ -389,6 +419,7 @@ func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (
 		return nil, nil, cairn.E("create", cairn.NotFound, parent.Name, errors.New("parent directory was removed"))
 	}
 	e.Rev = resp.Header.Revision
+	v.notePath(&e, path)
 	touchedDirs(resp, 1, touched)
 	var l *Lock
 	if release != nil {
@@ -531,6 +562,11 @@ func (v *Vol) commitVersion(ctx context.Context, parent *Entry, name string, c C
 		}
 		k := v.entryKey(parent.Ino, name)
 		cmps = append(cmps, v.s.fenceCmps(c.Gen)...)
+		acmps, err := v.authWrite(ctx, "commit", v.childPath(parent.Ino, name), false)
+		if err != nil {
+			return nil, nil, err
+		}
+		cmps = append(cmps, acmps...)
 		b, _ := json.Marshal(next)
 		ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
 		var offloaded int64
@@ -691,6 +727,11 @@ func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
 	b, _ := json.Marshal(n)
 	k := v.keyOf(e)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev)}
+	acmps, err := v.authWrite(ctx, "update", v.childPath(e.Parent, e.Name), false)
+	if err != nil {
+		return nil, err
+	}
+	cmps = append(cmps, acmps...)
 	ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
 	if len(e.Links) > 1 {
 		// Attributes belong to the inode: every name's copy gets them.
@@ -738,13 +779,17 @@ func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string,
 		}
 	}
 	now := time.Now().UnixNano()
+	acmps, err := v.authWrite(ctx, "remove", v.childPath(parent.Ino, name), e.IsDir())
+	if err != nil {
+		return nil, err
+	}
 	if e.Nlink() > 1 {
-		return nil, v.unlink(ctx, parent, e, path, now)
+		return nil, v.unlink(ctx, parent, e, path, now, acmps)
 	}
 	item := TrashItem{ID: fmt.Sprintf("%016x-%s", now, randomID()[:8]), Path: path, Deleted: now, Entry: *e}
 	b, _ := json.Marshal(item)
 	k := v.keyOf(e)
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev)}
+	cmps := append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", e.Rev)}, acmps...)
 	if e.IsDir() && !recursive {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(v.dirPrefix(e.Ino)), "=", 0).WithPrefix())
 	}
@@ -772,12 +817,13 @@ func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string,
 // the others are rewritten without it (with ctime now), in one
 // transaction; nothing goes to the trash, since the inode lives on under
 // its other names (the last name's removal trashes it as any file's).
-func (v *Vol) unlink(ctx context.Context, parent, e *Entry, path string, now int64) error {
+func (v *Vol) unlink(ctx context.Context, parent, e *Entry, path string, now int64, acmps []clientv3.Cmp) error {
 	others, err := v.copies(ctx, "remove", e)
 	if err != nil {
 		return relabel(err, path)
 	}
 	cmps, ops := v.unlinkOps(e, others, now)
+	cmps = append(cmps, acmps...)
 	k := v.keyOf(e)
 	at := len(ops)
 	skip := map[string]bool{k: true}
@@ -810,7 +856,36 @@ func (v *Vol) Trash(ctx context.Context) ([]TrashItem, error) {
 		out = append(out, t)
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return out, err
+	}
+	// Removed entries the principal may not read are not listed.
+	sn, p, err := v.readSnap(ctx)
+	if sn == nil || err != nil || !sn.named {
+		return out, err
+	}
+	kept := out[:0]
+	for _, t := range out {
+		if tp := v.trashPath(&t); tp != "" {
+			if have, _ := sn.Access(sn.user, p.Device, tp); have.Allows(PermRead) {
+				kept = append(kept, t)
+			}
+		}
+	}
+	return kept, nil
+}
+
+// trashPath is where trash item t was in the volume ("" if its Path, kept
+// for people as VOLUME:/a/b, does not say).
+func (v *Vol) trashPath(t *TrashItem) string {
+	p, ok := strings.CutPrefix(t.Path, v.V.Name+":")
+	if !ok {
+		return ""
+	}
+	if p, err := CleanACLPath(p); err == nil {
+		return p
+	}
+	return ""
 }
 
 // RestoreTrash puts trash item id back as name in directory parent.
@@ -831,13 +906,23 @@ func (v *Vol) RestoreTrash(ctx context.Context, id string, parent *Entry, name s
 	e.Parent, e.Name, e.Ctime = parent.Ino, name, time.Now().UnixNano()
 	b, _ := json.Marshal(e)
 	k := v.keyOf(&e)
+	// Restoring needs rw where it was (its ACLs and those below) and
+	// where it goes: else a removed file of a denied path could be put
+	// back in a readable one.
+	if _, err := v.authWrite(ctx, "restore", v.trashPath(&item), e.IsDir()); err != nil {
+		return nil, err
+	}
+	acmps, err := v.authWrite(ctx, "restore", v.childPath(parent.Ino, name), e.IsDir())
+	if err != nil {
+		return nil, err
+	}
 	cctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
-	resp, err := v.s.cli.Txn(cctx).If(
+	resp, err := v.s.cli.Txn(cctx).If(append([]clientv3.Cmp{
 		clientv3.Compare(clientv3.ModRevision(tk), "=", trev),
 		clientv3.Compare(clientv3.CreateRevision(k), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(v.keyOf(parent)), ">", 0),
-	).Then(clientv3.OpDelete(tk), clientv3.OpPut(k, string(b))).Commit()
+	}, acmps...)...).Then(clientv3.OpDelete(tk), clientv3.OpPut(k, string(b))).Commit()
 	if err != nil {
 		return nil, etcdErr("restore", item.Path, err)
 	}
@@ -1084,6 +1169,15 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 		clientv3.Compare(clientv3.ModRevision(sk), "=", src.Rev),
 		clientv3.Compare(clientv3.CreateRevision(v.keyOf(dstParent)), ">", 0),
 	}
+	srcPath, newPath := v.childPath(srcParent.Ino, srcName), v.childPath(dstParent.Ino, dstName)
+	acmps, err := v.authWrite(ctx, "rename", srcPath, src.IsDir())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := v.authWrite(ctx, "rename", newPath, true); err != nil {
+		return nil, err
+	}
+	cmps = append(cmps, acmps...)
 	ops := []clientv3.Op{clientv3.OpDelete(sk), clientv3.OpPut(dk, string(b))}
 	if dst == nil {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(dk), "=", 0))
@@ -1142,6 +1236,10 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	}
 	touchedDirs(resp, at, touched)
 	n.Rev = resp.Header.Revision
+	v.notePath(&n, newPath)
+	if n.IsDir() {
+		v.movePaths(srcPath, newPath)
+	}
 	return &n, nil
 }
 

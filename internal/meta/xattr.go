@@ -89,19 +89,23 @@ func (v *Vol) SetXattr(ctx context.Context, ino uint64, name string, value []byt
 	if len(value) > MaxXattrValue {
 		return cairn.E("setxattr", cairn.Invalid, name, errors.New("attribute value is larger than 64 KiB"))
 	}
+	path, _ := v.dirPath(ino)
+	acmps, err := v.authWrite(ctx, "setxattr", path, false)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
 	k := v.xattrPrefix(ino) + name
 	put := clientv3.OpPut(k, string(value))
 	var resp *clientv3.TxnResponse
-	var err error
 	switch flag {
 	case XattrCreate:
-		resp, err = v.s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).Then(put).Commit()
+		resp, err = v.s.cli.Txn(ctx).If(append(acmps, clientv3.Compare(clientv3.CreateRevision(k), "=", 0))...).Then(put).Commit()
 	case XattrReplace:
-		resp, err = v.s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), ">", 0)).Then(put).Commit()
+		resp, err = v.s.cli.Txn(ctx).If(append(acmps, clientv3.Compare(clientv3.CreateRevision(k), ">", 0))...).Then(put).Commit()
 	default:
-		resp, err = v.s.cli.Txn(ctx).Then(put).Commit()
+		resp, err = v.s.cli.Txn(ctx).If(acmps...).Then(put).Commit()
 	}
 	if err != nil {
 		return etcdErr("setxattr", name, err)
@@ -123,13 +127,21 @@ func (v *Vol) RemoveXattr(ctx context.Context, ino uint64, name string) error {
 	if err := checkXattrName("removexattr", name); err != nil {
 		return err
 	}
+	path, _ := v.dirPath(ino)
+	acmps, err := v.authWrite(ctx, "removexattr", path, false)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
-	resp, err := v.s.cli.Delete(ctx, v.xattrPrefix(ino)+name)
+	resp, err := v.s.cli.Txn(ctx).If(acmps...).Then(clientv3.OpDelete(v.xattrPrefix(ino) + name)).Commit()
 	if err != nil {
 		return etcdErr("removexattr", name, err)
 	}
-	if resp.Deleted == 0 {
+	if !resp.Succeeded {
+		return cairn.E("removexattr", cairn.Conflict, name, errors.New("the volume's ACLs changed meanwhile: try again"))
+	}
+	if resp.Responses[0].GetResponseDeleteRange().Deleted == 0 {
 		return cairn.E("removexattr", cairn.NotFound, name, nil)
 	}
 	return nil

@@ -157,10 +157,20 @@ func (c *entryCache) get(ctx context.Context, parent uint64, name string, fresh 
 	if !fresh && c.trustedLocked() {
 		if e := c.ents[k]; e != nil {
 			c.mu.Unlock()
+			// The watch keeps every record; the volume's ACLs decide
+			// what this device may see of them.
+			if err := c.vol.CheckRead(ctx, parent, name, e); err != nil {
+				return nil, err
+			}
 			return copyEntry(e), nil
 		}
 		if k != (ekey{}) && c.completeDir(parent) {
 			c.mu.Unlock()
+			// A listing leaves out what the ACLs deny: refused, not
+			// absent.
+			if err := c.vol.CheckRead(ctx, parent, name, nil); err != nil {
+				return nil, err
+			}
 			return nil, cairn.E("lookup", cairn.NotFound, name, nil)
 		}
 	}

@@ -51,6 +51,7 @@ func openOffline(home string, cfg Config, opts Options, cause error) (*Realm, er
 		conn.Close()
 		return nil, err
 	}
+	ms.SetPrincipal(principal(home, cfg))
 	ms.MarkUnreachable(cause)
 	return &Realm{Home: home, Config: cfg, Meta: ms, conn: conn, opts: opts, vols: map[string]*fs.Volume{}, log: opts.Logger}, nil
 }

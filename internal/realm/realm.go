@@ -355,6 +355,7 @@ func connect(ctx context.Context, home string, cfg Config, opts Options) (*Realm
 		conn.Close()
 		return nil, err
 	}
+	ms.SetPrincipal(principal(home, cfg))
 	return &Realm{Home: home, Config: cfg, Meta: ms, conn: conn, opts: opts, vols: map[string]*fs.Volume{}, log: opts.Logger}, nil
 }
 

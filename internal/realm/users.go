@@ -327,7 +327,7 @@ func (r *Realm) Share(ctx context.Context, volName, user string, access meta.Acc
 	if err := r.Meta.PutGrant(ctx, v.ID, g); err != nil {
 		return err
 	}
-	r.log.Info("volume shared", "volume", volName, "user", user, "access", access, "device", g.GrantedBy)
+	r.log.Info("volume shared", "volume", volName, "user", user, "access", access, "by_user", r.Config.User, "device", g.GrantedBy)
 	return nil
 }
 
@@ -381,7 +381,7 @@ func (r *Realm) Unshare(ctx context.Context, volName, user string) error {
 	if err := r.Meta.Rotate(ctx, v.ID, user, n, sealed, keep, keepRevs); err != nil {
 		return err
 	}
-	r.log.Info("volume unshared, key rotated", "volume", volName, "user", user, "epoch", n, "members", len(keep), "device", r.deviceName(ctx))
+	r.log.Info("volume unshared, key rotated", "volume", volName, "user", user, "epoch", n, "members", len(keep), "by_user", r.Config.User, "device", r.deviceName(ctx))
 	return nil
 }
 
