@@ -26,6 +26,9 @@ func (r *Realm) Offloads(ctx context.Context) ([]*meta.Offload, error) {
 type ReclaimOptions struct {
 	// Home, if set: only entries whose home is this node or store.
 	Home string
+	// Match, if set: only entries it accepts (a move's, 'cairn move
+	// --wait').
+	Match func(o *meta.Offload) bool
 	// Progress, if set, is told each entry's outcome.
 	Progress func(o *meta.Offload, outcome string)
 }
@@ -105,7 +108,7 @@ func (r *Realm) Reclaim(ctx context.Context, o ReclaimOptions) (*ReclaimReport, 
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
 		}
-		if o.Home != "" && e.Home != o.Home {
+		if (o.Home != "" && e.Home != o.Home) || (o.Match != nil && !o.Match(e)) {
 			continue
 		}
 		if !isAwake(e.Home) {
@@ -314,7 +317,8 @@ func (r *Realm) dropOffloaded(ctx context.Context, name string, ids []cairn.ID) 
 // DefaultReclaimEvery is how often a node daemon reclaims while awake.
 const DefaultReclaimEvery = time.Minute
 
-// reclaimLoop reclaims the versions offloaded while node self slept: on
+// reclaimLoop reclaims the versions offloaded while node self slept, and
+// those moves take to or from it (doc/director.md, "Moves"): on
 // each kick and every every, while not sleeping, until ctx ends.
 func (r *Realm) reclaimLoop(ctx context.Context, self string, every time.Duration, kick <-chan struct{}, sleeping *atomic.Bool) {
 	t := time.NewTicker(every)
@@ -329,7 +333,9 @@ func (r *Realm) reclaimLoop(ctx context.Context, self string, every time.Duratio
 		if sleeping.Load() {
 			continue
 		}
-		rep, err := r.Reclaim(ctx, ReclaimOptions{Home: self})
+		// What waits for this node, and the moves of what it holds
+		// (a move to a registered store has no node of its own).
+		rep, err := r.Reclaim(ctx, ReclaimOptions{Match: func(o *meta.Offload) bool { return o.Home == self || (o.Move != "" && o.Now == self) }})
 		switch {
 		case err != nil:
 			if ctx.Err() == nil {
