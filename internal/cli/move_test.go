@@ -2,8 +2,11 @@ package cli_test
 
 import (
 	"encoding/json"
+	mrand "math/rand"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -157,4 +160,113 @@ func TestMove(t *testing.T) {
 	if list := offloadLs(t, a); len(list) != 0 {
 		t.Fatalf("entries after a write past the move: %v", list)
 	}
+}
+
+// moveKills is how many times TestMoveKills kills the copy of a move:
+// CAIRN_MOVE_KILLS, else 3 (CI).
+func moveKills(t *testing.T) int {
+	if s := os.Getenv("CAIRN_MOVE_KILLS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("CAIRN_MOVE_KILLS=%q", s)
+		}
+		return n
+	}
+	return 3
+}
+
+// The copy of a move killed (SIGKILL of the reclaim doing it) at random
+// points once it has copied something, again and again: the next run
+// sends only what the laptop still lacks (no object twice), and at the
+// end the laptop holds exactly the file's objects, the desk none, no entry
+// is left, the file reads back and fsck --read-data is clean.
+func TestMoveKills(t *testing.T) {
+	kills := moveKills(t)
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d, %d kills", seed, kills)
+	rng := mrand.New(mrand.NewSource(seed))
+	a, b, as, bs := twoDevices(t)
+	p := filepath.Join(t.TempDir(), "big.bin")
+	data := randBytes(8 << 20)
+	writeFile(t, p, data, 0o644)
+	a.ok("put", p, "home:/")
+	total := objectsOn(t, a, as.addr, "desk")
+	if total < 100 {
+		t.Fatalf("the desk holds %d objects", total)
+	}
+	a.ok("move", "home:/big.bin", "--to", "laptop")
+	killed := 0
+	for k := 0; k < kills; k++ {
+		before := objectsOn(t, a, bs.addr, "laptop")
+		if before == total {
+			break
+		}
+		cmd := a.command("-q", "offload", "reclaim")
+		cmd.Env = a.env
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		// Kill it once it copied something, a little later at random.
+		deadline := time.Now().Add(60 * time.Second)
+		for objectsOn(t, a, bs.addr, "laptop") == before && time.Now().Before(deadline) {
+			select {
+			case <-done:
+				t.Fatalf("the copy ended before it was killed (%d of %d objects were there)", before, total)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		time.Sleep(time.Duration(rng.Intn(300)) * time.Millisecond)
+		cmd.Process.Kill()
+		<-done
+		killed++
+		if len(offloadLs(t, a)) != 1 {
+			t.Fatalf("entries after a kill: %v", offloadLs(t, a))
+		}
+		if got := a.ok("cat", "home:/big.bin"); got != string(data) {
+			t.Fatalf("cat after a kill: %d bytes", len(got))
+		}
+	}
+	before := objectsOn(t, a, bs.addr, "laptop")
+	t.Logf("%d copies killed; the laptop holds %d of %d objects", killed, before, total)
+	if killed == 0 || before == 0 || before == total {
+		t.Fatalf("no kill mid-copy: %d killed, %d of %d objects there", killed, before, total)
+	}
+	// The last run sends only what is missing. (Its deletes may wait out
+	// the GC fence of a killed run: its lease lapses within 10 s.)
+	var rep struct{ Reclaimed, Copied, Deleted int }
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		res := a.run("offload", "reclaim", "--json")
+		if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
+			t.Fatalf("reclaim: %+v", res)
+		}
+		if res.code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reclaim after the kills: %+v", res)
+		}
+		time.Sleep(time.Second)
+	}
+	if rep.Copied > total-before {
+		t.Fatalf("the last copy sent %d objects, %d were missing", rep.Copied, total-before)
+	}
+	if list := offloadLs(t, a); len(list) != 0 {
+		t.Fatalf("entries left: %v", list)
+	}
+	if n := objectsOn(t, a, bs.addr, "laptop"); n != total {
+		t.Fatalf("the laptop holds %d objects, the file has %d", n, total)
+	}
+	if n := objectsOn(t, a, as.addr, "desk"); n != 0 {
+		t.Fatalf("the desk still holds %d objects", n)
+	}
+	if got := b.ok("cat", "home:/big.bin"); got != string(data) {
+		t.Fatalf("cat after the move: %d bytes", len(got))
+	}
+	if got := storesOf(t, a, "home:/big.bin"); !slices.Equal(got[0], []string{"laptop"}) {
+		t.Fatalf("stores: %v", got)
+	}
+	fsckJSON(t, b)
 }
