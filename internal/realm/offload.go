@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
@@ -254,6 +256,9 @@ func findOffloaded(ctx context.Context, v *fs.Volume, e *meta.Offload) (*meta.En
 	return found, match(found), nil
 }
 
+// copyInFlight bounds the objects reclaim copies at once.
+const copyInFlight = 8
+
 // copyHome copies to e.Home the objects of ids it lacks, from e.Now, and
 // makes them durable there.
 func (r *Realm) copyHome(ctx context.Context, e *meta.Offload, ids []cairn.ID, rep *ReclaimReport) error {
@@ -281,17 +286,30 @@ func (r *Realm) copyHome(ctx context.Context, e *meta.Offload, ids []cairn.ID, r
 		return err
 	}
 	defer doneSrc()
+	// copyInFlight objects at once: one by one, each costs two round
+	// trips, and a large file (a move) has thousands.
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(copyInFlight)
 	for _, id := range missing {
-		b, err := src.Get(ctx, id)
-		if err != nil {
-			return err
-		}
-		if err := dst.Put(ctx, id, b); err != nil {
-			return err
-		}
-		rep.Copied++
-		rep.Sent += int64(len(b))
-		metrics.Default().ReclaimBytes.Add(float64(len(b))) // cairn_reclaim_bytes_total
+		g.Go(func() error {
+			b, err := src.Get(gctx, id)
+			if err != nil {
+				return err
+			}
+			if err := dst.Put(gctx, id, b); err != nil {
+				return err
+			}
+			mu.Lock()
+			rep.Copied++
+			rep.Sent += int64(len(b))
+			mu.Unlock()
+			metrics.Default().ReclaimBytes.Add(float64(len(b))) // cairn_reclaim_bytes_total
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
 	}
 	if f, ok := dst.(interface{ Flush(context.Context) error }); ok {
 		return f.Flush(ctx)
