@@ -270,3 +270,67 @@ func TestMoveKills(t *testing.T) {
 	}
 	fsckJSON(t, b)
 }
+
+// A move under a mount (to a registered store): a file closed in the
+// mount while its move waits is offloaded (kept on this device, an
+// offload entry naming the store), not written to the store; after
+// `move --wait` every version is on the store, and the next close goes
+// there by the policy.
+func TestMountMove(t *testing.T) {
+	skipWithoutFUSE(t)
+	r := newRealm(t)
+	r.ok("store", "add", "a", "file://"+filepath.Join(t.TempDir(), "a"))
+	mnt := mountPoint(t)
+	_, exited, out := r.foregroundWith(mnt, nil, "--mode", "blocking")
+	if err := os.MkdirAll(filepath.Join(mnt, "m"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data := randBytes(300 << 10)
+	p := filepath.Join(mnt, "m", "f.bin")
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	self := storesOf(t, r, "home:/m/f.bin")[0]
+	if len(self) != 1 || self[0] == "a" {
+		t.Fatalf("stores before the move: %v", self)
+	}
+	r.ok("move", "home:/m", "--to", "a")
+	copy(data[1000:], "written during the move")
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := storesOf(t, r, "home:/m/f.bin"); len(got) != 2 || !slices.Equal(got[1], self) {
+		t.Fatalf("stores of the version closed during the move: %v", got)
+	}
+	list := offloadLs(t, r)
+	if len(list) != 2 {
+		t.Fatalf("offload ls: %v", list)
+	}
+	for _, o := range list {
+		if o["home"] != "a" || o["now"] != self[0] || (o["version"].(float64) == 2) != (o["move"] == nil) {
+			t.Fatalf("entry %v", o)
+		}
+	}
+	r.ok("move", "home:/m", "--to", "a", "--wait")
+	for _, st := range storesOf(t, r, "home:/m/f.bin") {
+		if !slices.Equal(st, []string{"a"}) {
+			t.Fatalf("stores after the move: %v", storesOf(t, r, "home:/m/f.bin"))
+		}
+	}
+	time.Sleep(2500 * time.Millisecond) // the mount reads the moves again
+	copy(data[2000:], "written after the move")
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := storesOf(t, r, "home:/m/f.bin"); !slices.Equal(got[len(got)-1], []string{"copies:1@a"}) {
+		t.Fatalf("stores after the move: %v", got)
+	}
+	if len(offloadLs(t, r)) != 0 {
+		t.Fatalf("offload ls: %v", offloadLs(t, r))
+	}
+	if got := r.ok("cat", "--no-cache", "home:/m/f.bin"); got != string(data) {
+		t.Fatal("does not read back from the store")
+	}
+	r.ok("umount", mnt)
+	waitExit(t, exited, out)
+}
