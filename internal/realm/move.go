@@ -72,12 +72,11 @@ func (r *Realm) Move(ctx context.Context, vol, path, to string, o MoveOptions) (
 	if meta.IsPolicyName(to) {
 		return nil, cairn.E(op, cairn.Invalid, to, errors.New("a move goes to one node or store; to spread files over several, 'cairn policy set' a copies or ec policy"))
 	}
+	// A node (not removed, not a surrogate) or a registered store not
+	// being removed, as for a policy.
 	pol := meta.PolicyCopies + ":1@" + to
 	if _, err := r.CheckPolicy(ctx, pol); err != nil {
 		return nil, err
-	}
-	if n, err := r.Meta.Node(ctx, to); err == nil && n.Role != "" && n.Role != "device" && n.Role != "benefactor" {
-		return nil, cairn.E(op, cairn.Permission, to, fmt.Errorf("the node is a %s: a move goes to a device, a benefactor or a registered store", n.Role))
 	}
 	v, err := r.Volume(ctx, vol)
 	if err != nil {
