@@ -84,8 +84,20 @@ func (r *Realm) Move(ctx context.Context, vol, path, to string, o MoveOptions) (
 	}
 	rep := &MoveReport{Vol: vol, Path: path, To: to, Policy: pol}
 	seen := map[uint64]bool{}
+	seenVer := map[verKey]bool{}
 	record := func() error {
-		list, err := r.moveEntries(ctx, v, path, to, rep, seen)
+		// A version with an entry for `to` already (an earlier run, the
+		// first look, or written meanwhile and offloaded for it) keeps it.
+		have, err := r.Meta.Offloads(ctx)
+		if err != nil {
+			return err
+		}
+		for _, o := range have {
+			if o.VolID == v.Meta.V.ID && o.Home == to {
+				seenVer[verKey{o.Ino, o.N}] = true
+			}
+		}
+		list, err := r.moveEntries(ctx, v, path, to, rep, seen, seenVer)
 		if err != nil {
 			return err
 		}
@@ -132,8 +144,10 @@ func (r *Realm) Move(ctx context.Context, vol, path, to string, o MoveOptions) (
 // moveEntries lists the offload entries that move the kept versions of
 // the files under path in volume v to `to`, adding to rep. A version held
 // by `to` needs none; one under a copies or ec policy (or naming several
-// stores) is skipped, with why. seen: the files counted already.
-func (r *Realm) moveEntries(ctx context.Context, v *fs.Volume, path, to string, rep *MoveReport, seen map[uint64]bool) ([]*meta.Offload, error) {
+// stores) is skipped, with why. seen: the files counted already;
+// recorded: the versions dealt with already (an entry for `to`, held
+// there, skipped): none is made or counted again.
+func (r *Realm) moveEntries(ctx context.Context, v *fs.Volume, path, to string, rep *MoveReport, seen map[uint64]bool, recorded map[verKey]bool) ([]*meta.Offload, error) {
 	prefix := v.Name() + ":" + path
 	now := time.Now().UnixNano()
 	var out []*meta.Offload
@@ -143,15 +157,20 @@ func (r *Realm) moveEntries(ctx context.Context, v *fs.Volume, path, to string, 
 		}
 		for _, ver := range e.Versions {
 			switch {
+			case recorded[verKey{e.Ino, ver.N}]:
+				continue
 			case slices.Contains(ver.Stores, to):
+				recorded[verKey{e.Ino, ver.N}] = true
 				rep.There++
 				continue
 			case len(ver.Stores) != 1 || meta.IsPolicyName(ver.Stores[0]) || ver.Stores[0] == meta.PolicyLocal:
+				recorded[verKey{e.Ino, ver.N}] = true
 				rep.Skipped = append(rep.Skipped, fmt.Sprintf("%s v%d on %s: only a version held by one node or store is moved in this build", p, ver.N, strings.Join(ver.Stores, ",")))
 				continue
 			}
 			out = append(out, &meta.Offload{Vol: v.Name(), VolID: v.Meta.V.ID, Ino: e.Ino, Parent: e.Parent, Name: e.Name, N: ver.N,
 				Manifest: ver.Manifest, Chunks: ver.Chunks, Bytes: ver.Size, Home: to, Now: ver.Stores[0], Since: now, Move: path})
+			recorded[verKey{e.Ino, ver.N}] = true
 			rep.Versions++
 			rep.Bytes += ver.Size
 			if !seen[e.Ino] {
@@ -163,6 +182,9 @@ func (r *Realm) moveEntries(ctx context.Context, v *fs.Volume, path, to string, 
 	})
 	return out, err
 }
+
+// verKey is a version of an inode.
+type verKey struct{ ino, n uint64 }
 
 // MoveStatus is one move in progress: what of it waits for reclaim.
 type MoveStatus struct {
