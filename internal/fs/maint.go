@@ -769,7 +769,7 @@ func DropUnreferenced(ctx context.Context, svc *meta.Service, vols []*Volume, na
 	if err != nil {
 		return 0, fmt.Errorf("nothing deleted: %w", err)
 	}
-	// Deleted 16 at a time, in batches of 256 each after a check of the
+	// Deleted 32 at a time, in batches of 1024 each after a check of the
 	// fence's lease: writers wait while it is held (one by one, the
 	// deletes of a large file on a node behind a slow link held them for
 	// seconds).
@@ -780,13 +780,13 @@ func DropUnreferenced(ctx context.Context, svc *meta.Service, vols []*Volume, na
 		}
 	}
 	var deleted atomic.Int64
-	for start := 0; start < len(dead); start += 256 {
+	for start := 0; start < len(dead); start += 1024 {
 		if err := fence.Alive(ctx); err != nil {
 			return int(deleted.Load()), err
 		}
 		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(16)
-		for _, id := range dead[start:min(len(dead), start+256)] {
+		g.SetLimit(32)
+		for _, id := range dead[start:min(len(dead), start+1024)] {
 			g.Go(func() error {
 				if err := st.Delete(gctx, id); err != nil && !errors.Is(err, cairn.ErrNotFound) {
 					return err

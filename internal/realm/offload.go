@@ -143,6 +143,12 @@ func (r *Realm) reclaimOne(ctx context.Context, e *meta.Offload, rep *ReclaimRep
 	if err != nil {
 		return "", err
 	}
+	// The objects to copy, once: the version is its manifest, wherever
+	// the file's record moved, and a write of the file between the copy
+	// and the settle only makes the settle read the record again (a file
+	// written every few seconds would otherwise never settle a large
+	// version: each try copied, or asked the home about, every object).
+	var ids []cairn.ID
 	for attempt := 0; ; attempt++ {
 		f, i, err := findOffloaded(ctx, v, e)
 		if err != nil {
@@ -164,16 +170,17 @@ func (r *Realm) reclaimOne(ctx context.Context, e *meta.Offload, rep *ReclaimRep
 			}
 			return "dropped: the version no longer exists there", nil
 		}
-		ver := f.Versions[i]
-		ids, err := versionObjects(ctx, v, &ver)
-		if err != nil {
-			return "", err
-		}
-		if err := r.copyHome(ctx, e, ids, rep); err != nil {
-			return "", err
+		if ids == nil {
+			ver := f.Versions[i]
+			if ids, err = versionObjects(ctx, v, &ver); err != nil {
+				return "", err
+			}
+			if err := r.copyHome(ctx, e, ids, rep); err != nil {
+				return "", err
+			}
 		}
 		if _, err := v.Meta.SettleOffload(ctx, f, i, e); err != nil {
-			if errors.Is(err, cairn.ErrConflict) && attempt < 5 {
+			if errors.Is(err, cairn.ErrConflict) && attempt < 20 {
 				continue // the file changed: find the version again
 			}
 			return "", err
