@@ -24,7 +24,10 @@ and the realm records an offload entry: the version, where it was meant to
 go (its home) and where it is now. Reads find it where it is now, without
 waking the home. When the home is awake again its node daemon reclaims it
 (on resume, and every minute while awake): it copies home what the home
-lacks, records the version there and deletes the offloaded copy.`,
+lacks, records the version there and deletes the offloaded copy.
+
+A move ('cairn move') is recorded the same way: one entry per version to
+move, its destination as home, shown with "(move)".`,
 	}
 	c.AddCommand(e.offloadLsCmd(), e.offloadReclaimCmd())
 	return c
