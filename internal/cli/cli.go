@@ -232,7 +232,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 	root.AddCommand(e.queueCmd())
 	root.AddCommand(e.metaCmd())
 	root.AddCommand(e.manCmd())
-	root.AddCommand(e.offloadCmd())
+	root.AddCommand(e.offloadCmd(), e.moveCmd())
 	root.AddCommand(e.surrogateCmd())
 	root.AddCommand(e.pinCmd(), e.unpinCmd())
 	return root

@@ -24,7 +24,10 @@ and the realm records an offload entry: the version, where it was meant to
 go (its home) and where it is now. Reads find it where it is now, without
 waking the home. When the home is awake again its node daemon reclaims it
 (on resume, and every minute while awake): it copies home what the home
-lacks, records the version there and deletes the offloaded copy.`,
+lacks, records the version there and deletes the offloaded copy.
+
+A move ('cairn move') is recorded the same way: one entry per version to
+move, its destination as home, shown with "(move)".`,
 	}
 	c.AddCommand(e.offloadLsCmd(), e.offloadReclaimCmd())
 	return c
@@ -41,6 +44,8 @@ type offloadRow struct {
 	Chunks   int       `json:"chunks"`
 	Since    time.Time `json:"since"`
 	Manifest string    `json:"manifest"`
+	// Move: the path of the move ('cairn move') the entry is part of.
+	Move string `json:"move,omitempty"`
 }
 
 func (e *env) offloadLsCmd() *cobra.Command {
@@ -66,7 +71,7 @@ its size and since when it waits.`,
 			out := []offloadRow{}
 			for _, o := range list {
 				out = append(out, offloadRow{Volume: o.Vol, Path: e.offloadPath(cmd, r, paths, o), Version: o.N, Home: o.Home, Now: o.Now,
-					Bytes: o.Bytes, Chunks: o.Chunks, Since: time.Unix(0, o.Since).UTC(), Manifest: o.Manifest.String()})
+					Bytes: o.Bytes, Chunks: o.Chunks, Since: time.Unix(0, o.Since).UTC(), Manifest: o.Manifest.String(), Move: o.Move})
 			}
 			if asJSON {
 				return e.printJSON(out)
@@ -78,7 +83,11 @@ its size and since when it waits.`,
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "PATH\tVERSION\tHOME\tNOW ON\tSIZE\tSINCE")
 			for _, o := range out {
-				fmt.Fprintf(tw, "%s:%s\t%d\t%s\t%s\t%s\t%s\n", o.Volume, o.Path, o.Version, o.Home, o.Now, apitypes.IBytes(o.Bytes), o.Since.Local().Format(time.DateTime))
+				home := o.Home
+				if o.Move != "" {
+					home += " (move)"
+				}
+				fmt.Fprintf(tw, "%s:%s\t%d\t%s\t%s\t%s\t%s\n", o.Volume, o.Path, o.Version, home, o.Now, apitypes.IBytes(o.Bytes), o.Since.Local().Format(time.DateTime))
 			}
 			return tw.Flush()
 		},

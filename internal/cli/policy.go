@@ -352,6 +352,10 @@ func (e *env) policyVolumes(ctx context.Context, v *fs.Volume, p vpath.Path) (fu
 	if err != nil {
 		return nil, err
 	}
+	moves, err := r.VolumeMoves(ctx, p.Volume)
+	if err != nil {
+		return nil, err
+	}
 	root := p.Slash()
 	vols := map[string]*fs.Volume{}
 	for _, rec := range recs {
@@ -366,7 +370,23 @@ func (e *env) policyVolumes(ctx context.Context, v *fs.Volume, p vpath.Path) (fu
 			vols[rec.Policy] = pv
 		}
 	}
+	// Files being moved (cairn move) are offloaded until the move's copy
+	// is done (doc/director.md, "Moves").
+	for _, m := range moves {
+		overlaps := m.Path == "/" || root == "/" || m.Path == root || strings.HasPrefix(root, m.Path+"/") || strings.HasPrefix(m.Path, root+"/")
+		if _, ok := vols["move\x00"+m.To]; ok || !overlaps {
+			continue
+		}
+		mv, err := r.MoveVolume(ctx, p.Volume, m.To)
+		if err != nil {
+			return nil, fmt.Errorf("moving %s:%s to %s: %w", p.Volume, m.Path, m.To, err)
+		}
+		vols["move\x00"+m.To] = mv
+	}
 	return func(path string) *fs.Volume {
+		if to := realm.MovingTo(moves, path); to != "" {
+			return vols["move\x00"+to]
+		}
 		if rec := meta.PolicyFor(recs, path); rec != nil {
 			if pv := vols[rec.Policy]; pv != nil {
 				return pv

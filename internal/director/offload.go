@@ -190,3 +190,29 @@ func (d *Director) OpenStore(ctx context.Context, name string) (st cairn.Store, 
 	}
 	return rs, func() { rs.Close() }, nil
 }
+
+// ForMove returns where writes go for a file being moved to home (a node
+// or registered store; doc/director.md, "Moves") while the move's copy
+// runs: home lacks most of the file's chunks until then, so a version
+// written there would send the whole file and wait for the move. Instead
+// the write is offloaded, as to a home that is not awake: to the offload
+// target (this device unless Options.OffloadTo names another), which
+// stores only the chunks it lacks, and each commit records an offload
+// entry naming home, reclaimed there once the copy is done. On home
+// itself, writes stay on this device's store, which is home.
+func (d *Director) ForMove(ctx context.Context, home string) (Write, error) {
+	local, err := d.env.Local(ctx)
+	if err != nil {
+		return Write{}, err
+	}
+	if self, err := d.env.Self(ctx); err != nil {
+		return Write{}, err
+	} else if self == home {
+		return Write{Store: &deviceStore{local: local, target: local, d: d}, Name: self, Default: true}, nil
+	}
+	target, name, err := d.offloadTarget(ctx, meta.NodeStatus{NodeRecord: meta.NodeRecord{Name: home}})
+	if err != nil {
+		return Write{}, err
+	}
+	return Write{Store: &deviceStore{local: local, target: target, d: d}, Name: name, Home: home}, nil
+}

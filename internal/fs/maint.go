@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -768,19 +769,37 @@ func DropUnreferenced(ctx context.Context, svc *meta.Service, vols []*Volume, na
 	if err != nil {
 		return 0, fmt.Errorf("nothing deleted: %w", err)
 	}
-	n := 0
+	// Deleted 32 at a time, in batches of 1024 each after a check of the
+	// fence's lease: writers wait while it is held (one by one, the
+	// deletes of a large file on a node behind a slow link held them for
+	// seconds).
+	var dead []cairn.ID
 	for _, id := range ids {
-		if live.has(id) {
-			continue
+		if !live.has(id) {
+			dead = append(dead, id)
 		}
-		if err := fence.Alive(ctx); err != nil {
-			return n, err
-		}
-		if err := st.Delete(ctx, id); err != nil && !errors.Is(err, cairn.ErrNotFound) {
-			return n, err
-		}
-		n++
 	}
+	var deleted atomic.Int64
+	for start := 0; start < len(dead); start += 1024 {
+		if err := fence.Alive(ctx); err != nil {
+			return int(deleted.Load()), err
+		}
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(32)
+		for _, id := range dead[start:min(len(dead), start+1024)] {
+			g.Go(func() error {
+				if err := st.Delete(gctx, id); err != nil && !errors.Is(err, cairn.ErrNotFound) {
+					return err
+				}
+				deleted.Add(1)
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return int(deleted.Load()), err
+		}
+	}
+	n := int(deleted.Load())
 	if f, ok := st.(interface{ Flush(context.Context) error }); ok && n > 0 {
 		if err := f.Flush(context.WithoutCancel(ctx)); err != nil {
 			return n, err

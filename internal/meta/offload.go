@@ -46,6 +46,11 @@ type Offload struct {
 	Stores     string `json:"stores,omitempty"`
 	HomeStores string `json:"home_stores,omitempty"`
 	Since      int64  `json:"since"`
+	// Move, if set, is the path ("/a/b") a move ('cairn move') relocates
+	// to Home: the version was at Now before the move, not offloaded.
+	// While a volume has entries of a move, new versions of files under
+	// its path are offloaded (doc/director.md, "Moves").
+	Move string `json:"move,omitempty"`
 	// Rev is the key's ModRevision as read (not stored).
 	Rev int64 `json:"-"`
 }
@@ -122,6 +127,8 @@ func DecodeOffload(k string, b []byte) (*Offload, error) {
 		return nil, bad("an offload entry's stores and home stores go together and differ")
 	case o.Name == "" || strings.ContainsAny(o.Name, "/\x00"):
 		return nil, bad("bad file name")
+	case o.Move != "" && !CleanPath(o.Move):
+		return nil, bad("a move's path is absolute, without a trailing '/' or an empty, '.' or '..' segment")
 	}
 	return &o, nil
 }
@@ -230,4 +237,44 @@ func (v *Vol) SettleOffload(ctx context.Context, e *Entry, i int, o *Offload) (*
 	}
 	next.Rev = resp.Header.Revision
 	return &next, nil
+}
+
+// CleanPath reports whether p is "/" or "/a/b" with no empty, "." or ".."
+// segment and no trailing '/' (the paths policies and moves are set on).
+func CleanPath(p string) bool {
+	_, err := cleanPolicyPath(p)
+	return err == nil && !strings.ContainsRune(p, 0)
+}
+
+// maxOpsPerTxn bounds the operations of one transaction PutOffloads
+// makes (etcd's default limit is 128).
+const maxOpsPerTxn = 100
+
+// PutOffloads records offload entries made by a move ('cairn move'):
+// each at its key, replacing an entry already there for the same version
+// (an offloaded version being moved gets the move's home). Entries go in
+// transactions of at most 100; a failure leaves the earlier batches
+// recorded (a move run again records them again, idempotently).
+func (s *Service) PutOffloads(ctx context.Context, list []*Offload) error {
+	const op = "record move"
+	for start := 0; start < len(list); start += maxOpsPerTxn {
+		var ops []clientv3.Op
+		for _, o := range list[start:min(len(list), start+maxOpsPerTxn)] {
+			c := *o
+			c.Format = OffloadFormat
+			b, _ := json.Marshal(c)
+			k := s.offloadKey(c.VolID, c.Ino, c.N)
+			if _, err := DecodeOffload(strings.TrimPrefix(k, s.opts.Prefix), b); err != nil {
+				return err
+			}
+			ops = append(ops, clientv3.OpPut(k, string(b)))
+		}
+		cctx, cancel := s.opCtx(ctx)
+		_, err := s.cli.Txn(cctx).Then(ops...).Commit()
+		cancel()
+		if err != nil {
+			return etcdErr(op, "", err)
+		}
+	}
+	return nil
 }

@@ -123,6 +123,50 @@ func TestOffloadEntries(t *testing.T) {
 	}
 }
 
+// A move records its entries (PutOffloads) in batches, replacing an entry
+// already there for the same version; a bad one is refused before
+// anything of its batch is written; they settle as any entry.
+func TestPutOffloads(t *testing.T) {
+	ctx := context.Background()
+	s, v, root := newVolRoot(t, 0)
+	gen, err := s.WriteGen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An offloaded version (home desktop) and 150 files at the laptop.
+	c := meta.Commit{Version: meta.Version{Manifest: cairn.ID{1}, Size: 10, Chunks: 2, Stores: []string{"laptop2"}, Digest: "d1"}, Mode: 0o644, Gen: gen,
+		Offload: &meta.OffloadTo{Home: "desktop"}}
+	e, _, err := v.CommitVersion(ctx, root, "doc", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := []*meta.Offload{{Vol: "home", VolID: v.V.ID, Ino: e.Ino, Parent: root.Ino, Name: "doc", N: 1, Manifest: cairn.ID{1}, Home: "server", Now: "laptop2", Move: "/", Since: 5}}
+	for i := range 150 {
+		list = append(list, &meta.Offload{Vol: "home", VolID: v.V.ID, Ino: uint64(1000 + i), Parent: root.Ino, Name: "f", N: 1, Home: "server", Now: "laptop", Move: "/", Since: 5})
+	}
+	if err := s.PutOffloads(ctx, append(slices.Clone(list), &meta.Offload{Vol: "home", VolID: v.V.ID, Ino: 9, Name: "x", N: 1, Home: "server", Now: "server"})); !errors.Is(err, cairn.ErrCorrupt) {
+		t.Fatalf("home = now: %v", err)
+	}
+	got, err := s.Offloads(ctx)
+	if err != nil || len(got) != 100 { // the first batch went in; the second held the bad one
+		t.Fatalf("after a refused batch: %d entries, %v", len(got), err)
+	}
+	if err := s.PutOffloads(ctx, list); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = s.Offloads(ctx); err != nil || len(got) != 151 {
+		t.Fatalf("%d entries, %v", len(got), err)
+	}
+	i := slices.IndexFunc(got, func(o *meta.Offload) bool { return o.Ino == e.Ino })
+	if i < 0 || got[i].Home != "server" || got[i].Move != "/" {
+		t.Fatalf("the offloaded version's entry: %+v", got[i])
+	}
+	e, _ = v.Get(ctx, root.Ino, "doc")
+	if e, err = v.SettleOffload(ctx, e, 0, got[i]); err != nil || !slices.Equal(e.Current().Stores, []string{"server"}) {
+		t.Fatalf("settle: %+v, %v", e, err)
+	}
+}
+
 func FuzzDecodeOffload(f *testing.F) {
 	good := meta.Offload{Format: 1, Vol: "home", VolID: "ab", Ino: 0x1234, Parent: 1, Name: "doc", N: 2, Home: "desktop", Now: "laptop2", Since: 1}
 	b, _ := json.Marshal(good)
@@ -132,6 +176,8 @@ func FuzzDecodeOffload(f *testing.F) {
 	f.Add("offload/ab/0000000000001234/0000000000000002", `{"format":2}`)
 	f.Add("offload/ab/0000000000001234/0000000000000002", `{"format":1,"vol_id":"ab","ino":4660,"n":2,"name":"a","home":"d","now":"l2","stores":"copies:2@l,l2","home_stores":"copies:2@l,d"}`)
 	f.Add("offload/ab/0000000000001234/0000000000000002", `{`)
+	f.Add("offload/ab/0000000000001234/0000000000000002", `{"format":1,"vol_id":"ab","ino":4660,"n":2,"name":"a","home":"d","now":"l","move":"/docs/a"}`)
+	f.Add("offload/ab/0000000000001234/0000000000000002", `{"format":1,"vol_id":"ab","ino":4660,"n":2,"name":"a","home":"d","now":"l","move":"docs/../a/"}`)
 	f.Fuzz(func(t *testing.T, k, val string) {
 		o, err := meta.DecodeOffload(k, []byte(val))
 		if err != nil {
@@ -141,7 +187,7 @@ func FuzzDecodeOffload(f *testing.F) {
 			return
 		}
 		if o.Format != meta.OffloadFormat || o.Home == "" || o.Now == "" || o.Home == o.Now || o.Name == "" || strings.Contains(o.Name, "/") ||
-			(o.Stores == "") != (o.HomeStores == "") {
+			(o.Stores == "") != (o.HomeStores == "") || (o.Move != "" && !meta.CleanPath(o.Move)) {
 			t.Fatalf("accepted %+v", o)
 		}
 		want := "offload/" + o.VolID + "/"

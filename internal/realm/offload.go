@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
@@ -26,6 +28,9 @@ func (r *Realm) Offloads(ctx context.Context) ([]*meta.Offload, error) {
 type ReclaimOptions struct {
 	// Home, if set: only entries whose home is this node or store.
 	Home string
+	// Match, if set: only entries it accepts (a move's, 'cairn move
+	// --wait').
+	Match func(o *meta.Offload) bool
 	// Progress, if set, is told each entry's outcome.
 	Progress func(o *meta.Offload, outcome string)
 }
@@ -105,7 +110,7 @@ func (r *Realm) Reclaim(ctx context.Context, o ReclaimOptions) (*ReclaimReport, 
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
 		}
-		if o.Home != "" && e.Home != o.Home {
+		if (o.Home != "" && e.Home != o.Home) || (o.Match != nil && !o.Match(e)) {
 			continue
 		}
 		if !isAwake(e.Home) {
@@ -138,6 +143,12 @@ func (r *Realm) reclaimOne(ctx context.Context, e *meta.Offload, rep *ReclaimRep
 	if err != nil {
 		return "", err
 	}
+	// The objects to copy, once: the version is its manifest, wherever
+	// the file's record moved, and a write of the file between the copy
+	// and the settle only makes the settle read the record again (a file
+	// written every few seconds would otherwise never settle a large
+	// version: each try copied, or asked the home about, every object).
+	var ids []cairn.ID
 	for attempt := 0; ; attempt++ {
 		f, i, err := findOffloaded(ctx, v, e)
 		if err != nil {
@@ -159,16 +170,17 @@ func (r *Realm) reclaimOne(ctx context.Context, e *meta.Offload, rep *ReclaimRep
 			}
 			return "dropped: the version no longer exists there", nil
 		}
-		ver := f.Versions[i]
-		ids, err := versionObjects(ctx, v, &ver)
-		if err != nil {
-			return "", err
-		}
-		if err := r.copyHome(ctx, e, ids, rep); err != nil {
-			return "", err
+		if ids == nil {
+			ver := f.Versions[i]
+			if ids, err = versionObjects(ctx, v, &ver); err != nil {
+				return "", err
+			}
+			if err := r.copyHome(ctx, e, ids, rep); err != nil {
+				return "", err
+			}
 		}
 		if _, err := v.Meta.SettleOffload(ctx, f, i, e); err != nil {
-			if errors.Is(err, cairn.ErrConflict) && attempt < 5 {
+			if errors.Is(err, cairn.ErrConflict) && attempt < 20 {
 				continue // the file changed: find the version again
 			}
 			return "", err
@@ -251,6 +263,9 @@ func findOffloaded(ctx context.Context, v *fs.Volume, e *meta.Offload) (*meta.En
 	return found, match(found), nil
 }
 
+// copyInFlight bounds the objects reclaim copies at once.
+const copyInFlight = 8
+
 // copyHome copies to e.Home the objects of ids it lacks, from e.Now, and
 // makes them durable there.
 func (r *Realm) copyHome(ctx context.Context, e *meta.Offload, ids []cairn.ID, rep *ReclaimReport) error {
@@ -278,17 +293,30 @@ func (r *Realm) copyHome(ctx context.Context, e *meta.Offload, ids []cairn.ID, r
 		return err
 	}
 	defer doneSrc()
+	// copyInFlight objects at once: one by one, each costs two round
+	// trips, and a large file (a move) has thousands.
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(copyInFlight)
 	for _, id := range missing {
-		b, err := src.Get(ctx, id)
-		if err != nil {
-			return err
-		}
-		if err := dst.Put(ctx, id, b); err != nil {
-			return err
-		}
-		rep.Copied++
-		rep.Sent += int64(len(b))
-		metrics.Default().ReclaimBytes.Add(float64(len(b))) // cairn_reclaim_bytes_total
+		g.Go(func() error {
+			b, err := src.Get(gctx, id)
+			if err != nil {
+				return err
+			}
+			if err := dst.Put(gctx, id, b); err != nil {
+				return err
+			}
+			mu.Lock()
+			rep.Copied++
+			rep.Sent += int64(len(b))
+			mu.Unlock()
+			metrics.Default().ReclaimBytes.Add(float64(len(b))) // cairn_reclaim_bytes_total
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
 	}
 	if f, ok := dst.(interface{ Flush(context.Context) error }); ok {
 		return f.Flush(ctx)
@@ -314,7 +342,8 @@ func (r *Realm) dropOffloaded(ctx context.Context, name string, ids []cairn.ID) 
 // DefaultReclaimEvery is how often a node daemon reclaims while awake.
 const DefaultReclaimEvery = time.Minute
 
-// reclaimLoop reclaims the versions offloaded while node self slept: on
+// reclaimLoop reclaims the versions offloaded while node self slept, and
+// those moves take to or from it (doc/director.md, "Moves"): on
 // each kick and every every, while not sleeping, until ctx ends.
 func (r *Realm) reclaimLoop(ctx context.Context, self string, every time.Duration, kick <-chan struct{}, sleeping *atomic.Bool) {
 	t := time.NewTicker(every)
@@ -329,7 +358,9 @@ func (r *Realm) reclaimLoop(ctx context.Context, self string, every time.Duratio
 		if sleeping.Load() {
 			continue
 		}
-		rep, err := r.Reclaim(ctx, ReclaimOptions{Home: self})
+		// What waits for this node, and the moves of what it holds
+		// (a move to a registered store has no node of its own).
+		rep, err := r.Reclaim(ctx, ReclaimOptions{Match: func(o *meta.Offload) bool { return o.Home == self || (o.Move != "" && o.Now == self) }})
 		switch {
 		case err != nil:
 			if ctx.Err() == nil {

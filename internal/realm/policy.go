@@ -9,7 +9,6 @@ package realm
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -143,11 +142,20 @@ func (r *Realm) PolicyVolume(ctx context.Context, name, policy string) (*fs.Volu
 	if d.Default(policy) {
 		return r.Volume(ctx, name)
 	}
-	def, err := r.Volume(ctx, name)
-	if err != nil {
+	if _, err := r.Volume(ctx, name); err != nil {
 		return nil, err
 	}
 	w, err := d.ForWrite(ctx, policy)
+	if err != nil {
+		return nil, err
+	}
+	return r.writeVolume(ctx, name, w)
+}
+
+// writeVolume returns volume name opened to write where w says (one per
+// volume, name and offload home, kept until the realm closes).
+func (r *Realm) writeVolume(ctx context.Context, name string, w director.Write) (*fs.Volume, error) {
+	def, err := r.Volume(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -407,6 +415,7 @@ func (r *Realm) Placement(name string) fs.Placement {
 		read time.Time
 		vols = map[string]*fs.Volume{}
 	)
+	var moves []MoveStatus
 	return func(ctx context.Context, path string) (*fs.Volume, error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -415,24 +424,30 @@ func (r *Realm) Placement(name string) fs.Placement {
 			if err != nil {
 				return nil, err
 			}
-			recs, read = rs, time.Now()
+			ms, err := r.volumeMoves(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			recs, moves, read = rs, ms, time.Now()
 			// Ask the director again too: a member that went to
 			// sleep or woke since changes where a policy's writes go
 			// (offload, director.md); PolicyVolume keeps the volumes.
 			clear(vols)
 		}
-		rec := meta.PolicyFor(recs, path)
-		if rec == nil || rec.Policy == meta.PolicyLocal {
-			return nil, nil
+		key := MovingTo(moves, path)
+		if key != "" {
+			key = "move\x00" + key
+		} else if rec := meta.PolicyFor(recs, path); rec != nil {
+			key = rec.Policy
 		}
-		if v := vols[rec.Policy]; v != nil {
+		if v, ok := vols[key]; ok {
 			return v, nil
 		}
-		v, err := r.PolicyVolume(ctx, name, rec.Policy)
+		v, err := r.WriteVolumeFor(ctx, name, recs, moves, path)
 		if err != nil {
-			return nil, fmt.Errorf("policy %s of %s:%s: %w", rec.Policy, name, rec.Path, err)
+			return nil, err
 		}
-		vols[rec.Policy] = v
+		vols[key] = v
 		return v, nil
 	}
 }
