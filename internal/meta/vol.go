@@ -296,6 +296,40 @@ func (v *Vol) readDirEtcd(ctx context.Context, ino uint64, bad func(error)) ([]E
 	return out, at, err
 }
 
+// EntryRevs returns the etcd ModRevision of each entry of directory ino,
+// by name, and the ID of the etcd cluster they were read from, with a
+// keys-only range read: no record is sent or decoded. An entry whose
+// ModRevision, in the same cluster, is one a caller saw is the record it
+// saw, unchanged (a put's files cache: doc/format.md "Files cache").
+// Offline, the revisions come from the volume's local copy, and the
+// cluster ID is 0.
+func (v *Vol) EntryRevs(ctx context.Context, ino uint64) (map[string]int64, uint64, error) {
+	if lc := v.offlineCopy(nil); lc != nil {
+		return entryRevs(lc.ReadDir(ino)), 0, nil
+	}
+	prefix := v.dirPrefix(ino)
+	revs := map[string]int64{}
+	_, cluster, err := v.s.scanOpts(ctx, "read dir", prefix, 10000, func(k, _ []byte, rev int64) error {
+		revs[string(k[len(prefix):])] = rev
+		return nil
+	}, clientv3.WithKeysOnly())
+	if err != nil {
+		if lc := v.offlineCopy(err); lc != nil {
+			return entryRevs(lc.ReadDir(ino)), 0, nil
+		}
+		return nil, 0, err
+	}
+	return revs, cluster, nil
+}
+
+func entryRevs(ents []Entry) map[string]int64 {
+	revs := make(map[string]int64, len(ents))
+	for _, e := range ents {
+		revs[e.Name] = e.Rev
+	}
+	return revs
+}
+
 // Create adds a new directory, symlink, (empty, versionless) file or
 // special file (FIFO, socket, device: record format 2, raised first by
 // UseFormat) named e.Name in directory parent. It assigns e.Ino and fails with Exist if the
