@@ -181,6 +181,15 @@ type putState struct {
 	revMu   sync.Mutex
 	revs    map[uint64]map[string]int64
 	revRead singleflight.Group
+	// The walk asks for each directory's revisions ahead of the workers
+	// (prefetchRevs): revWait holds a channel per directory asked for and
+	// not read yet, closed once it is; revAsk the directories to read,
+	// many per etcd transaction (meta.Vol.EntryRevsOf).
+	revWait map[uint64]chan struct{}
+	revAsk  []uint64
+	revKick chan struct{}
+	// stopRevs ends readRevs.
+	stopRevs context.CancelFunc
 	// Hard links (walk; one goroutine): the first name met of each local
 	// file with several names (by device and inode), and the further
 	// names, made links of it once every file is committed (makeLinks).
@@ -571,6 +580,7 @@ func (st *putState) walk(ctx context.Context, src string, into *meta.Entry, into
 			st.fail(dstPath, err)
 			return nil
 		}
+		st.prefetchRevs(d.Ino)
 		ents, err := os.ReadDir(src)
 		if err != nil {
 			st.fail(src, err)

@@ -44,6 +44,11 @@ func (st *putState) loadCache(ctx context.Context, v *fs.Volume, dir *meta.Entry
 		return
 	}
 	st.revs = map[uint64]map[string]int64{}
+	st.revWait = map[uint64]chan struct{}{}
+	st.revKick = make(chan struct{}, 1)
+	rctx, stop := context.WithCancel(ctx)
+	st.stopRevs = stop
+	go st.readRevs(rctx)
 	path := st.e.filesCachePath(v.Meta.V.ID, p.String())
 	fc, err := filescache.Load(path, v.Meta.V.ID, p.String(), cluster)
 	if err != nil {
@@ -59,6 +64,7 @@ func (st *putState) saveCache(srcs []string, whole bool) {
 	if st.fc == nil {
 		return
 	}
+	st.stopRevs()
 	var roots []string
 	if whole {
 		for _, s := range srcs {
@@ -108,14 +114,88 @@ func (st *putState) remember(j putJob, e *meta.Entry) {
 	st.fc.Record(st.cacheKey(j), filescache.Entry{Stat: s, Parent: j.dir.Ino, Rev: e.Rev, Ino: e.Ino, N: cur.N, Manifest: cur.Manifest})
 }
 
+// prefetchRevs asks for the ModRevisions of directory ino's entries
+// ahead of the workers that compare them: the directories asked for are
+// read many per round trip (readRevs), instead of one round trip each
+// when the first worker reaches the directory.
+func (st *putState) prefetchRevs(ino uint64) {
+	if st.fc == nil || st.fc.Len() == 0 {
+		return
+	}
+	st.revMu.Lock()
+	_, done := st.revs[ino]
+	_, asked := st.revWait[ino]
+	if !done && !asked {
+		st.revWait[ino] = make(chan struct{})
+		st.revAsk = append(st.revAsk, ino)
+	}
+	st.revMu.Unlock()
+	select {
+	case st.revKick <- struct{}{}:
+	default:
+	}
+}
+
+// readRevs reads the directories prefetchRevs asks for until ctx ends. A
+// directory whose read fails is left to entryRevs, which reads it again
+// and reports the error.
+func (st *putState) readRevs(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			st.revMu.Lock()
+			for ino, ch := range st.revWait {
+				close(ch)
+				delete(st.revWait, ino)
+			}
+			st.revMu.Unlock()
+			return
+		case <-st.revKick:
+		}
+		st.revMu.Lock()
+		ask := st.revAsk
+		st.revAsk = nil
+		st.revMu.Unlock()
+		if len(ask) == 0 {
+			continue
+		}
+		got, _, err := st.v.Meta.EntryRevsOf(ctx, ask)
+		st.revMu.Lock()
+		for _, ino := range ask {
+			if err == nil {
+				st.revs[ino] = got[ino]
+			}
+			if ch, ok := st.revWait[ino]; ok {
+				close(ch)
+				delete(st.revWait, ino)
+			}
+		}
+		st.revMu.Unlock()
+	}
+}
+
 // entryRevs returns the ModRevisions of directory ino's entries, read
 // once per put.
 func (st *putState) entryRevs(ctx context.Context, ino uint64) (map[string]int64, error) {
 	st.revMu.Lock()
 	m, ok := st.revs[ino]
+	ch := st.revWait[ino]
 	st.revMu.Unlock()
 	if ok {
 		return m, nil
+	}
+	if ch != nil {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		st.revMu.Lock()
+		m, ok = st.revs[ino]
+		st.revMu.Unlock()
+		if ok {
+			return m, nil
+		}
 	}
 	v, err, _ := st.revRead.Do(fmt.Sprint(ino), func() (any, error) {
 		revs, _, err := st.v.Meta.EntryRevs(ctx, ino)

@@ -116,29 +116,39 @@ func (c *Cache) Finish(roots []string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	changed := false
+	for p, e := range c.rec {
+		if i, ok := c.idx[p]; !ok || c.ents[i] != e {
+			changed = true
+			break
+		}
+	}
+	for i := 0; i < len(c.paths) && !changed; i++ {
+		changed = !c.kept[i].Load() && under(c.paths[i], roots)
+	}
+	if !changed {
+		// What was loaded stands (an unchanged tree's put).
+		for i := range c.kept {
+			c.kept[i].Store(false)
+		}
+		c.rec = map[string]Entry{}
+		return false
+	}
 	out := make(map[string]Entry, len(c.paths)+len(c.rec))
 	for i, p := range c.paths {
-		if e, ok := c.rec[p]; ok {
-			if e != c.ents[i] {
-				changed = true
-			}
+		if _, ok := c.rec[p]; ok {
 			continue
 		}
 		if !c.kept[i].Load() && under(p, roots) {
-			changed = true // gone from the sources: dropped
-			continue
+			continue // gone from the sources: dropped
 		}
 		out[p] = c.ents[i]
 	}
 	for p, e := range c.rec {
-		if _, ok := c.idx[p]; !ok {
-			changed = true
-		}
 		out[p] = e
 	}
 	c.set(out)
 	c.rec = map[string]Entry{}
-	return changed
+	return true
 }
 
 // set makes m the loaded entries.
