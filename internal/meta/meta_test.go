@@ -157,6 +157,14 @@ func TestNamespace(t *testing.T) {
 	if revs2, _, err := v.EntryRevs(ctx, dir.Ino); err != nil || revs2["ln"] <= revs["ln"] || revs2["f.txt"] != revs["f.txt"] {
 		t.Fatalf("EntryRevs after an update of ln = %v, %v (before %v)", revs2, err, revs)
 	}
+	// EntryRevsOf: the same, for several directories in one transaction.
+	root := mustLookup(t, v)
+	many, cl, err := v.EntryRevsOf(ctx, []uint64{dir.Ino, root.Ino})
+	one, _, _ := v.EntryRevs(ctx, dir.Ino)
+	rootRevs, _, _ := v.EntryRevs(ctx, root.Ino)
+	if err != nil || cl != cluster || len(many) != 2 || fmt.Sprint(many[dir.Ino]) != fmt.Sprint(one) || fmt.Sprint(many[root.Ino]) != fmt.Sprint(rootRevs) || len(rootRevs) == 0 {
+		t.Fatalf("EntryRevsOf = %v, %x, %v; EntryRevs %v and %v", many, cl, err, one, rootRevs)
+	}
 }
 
 func mustLookup(t *testing.T, v *meta.Vol, parts ...string) *meta.Entry {
