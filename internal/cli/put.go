@@ -22,6 +22,7 @@ import (
 
 	"cairn.dev/cairn/internal/apitypes"
 	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/filescache"
 	"cairn.dev/cairn/internal/fs"
 	"cairn.dev/cairn/internal/meta"
 	"cairn.dev/cairn/internal/realm"
@@ -34,6 +35,9 @@ type PutSummary struct {
 	Files         int64    `json:"files"`         // regular files stored (new versions), or queued with --background
 	Queued        int64    `json:"queued"`        // of those, files queued for upload (--background), not committed yet
 	Skipped       int64    `json:"skipped"`       // unchanged files not read
+	CacheHits     int64    `json:"cache_hits"`    // of those, found unchanged by the files cache alone (no entry read)
+	ReadFiles     int64    `json:"read_files"`    // local files opened to be read
+	ReadBytes     int64    `json:"read_bytes"`    // bytes read from local files
 	Dirs          int64    `json:"dirs"`          // directories created
 	Symlinks      int64    `json:"symlinks"`      // symlinks created or updated
 	Specials      int64    `json:"specials"`      // FIFOs, sockets and device nodes created or updated
@@ -64,7 +68,12 @@ func (e *env) putCmd() *cobra.Command {
 		Long: `Store local files and directories into VOLUME:/DIR, which is created if needed.
 Each SRC lands in DIR under its own name (like 'cp -r SRC... DIR'). Only chunks the
 store does not already hold are written. A file whose size, mtime and inode match
-the version already stored is skipped unless --force. With --force, when the
+the version already stored is skipped unless --force: this device keeps a files
+cache per destination (under CAIRN_HOME/cache/files) of each file's size, mtime,
+ctime, inode and device and of the volume record that holds it, and a file
+found there unchanged, its record unchanged too, is skipped without reading it
+or its record; one the cache knows whose ctime (or size or mtime) changed is
+read again. With --force, when the
 data goes to this device's own store, every chunk the store says it holds is
 read back and verified, and one that is damaged is written afresh from the
 file (healing every version that names it); a remote node or cloud store is
@@ -169,6 +178,24 @@ type putState struct {
 	// spool, with --background, is where files are staged and queued
 	// instead of written and committed (queue.go).
 	spool *spool
+	// fc is the files cache (nil: none, e.g. offline), revs the
+	// ModRevisions of the destination directories' entries it is
+	// compared with (meta.Vol.EntryRevs: one keys-only read each).
+	fc      *filescache.Cache
+	fcPath  string
+	cwd     string // for the cache's keys: absolute local paths
+	revMu   sync.Mutex
+	revs    map[uint64]map[string]int64
+	revRead singleflight.Group
+	// The walk asks for each directory's revisions ahead of the workers
+	// (prefetchRevs): revWait holds a channel per directory asked for and
+	// not read yet, closed once it is; revAsk the directories to read,
+	// many per etcd transaction (meta.Vol.EntryRevsOf).
+	revWait map[uint64]chan struct{}
+	revAsk  []uint64
+	revKick chan struct{}
+	// stopRevs ends readRevs.
+	stopRevs context.CancelFunc
 	// Hard links (walk; one goroutine): the first name met of each local
 	// file with several names (by device and inode), and the further
 	// names, made links of it once every file is committed (makeLinks).
@@ -301,6 +328,7 @@ func (st *putState) commitGroup(ctx context.Context, v *fs.Volume, items []group
 			continue
 		}
 		st.account(r.Stats)
+		st.remember(items[i].j, r.Entry)
 	}
 	if fatal == nil && ctx.Err() != nil {
 		fatal = ctx.Err()
@@ -403,6 +431,9 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 	}
 	st.sum.WorkersUsed = workers
 	st.prog = newProgress(e.stderr, showBar, totalFiles, totalBytes)
+	if sp == nil {
+		st.loadCache(ctx, v, dir, p)
+	}
 	defer st.prog.finish()
 
 	jobs := make(chan putJob, 4*workers)
@@ -476,6 +507,7 @@ func (e *env) put(ctx context.Context, srcs []string, dst string, force, backgro
 	if err == nil {
 		err = st.makeLinks(ctx)
 	}
+	st.saveCache(srcs, err == nil)
 	st.prog.finish()
 	sum := &st.sum
 	sum.Seconds = time.Since(start).Seconds()
@@ -557,6 +589,7 @@ func (st *putState) walk(ctx context.Context, src string, into *meta.Entry, into
 			st.fail(dstPath, err)
 			return nil
 		}
+		st.prefetchRevs(d.Ino)
 		ents, err := os.ReadDir(src)
 		if err != nil {
 			st.fail(src, err)
@@ -762,15 +795,53 @@ func owner(info iofs.FileInfo) (uint32, uint32) {
 
 func (st *putState) putFile(ctx context.Context, j putJob) error {
 	src := sourceOf(j.info)
-	if !st.force {
+	// changed: the files cache knows the file, and its size, mtime, ctime,
+	// inode or device moved since: read it, whatever its record says.
+	changed := false
+	if !st.force && st.fc != nil {
+		if ce, ci := st.fc.Lookup(st.cacheKey(j)); ci >= 0 && ce.Parent == j.dir.Ino && ce.Rev > 0 {
+			if ce.Stat != statOf(j.info) {
+				changed = true
+			} else {
+				revs, err := st.entryRevs(ctx, j.dir.Ino)
+				if err != nil {
+					return err
+				}
+				if rev, ok := revs[j.name]; ok && rev == ce.Rev {
+					// The very record the cache names: the file is unchanged
+					// and so is its version.
+					st.fc.Keep(ci)
+					atomic.AddInt64(&st.sum.CacheHits, 1)
+					st.skip(j)
+					return nil
+				}
+				// The record changed (a rename, chmod or new version made
+				// in the volume): the file is unchanged since the version
+				// the cache names, so it is skipped if that is still the
+				// current version.
+				kids, err := st.children(ctx, j.dir)
+				if err != nil {
+					return err
+				}
+				if old, ok := kids[j.name]; ok && old.Type == meta.TypeFile && old.Ino == ce.Ino {
+					if cur := old.Current(); cur != nil && cur.N == ce.N && cur.Manifest == ce.Manifest {
+						st.remember(j, old)
+						st.skip(j)
+						return nil
+					}
+				}
+			}
+		}
+	}
+	if !st.force && !changed {
 		kids, err := st.children(ctx, j.dir)
 		if err != nil {
 			return err
 		}
 		if old, ok := kids[j.name]; ok && old.Type == meta.TypeFile {
 			if cur := old.Current(); cur != nil && cur.Src == src && cur.Size == src.Size {
-				atomic.AddInt64(&st.sum.Skipped, 1)
-				st.prog.add(1, j.info.Size(), 0)
+				st.remember(j, old)
+				st.skip(j)
 				return nil
 			}
 		}
@@ -783,7 +854,8 @@ func (st *putState) putFile(ctx context.Context, j putJob) error {
 		if err != nil {
 			return nil, err
 		}
-		return &countingReader{f: f, n: &readBytes, prog: st.prog}, nil
+		atomic.AddInt64(&st.sum.ReadFiles, 1)
+		return &countingReader{f: f, n: &readBytes, total: &st.sum.ReadBytes, prog: st.prog}, nil
 	}
 	if st.spool != nil {
 		return st.stageFile(ctx, j, open, a)
@@ -839,14 +911,16 @@ func (st *putState) settle(ctx context.Context, dst string, ws fs.WriteStats, er
 
 // countingReader reports bytes read to the progress bar as they go.
 type countingReader struct {
-	f    *os.File
-	n    *int64
-	prog *progress
+	f     *os.File
+	n     *int64
+	total *int64 // all files', added to atomically
+	prog  *progress
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.f.Read(p)
 	*c.n += int64(n)
+	atomic.AddInt64(c.total, int64(n))
 	c.prog.add(0, int64(n), 0)
 	return n, err
 }

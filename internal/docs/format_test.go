@@ -11,6 +11,7 @@ import (
 	"cairn.dev/cairn/internal/cli"
 	"cairn.dev/cairn/internal/dav"
 	"cairn.dev/cairn/internal/etcdsvc"
+	"cairn.dev/cairn/internal/filescache"
 	"cairn.dev/cairn/internal/journal"
 	"cairn.dev/cairn/internal/keyring"
 	"cairn.dev/cairn/internal/manifest"
@@ -55,6 +56,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"embedded etcd's files (endpoint, locks, socket)": fmt.Sprint(etcdsvc.HomeFormat),
 		"mount cache and commit queue":                    fmt.Sprintf("%d (queue records: %d)", mount.CacheVersion, mount.QueueVersion),
 		"upload queue (`put --background`)":               fmt.Sprint(cli.QueueFormat),
+		"files cache (`put`)":                             fmt.Sprint(filescache.Format),
 		"journal (work accepted locally, finished later)": fmt.Sprint(journal.Version),
 		"mount status socket":                             fmt.Sprint(mount.StatusVersion),
 		"local copy of a volume's namespace":              fmt.Sprint(meta.LocalCopyVersion),

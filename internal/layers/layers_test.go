@@ -21,6 +21,7 @@ var layer = map[string]int{
 	"internal/vpath":               1,
 	"internal/metrics":             1, // Prometheus metrics: one registry per process, the store wrapper, /metrics; counted into from every layer
 	"internal/wol":                 1, // Wake-on-LAN magic packets: encode, parse, send (issue 17's wake proxy, the sleep rig's agent)
+	"internal/filescache":          2, // put's files cache: what each local file looked like when stored (doc/format.md)
 	"internal/journal":             2, // the journal of work finished later (DESIGN decision 12): below fs, mount and cli
 	"internal/httpauth":            2, // app passwords, Basic authentication, loopback rule, TLS listener: shared by dav and web
 

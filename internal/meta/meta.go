@@ -326,30 +326,38 @@ func (s *Service) scan(ctx context.Context, op, prefix string, fn func(k, v []by
 // (every page is read at the first one's revision): the keys fn saw are
 // those the prefix had at that revision, no more, no fewer.
 func (s *Service) scanAt(ctx context.Context, op, prefix string, fn func(k, v []byte, rev int64) error) (int64, error) {
+	at, _, err := s.scanOpts(ctx, op, prefix, 1000, fn)
+	return at, err
+}
+
+// scanOpts is scanAt reading pages of limit keys with extra options
+// (clientv3.WithKeysOnly: fn gets no values), which also returns the
+// etcd cluster's ID.
+func (s *Service) scanOpts(ctx context.Context, op, prefix string, limit int64, fn func(k, v []byte, rev int64) error, extra ...clientv3.OpOption) (int64, uint64, error) {
 	start := prefix
 	end := clientv3.GetPrefixRangeEnd(prefix)
 	var atRev int64
 	for {
 		cctx, cancel := s.opCtx(ctx)
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(1000)}
+		opts := append([]clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(limit)}, extra...)
 		if atRev != 0 {
 			opts = append(opts, clientv3.WithRev(atRev))
 		}
 		resp, err := s.cli.Get(cctx, start, opts...)
 		cancel()
 		if err != nil {
-			return 0, etcdErr(op, prefix, err)
+			return 0, 0, etcdErr(op, prefix, err)
 		}
 		if atRev == 0 {
 			atRev = resp.Header.Revision // one consistent snapshot across pages
 		}
 		for _, kv := range resp.Kvs {
 			if err := fn(kv.Key, kv.Value, kv.ModRevision); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
-			return atRev, nil
+			return atRev, resp.Header.ClusterId, nil
 		}
 		start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}

@@ -143,6 +143,28 @@ func TestNamespace(t *testing.T) {
 	if err != nil || later.Rev <= at {
 		t.Fatalf("a create after a listing at %d: %+v, %v", at, later, err)
 	}
+	// EntryRevs: each entry's ModRevision, as a listing reads it, without
+	// the records; a changed entry's moves.
+	revs, cluster, err := v.EntryRevs(ctx, dir.Ino)
+	if err != nil || cluster == 0 || len(revs) != 3 || revs["f.txt"] != ents[0].Rev || revs["ln"] != ents[1].Rev || revs["later"] != later.Rev {
+		t.Fatalf("EntryRevs = %v, cluster %x, %v; listing %+v, later at %d", revs, cluster, err, ents, later.Rev)
+	}
+	ln := ents[1]
+	ln.Target = "other"
+	if _, err := v.Update(ctx, &ln); err != nil {
+		t.Fatal(err)
+	}
+	if revs2, _, err := v.EntryRevs(ctx, dir.Ino); err != nil || revs2["ln"] <= revs["ln"] || revs2["f.txt"] != revs["f.txt"] {
+		t.Fatalf("EntryRevs after an update of ln = %v, %v (before %v)", revs2, err, revs)
+	}
+	// EntryRevsOf: the same, for several directories in one transaction.
+	root := mustLookup(t, v)
+	many, cl, err := v.EntryRevsOf(ctx, []uint64{dir.Ino, root.Ino})
+	one, _, _ := v.EntryRevs(ctx, dir.Ino)
+	rootRevs, _, _ := v.EntryRevs(ctx, root.Ino)
+	if err != nil || cl != cluster || len(many) != 2 || fmt.Sprint(many[dir.Ino]) != fmt.Sprint(one) || fmt.Sprint(many[root.Ino]) != fmt.Sprint(rootRevs) || len(rootRevs) == 0 {
+		t.Fatalf("EntryRevsOf = %v, %x, %v; EntryRevs %v and %v", many, cl, err, one, rootRevs)
+	}
 }
 
 func mustLookup(t *testing.T, v *meta.Vol, parts ...string) *meta.Entry {

@@ -316,6 +316,102 @@ func (v *Vol) readDirEtcd(ctx context.Context, ino uint64, bad func(error)) ([]E
 	return out, at, err
 }
 
+// EntryRevs returns the etcd ModRevision of each entry of directory ino,
+// by name, and the ID of the etcd cluster they were read from, with a
+// keys-only range read: no record is sent or decoded. An entry whose
+// ModRevision, in the same cluster, is one a caller saw is the record it
+// saw, unchanged (a put's files cache: doc/format.md "Files cache").
+// Offline, the revisions come from the volume's local copy, and the
+// cluster ID is 0.
+func (v *Vol) EntryRevs(ctx context.Context, ino uint64) (map[string]int64, uint64, error) {
+	if lc := v.offlineCopy(nil); lc != nil {
+		return entryRevs(lc.ReadDir(ino)), 0, nil
+	}
+	prefix := v.dirPrefix(ino)
+	revs := map[string]int64{}
+	_, cluster, err := v.s.scanOpts(ctx, "read dir", prefix, 10000, func(k, _ []byte, rev int64) error {
+		revs[string(k[len(prefix):])] = rev
+		return nil
+	}, clientv3.WithKeysOnly())
+	if err != nil {
+		if lc := v.offlineCopy(err); lc != nil {
+			return entryRevs(lc.ReadDir(ino)), 0, nil
+		}
+		return nil, 0, err
+	}
+	return revs, cluster, nil
+}
+
+// entryRevsBatch is the most directories EntryRevsOf reads in one
+// transaction (etcd refuses more than 128 operations in one), and
+// entryRevsLimit the most entries it reads of each: a larger directory is
+// read by EntryRevs, in pages.
+const (
+	entryRevsBatch = 64
+	entryRevsLimit = 10000
+)
+
+// EntryRevsOf is EntryRevs for several directories: one etcd transaction
+// of keys-only range reads per 64 directories, instead of a round trip
+// each.
+func (v *Vol) EntryRevsOf(ctx context.Context, inos []uint64) (map[uint64]map[string]int64, uint64, error) {
+	out := make(map[uint64]map[string]int64, len(inos))
+	if v.offlineCopy(nil) != nil {
+		for _, ino := range inos {
+			revs, _, err := v.EntryRevs(ctx, ino)
+			if err != nil {
+				return nil, 0, err
+			}
+			out[ino] = revs
+		}
+		return out, 0, nil
+	}
+	var cluster uint64
+	for len(inos) > 0 {
+		n := min(len(inos), entryRevsBatch)
+		batch := inos[:n]
+		inos = inos[n:]
+		ops := make([]clientv3.Op, len(batch))
+		for i, ino := range batch {
+			p := v.dirPrefix(ino)
+			ops[i] = clientv3.OpGet(p, clientv3.WithRange(clientv3.GetPrefixRangeEnd(p)), clientv3.WithKeysOnly(), clientv3.WithLimit(entryRevsLimit))
+		}
+		cctx, cancel := v.s.opCtx(ctx)
+		resp, err := v.s.cli.Txn(cctx).Then(ops...).Commit()
+		cancel()
+		if err != nil {
+			return nil, 0, etcdErr("read dir", v.dirPrefix(batch[0]), err)
+		}
+		cluster = resp.Header.ClusterId
+		for i, ino := range batch {
+			rr := resp.Responses[i].GetResponseRange()
+			if rr == nil || rr.More {
+				revs, c, err := v.EntryRevs(ctx, ino)
+				if err != nil {
+					return nil, 0, err
+				}
+				out[ino], cluster = revs, c
+				continue
+			}
+			p := v.dirPrefix(ino)
+			revs := make(map[string]int64, len(rr.Kvs))
+			for _, kv := range rr.Kvs {
+				revs[string(kv.Key[len(p):])] = kv.ModRevision
+			}
+			out[ino] = revs
+		}
+	}
+	return out, cluster, nil
+}
+
+func entryRevs(ents []Entry) map[string]int64 {
+	revs := make(map[string]int64, len(ents))
+	for _, e := range ents {
+		revs[e.Name] = e.Rev
+	}
+	return revs
+}
+
 // Create adds a new directory, symlink, (empty, versionless) file or
 // special file (FIFO, socket, device: record format 2, raised first by
 // UseFormat) named e.Name in directory parent. It assigns e.Ino and fails with Exist if the
