@@ -289,6 +289,10 @@ func (v *Vol) CommitVersions(ctx context.Context, cs []BatchCommit) []CommitResu
 	res := make([]CommitResult, len(cs))
 	if v.s.isOffline() {
 		for i := range cs {
+			if lc, l := v.offWriting(ctx); l != nil {
+				res[i].Entry, _, res[i].Err = v.offCommit(ctx, lc, l, cs[i].Parent, cs[i].Name, cs[i].Commit)
+				continue
+			}
 			res[i].Err = v.offlineWrite("commit", cs[i].Name)
 		}
 		return res

@@ -173,6 +173,7 @@ func (s *Service) offlineEpisode() uint64 {
 // offline episode, that it serves it.
 type volLocal struct {
 	lc     atomic.Pointer[LocalCopy]
+	log    atomic.Pointer[OfflineLog]
 	logged atomic.Uint64 // the episode it last logged
 }
 
@@ -194,7 +195,10 @@ func (v *Vol) loc() *volLocal {
 // Service is offline, or when err (from etcd) says it cannot be reached,
 // and v has a usable copy. The first answer from it in an offline episode
 // is logged.
-func (v *Vol) offlineCopy(err error) *LocalCopy {
+func (v *Vol) offlineCopy(ctx context.Context, err error) *LocalCopy {
+	if replaying(ctx) {
+		return nil // a replay reads etcd or nothing
+	}
 	lc := v.LocalCopy()
 	if lc == nil || !lc.Usable() {
 		return nil

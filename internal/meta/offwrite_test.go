@@ -1,0 +1,493 @@
+package meta_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cairn.dev/cairn/internal/cairn"
+	"cairn.dev/cairn/internal/etcdsvc/etcdtest"
+	"cairn.dev/cairn/internal/meta"
+)
+
+// cutProxy forwards TCP connections to an etcd endpoint until cut: then
+// it drops every connection, open or new, until restored (a device whose
+// link to the metadata service is gone).
+type cutProxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	down  bool
+	conns map[net.Conn]bool
+}
+
+func newCutProxy(t *testing.T, endpoint string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: strings.TrimPrefix(strings.TrimPrefix(endpoint, "http://"), "https://"), conns: map[net.Conn]bool{}}
+	t.Cleanup(func() { ln.Close(); p.cut() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			if p.down {
+				p.mu.Unlock()
+				c.Close()
+				continue
+			}
+			network, addr := "tcp", p.target
+			if a, ok := strings.CutPrefix(p.target, "unix://"); ok {
+				network, addr = "unix", a
+			}
+			u, err := net.Dial(network, addr)
+			if err != nil {
+				p.mu.Unlock()
+				c.Close()
+				continue
+			}
+			p.conns[c], p.conns[u] = true, true
+			p.mu.Unlock()
+			go func() { io.Copy(u, c); u.Close(); c.Close() }()
+			go func() { io.Copy(c, u); u.Close(); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) endpoint() string { return "http://" + p.ln.Addr().String() }
+
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = map[net.Conn]bool{}
+}
+
+func (p *cutProxy) restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = false
+}
+
+// offlineDevice is device B: its own Service over a cut proxy, with a
+// local copy of volume home and an offline log.
+type offlineDevice struct {
+	s     *meta.Service
+	v     *meta.Vol
+	root  *meta.Entry
+	proxy *cutProxy
+	log   *meta.OfflineLog
+	dir   string
+}
+
+func newOfflineDevice(t *testing.T, a *meta.Service) *offlineDevice {
+	t.Helper()
+	ctx := context.Background()
+	p := newCutProxy(t, a.Client().Endpoints()[0])
+	cli, err := etcdtest.NewClient(p.endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	s, err := meta.New(cli, meta.Options{LockTTL: 2 * time.Second, OpTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	v, err := s.Open(ctx, "home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := v.Root(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	lc := meta.OpenLocalCopy(filepath.Join(dir, v.V.ID), v.V, nil)
+	lc.BeginReplace()
+	ents, rev, err := v.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc.Replace(ents, rev)
+	v.UseLocalCopy(lc)
+	d := &offlineDevice{s: s, v: v, root: root, proxy: p, dir: dir}
+	d.openLog(t)
+	return d
+}
+
+func (d *offlineDevice) openLog(t *testing.T) {
+	t.Helper()
+	l, err := meta.OpenOfflineLog(context.Background(), meta.OfflineLogDir(d.dir, d.v.V.ID), meta.OfflineLogOptions{Device: "laptopB"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.log = l
+	d.v.UseOfflineLog(l)
+	t.Cleanup(func() { l.Close() })
+}
+
+// goOffline cuts the link and waits until the Service says it is offline.
+func (d *offlineDevice) goOffline(t *testing.T) {
+	t.Helper()
+	d.proxy.cut()
+	d.v.Get(context.Background(), meta.RootIno, "no such name") // fails: the Service finds it offline
+	if _, off := d.s.Offline(); !off {
+		t.Fatal("device B not offline after its link was cut")
+	}
+}
+
+func (d *offlineDevice) goOnline(t *testing.T) {
+	t.Helper()
+	d.proxy.restore()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, off := d.s.Offline(); !off {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("device B still offline 20 s after its link came back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func manifest(m byte) cairn.ID {
+	var id cairn.ID
+	id[0] = m
+	return id
+}
+
+// offCommit commits content m as name in dir on device B (offline).
+func offCommit(t *testing.T, v *meta.Vol, dir *meta.Entry, name string, m byte) *meta.Entry {
+	t.Helper()
+	e, _, err := v.CommitVersion(context.Background(), dir, name, meta.Commit{Version: meta.Version{Manifest: manifest(m), Size: int64(m)}, Mode: 0o644})
+	if err != nil {
+		t.Fatalf("offline commit %s: %v", name, err)
+	}
+	return e
+}
+
+func mustGet(t *testing.T, v *meta.Vol, parent uint64, name string) *meta.Entry {
+	t.Helper()
+	e, err := v.Get(context.Background(), parent, name)
+	if err != nil {
+		t.Fatalf("get %s: %v", name, err)
+	}
+	return e
+}
+
+func absent(t *testing.T, v *meta.Vol, parent uint64, name string) {
+	t.Helper()
+	if e, err := v.Get(context.Background(), parent, name); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("%s: %+v, %v; want absent", name, e, err)
+	}
+}
+
+func curManifest(e *meta.Entry) byte {
+	if c := e.Current(); c != nil {
+		return c.Manifest[0]
+	}
+	return 0
+}
+
+// TestOfflineWritesReplay: device B takes changes offline (each case of
+// doc/offline.md's rules), device A changes some of the same things
+// meanwhile, and B's replay lands what did not conflict as if made
+// online and keeps both sides of what did.
+func TestOfflineWritesReplay(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sa, va, root := newVolRoot(t, 0)
+	for i, n := range []string{"a", "b", "c", "d", "f", "g"} {
+		commit(t, sa, va, root, n, 1, byte(10+i))
+	}
+	mk := func(parent *meta.Entry, name string) *meta.Entry {
+		e, err := va.Create(ctx, parent, meta.Entry{Name: name, Type: meta.TypeDir, Mode: 0o755})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	dirDel, dirNE := mk(root, "dirDel"), mk(root, "dirNE")
+	mk(root, "dirRR")
+	b := newOfflineDevice(t, sa)
+	b.goOffline(t)
+	vb, rb := b.v, b.root
+
+	// B, offline.
+	start := time.Now()
+	offCommit(t, vb, rb, "a", 100) // A edits it too: a content conflict
+	offCommit(t, vb, rb, "b", 101) // lands
+	if _, err := vb.Remove(ctx, rb, "c", "/c", false); err != nil {
+		t.Fatal(err) // A edits it: the edit is kept
+	}
+	offCommit(t, vb, rb, "d", 103) // A removes it: the edit is kept
+	offCommit(t, vb, rb, "n", 104) // a new file: lands
+	offCommit(t, vb, rb, "same", 105)
+	x, err := vb.Create(ctx, rb, meta.Entry{Name: "x", Type: meta.TypeDir, Mode: 0o755})
+	if err != nil {
+		t.Fatal(err)
+	}
+	offCommit(t, vb, x, "y", 106)
+	be := mustGet(t, vb, meta.RootIno, "b")
+	be.Mode = 0o600
+	if _, err := vb.Update(ctx, be); err != nil {
+		t.Fatal(err)
+	}
+	if err := vb.Rename(ctx, rb, "dirRR", rb, "dirRR-B", "/dirRR-B"); err != nil {
+		t.Fatal(err) // A renames it too: A's is kept
+	}
+	if err := vb.Rename(ctx, rb, "g", dirDel, "g", "/dirDel/g"); err != nil {
+		t.Fatal(err) // A removes dirDel
+	}
+	if _, err := vb.Remove(ctx, rb, "dirNE", "/dirNE", false); err != nil {
+		t.Fatal(err) // A adds an entry to it: kept
+	}
+	// An editor's save: a temporary file, then renamed over the file.
+	offCommit(t, vb, rb, "f.tmp", 107)
+	if err := vb.Rename(ctx, rb, "f.tmp", rb, "f", "/f"); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("offline changes took %v: they waited for etcd", d)
+	}
+	// Offline, B sees its own changes.
+	if e := mustGet(t, vb, meta.RootIno, "a"); curManifest(e) != 100 {
+		t.Fatalf("offline read of a: %+v", e)
+	}
+	absent(t, vb, meta.RootIno, "c")
+	absent(t, vb, meta.RootIno, "f.tmp")
+	if e := mustGet(t, vb, meta.RootIno, "f"); curManifest(e) != 107 || len(e.Versions) != 2 {
+		t.Fatalf("offline read of f after the save: %+v", e)
+	}
+	if e := mustGet(t, vb, x.Ino, "y"); curManifest(e) != 106 {
+		t.Fatalf("offline read of x/y: %+v", e)
+	}
+	if _, err := vb.Remove(ctx, rb, "x", "/x", false); cairn.KindOf(err) != cairn.NotEmpty {
+		t.Fatalf("offline rmdir of a non-empty directory: %v", err)
+	}
+	if _, err := vb.Create(ctx, rb, meta.Entry{Name: "n", Type: meta.TypeDir, Mode: 0o755}); !errors.Is(err, cairn.ErrExist) {
+		t.Fatalf("offline create of a taken name: %v", err)
+	}
+	if n := b.log.Len(); n != 14 {
+		t.Fatalf("offline log holds %d changes, want 14", n)
+	}
+
+	// A, meanwhile.
+	commit(t, sa, va, root, "a", 1, 200)
+	commit(t, sa, va, root, "c", 1, 202)
+	if _, err := va.Remove(ctx, root, "d", "/d", false); err != nil {
+		t.Fatal(err)
+	}
+	commit(t, sa, va, root, "same", 1, 205)
+	if err := va.Rename(ctx, root, "dirRR", root, "dirRR-A", "/dirRR-A"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := va.Remove(ctx, root, "dirDel", "/dirDel", false); err != nil {
+		t.Fatal(err)
+	}
+	commit(t, sa, va, dirNE, "added", 1, 206)
+
+	b.goOnline(t)
+	res, err := b.log.Replay(ctx, vb, nil)
+	if err != nil {
+		t.Fatalf("replay: %v (%+v)", err, res)
+	}
+	if b.log.Len() != 0 {
+		t.Fatalf("%d changes left in the log after the replay", b.log.Len())
+	}
+	// What landed, as A sees it.
+	get := func(parent uint64, name string) *meta.Entry { return mustGet(t, va, parent, name) }
+	if e := get(meta.RootIno, "a"); curManifest(e) != 200 {
+		t.Fatalf("a: the version made elsewhere keeps the name: %+v", e)
+	}
+	if e := get(meta.RootIno, "b"); curManifest(e) != 101 || e.Mode != 0o600 || len(e.Versions) != 2 {
+		t.Fatalf("b: B's edit and chmod land as if online: %+v", e)
+	}
+	if e := get(meta.RootIno, "c"); curManifest(e) != 202 {
+		t.Fatalf("c: edit vs delete keeps the edit: %+v", e)
+	}
+	if e := get(meta.RootIno, "d"); curManifest(e) != 103 {
+		t.Fatalf("d: delete vs edit keeps the edit: %+v", e)
+	}
+	if e := get(meta.RootIno, "n"); curManifest(e) != 104 {
+		t.Fatalf("n: %+v", e)
+	}
+	if e := get(meta.RootIno, "same"); curManifest(e) != 205 {
+		t.Fatalf("same: %+v", e)
+	}
+	if e := get(x.Ino, "y"); curManifest(e) != 106 || get(meta.RootIno, "x").Ino != x.Ino {
+		t.Fatalf("x/y: %+v", e)
+	}
+	if e := get(meta.RootIno, "f"); curManifest(e) != 107 || len(e.Versions) != 2 {
+		t.Fatalf("f after the editor's save: %+v", e)
+	}
+	absent(t, va, meta.RootIno, "f.tmp")
+	absent(t, va, meta.RootIno, "dirRR-B")
+	get(meta.RootIno, "dirRR-A")
+	absent(t, va, meta.RootIno, "g")
+	get(dirNE.Ino, "added")
+	if e := get(meta.RootIno, "dirNE"); e.Ino != dirNE.Ino {
+		t.Fatalf("dirNE: %+v", e)
+	}
+	// The conflicts, each with its copy where the rule keeps one.
+	cs, err := va.Conflicts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]meta.Conflict{}
+	for _, c := range cs {
+		kinds[c.Kind+" "+c.Path] = c
+	}
+	want := map[string]byte{
+		meta.ConflictContent + " /a":           100,
+		meta.ConflictCreate + " /same":         105,
+		meta.ConflictDeleteEdit + " /c":        0,
+		meta.ConflictEditDelete + " /d":        0,
+		meta.ConflictRenameRename + " /dirRR":  0,
+		meta.ConflictRenameGone + " /dirDel/g": 0,
+		meta.ConflictDeleteDir + " /dirNE":     0,
+	}
+	if len(cs) != len(want) {
+		t.Errorf("%d conflicts, want %d: %+v", len(cs), len(want), cs)
+	}
+	for k, m := range want {
+		c, ok := kinds[k]
+		if !ok {
+			t.Errorf("no conflict %q; have %+v", k, cs)
+			continue
+		}
+		if m == 0 {
+			continue
+		}
+		if !strings.HasPrefix(c.CopyName, c.Name+".conflict-laptopB-") || c.Copy != "/"+c.CopyName {
+			t.Errorf("conflict %q: copy %q (%q)", k, c.CopyName, c.Copy)
+			continue
+		}
+		if e := get(c.CopyParent, c.CopyName); curManifest(e) != m {
+			t.Errorf("conflict %q: its copy holds %+v, want this device's version", k, e)
+		}
+	}
+	if c, ok := kinds[meta.ConflictRenameGone+" /dirDel/g"]; ok {
+		if e := get(meta.RootIno, c.CopyName); curManifest(e) != 15 {
+			t.Errorf("g moved into a removed directory: %+v", e)
+		}
+	}
+	// Nothing left to do: a second replay changes nothing.
+	res2, err := b.log.Replay(ctx, vb, nil)
+	if err != nil || res2.Applied != 0 || len(res2.Conflicts) != 0 {
+		t.Fatalf("second replay: %+v, %v", res2, err)
+	}
+}
+
+// TestOfflineReplayAcksLost: a replay whose journal acks were lost (the
+// device killed between the commits and the acks reaching the disk)
+// applies nothing twice: the progress mark in etcd, written in each
+// change's own transaction, skips what was made.
+func TestOfflineReplayAcksLost(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sa, va, root := newVolRoot(t, 0)
+	commit(t, sa, va, root, "a", 1, 1)
+	b := newOfflineDevice(t, sa)
+	b.goOffline(t)
+	for i := 0; i < 5; i++ {
+		offCommit(t, b.v, b.root, "a", byte(20+i))
+	}
+	if err := b.v.Rename(ctx, b.root, "a", b.root, "a2", "/a2"); err != nil {
+		t.Fatal(err)
+	}
+	logDir := meta.OfflineLogDir(b.dir, b.v.V.ID)
+	saved := t.TempDir()
+	if err := copyDir(filepath.Join(logDir, "journal"), saved); err != nil {
+		t.Fatal(err)
+	}
+	b.goOnline(t)
+	res, err := b.log.Replay(ctx, b.v, nil)
+	if err != nil || res.Applied != 6 {
+		t.Fatalf("replay: %+v, %v", res, err)
+	}
+	// As if killed before the acks: the journal as it was before.
+	b.log.Close()
+	os.RemoveAll(filepath.Join(logDir, "journal"))
+	if err := copyDir(saved, filepath.Join(logDir, "journal")); err != nil {
+		t.Fatal(err)
+	}
+	b.openLog(t)
+	if b.log.Len() != 6 {
+		t.Fatalf("restored log holds %d", b.log.Len())
+	}
+	res, err = b.log.Replay(ctx, b.v, nil)
+	if err != nil || res.Skipped != 6 || res.Applied != 0 {
+		t.Fatalf("replay again: %+v, %v", res, err)
+	}
+	e := mustGet(t, va, meta.RootIno, "a2")
+	if len(e.Versions) != 6 || curManifest(e) != 24 {
+		t.Fatalf("a2 after two replays: %d versions, current %d", len(e.Versions), curManifest(e))
+	}
+	absent(t, va, meta.RootIno, "a")
+	if cs, _ := va.Conflicts(ctx); len(cs) != 0 {
+		t.Fatalf("conflicts: %+v", cs)
+	}
+}
+
+func copyDir(src, dst string) error {
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func FuzzDecodeOfflineRecord(f *testing.F) {
+	f.Add([]byte(`{"v":1,"op":"commit","name":"a","ino":5,"version":{"n":1,"manifest":"","size":1}}`))
+	f.Add([]byte(`{"v":1,"op":"rename","name":"a","ino":5,"dst_name":"b"}`))
+	f.Add([]byte(`{"v":2}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := meta.DecodeOfflineRecord(b)
+		if err == nil && (r.Name == "" || r.Ino == 0) {
+			t.Fatalf("decoded %+v", r)
+		}
+	})
+}
+
+func FuzzDecodeConflict(f *testing.F) {
+	f.Add([]byte(`{"v":1,"id":"x","kind":"content","path":"/a"}`))
+	f.Add([]byte(`{"v":0}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := meta.DecodeConflict(b)
+		if err == nil && (c.ID == "" || c.Path == "") {
+			t.Fatalf("decoded %+v", c)
+		}
+	})
+}
