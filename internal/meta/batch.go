@@ -76,6 +76,9 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 
 func (v *Vol) putBatch(ctx context.Context, puts []BatchPut) (BatchResult, error) {
 	var res BatchResult
+	if lc, l := v.offWriting(ctx); l != nil {
+		return v.offPutBatch(ctx, lc, l, puts)
+	}
 	if err := v.offlineWrite("put batch", v.V.Name); err != nil {
 		return res, err
 	}

@@ -43,6 +43,7 @@ type offlineState struct {
 	probing bool
 	stop    chan struct{} // closed by Close: no new probe, the running one ends
 	online  []func()      // called (in their own goroutines) when the service is back
+	gen     atomic.Int64  // the last GC generation WriteGen read (given offline)
 }
 
 // OfflineInfo says since when the Service has been offline, and why.

@@ -285,7 +285,7 @@ func (c *LocalCopy) offDirLocked(op string, parent *Entry) (dirParent uint64, di
 	return p.parent, p.name, c.pathLocked(parent.Ino), nil
 }
 
-func (v *Vol) offCreate(ctx context.Context, lc *LocalCopy, l *OfflineLog, parent *Entry, e Entry, locked bool) (*Entry, *Lock, error) {
+func (v *Vol) offCreate(ctx context.Context, lc *LocalCopy, l *OfflineLog, parent *Entry, e Entry, locked, keepIno bool) (*Entry, *Lock, error) {
 	if err := e.checkType(); err != nil {
 		return nil, nil, cairn.E("create", cairn.Invalid, e.Name, err)
 	}
@@ -301,7 +301,10 @@ func (v *Vol) offCreate(ctx context.Context, lc *LocalCopy, l *OfflineLog, paren
 		return cloneEntry(old), nil, cairn.E("create", cairn.Exist, e.Name, nil)
 	}
 	now := time.Now().UnixNano()
-	e.Parent, e.Ino = parent.Ino, randomIno()
+	e.Parent = parent.Ino
+	if e.Ino == 0 || !keepIno {
+		e.Ino = randomIno()
+	}
 	if e.Ctime == 0 {
 		e.Ctime = now
 	}
@@ -589,4 +592,34 @@ func (c *LocalCopy) redoLocked(r *OfflineRecord) {
 		c.setLocked(r.DstParent, r.DstName, &n)
 	}
 	c.dirty = true
+}
+
+// offPutBatch takes a write-back batch offline: each new entry (Rev 0) as
+// a create under the inode number the mount gave it, each change as an
+// attribute change; one at a time, the first refusal ends it (nothing of
+// it is undone: each change taken is in the log).
+func (v *Vol) offPutBatch(ctx context.Context, lc *LocalCopy, l *OfflineLog, puts []BatchPut) (BatchResult, error) {
+	res := BatchResult{Locks: make([]*Lock, len(puts))}
+	for i := range puts {
+		p := &puts[i]
+		if p.Entry.Rev == 0 {
+			ne, lk, err := v.offCreate(ctx, lc, l, &p.Dir, p.Entry, p.Lock, true)
+			if err != nil {
+				if cairn.KindOf(err) == cairn.Exist {
+					res.Old = ne
+				}
+				return res, err
+			}
+			res.Locks[i] = lk
+			continue
+		}
+		e := p.Entry
+		if _, err := v.offUpdate(ctx, lc, l, &e); err != nil {
+			return res, err
+		}
+	}
+	lc.mu.Lock()
+	res.Rev = lc.rev + 1
+	lc.mu.Unlock()
+	return res, nil
 }

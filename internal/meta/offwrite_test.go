@@ -3,12 +3,9 @@ package meta_test
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,82 +14,13 @@ import (
 	"cairn.dev/cairn/internal/meta"
 )
 
-// cutProxy forwards TCP connections to an etcd endpoint until cut: then
-// it drops every connection, open or new, until restored (a device whose
-// link to the metadata service is gone).
-type cutProxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]bool
-}
-
-func newCutProxy(t *testing.T, endpoint string) *cutProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{ln: ln, target: strings.TrimPrefix(strings.TrimPrefix(endpoint, "http://"), "https://"), conns: map[net.Conn]bool{}}
-	t.Cleanup(func() { ln.Close(); p.cut() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			if p.down {
-				p.mu.Unlock()
-				c.Close()
-				continue
-			}
-			network, addr := "tcp", p.target
-			if a, ok := strings.CutPrefix(p.target, "unix://"); ok {
-				network, addr = "unix", a
-			}
-			u, err := net.Dial(network, addr)
-			if err != nil {
-				p.mu.Unlock()
-				c.Close()
-				continue
-			}
-			p.conns[c], p.conns[u] = true, true
-			p.mu.Unlock()
-			go func() { io.Copy(u, c); u.Close(); c.Close() }()
-			go func() { io.Copy(c, u); u.Close(); c.Close() }()
-		}
-	}()
-	return p
-}
-
-func (p *cutProxy) endpoint() string { return "http://" + p.ln.Addr().String() }
-
-func (p *cutProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for c := range p.conns {
-		c.Close()
-	}
-	p.conns = map[net.Conn]bool{}
-}
-
-func (p *cutProxy) restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = false
-}
-
 // offlineDevice is device B: its own Service over a cut proxy, with a
 // local copy of volume home and an offline log.
 type offlineDevice struct {
 	s     *meta.Service
 	v     *meta.Vol
 	root  *meta.Entry
-	proxy *cutProxy
+	proxy *etcdtest.CutProxy
 	log   *meta.OfflineLog
 	dir   string
 }
@@ -100,8 +28,8 @@ type offlineDevice struct {
 func newOfflineDevice(t *testing.T, a *meta.Service) *offlineDevice {
 	t.Helper()
 	ctx := context.Background()
-	p := newCutProxy(t, a.Client().Endpoints()[0])
-	cli, err := etcdtest.NewClient(p.endpoint())
+	p := etcdtest.NewCutProxy(t, a.Client().Endpoints()[0])
+	cli, err := etcdtest.NewClient(p.Endpoint())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +75,7 @@ func (d *offlineDevice) openLog(t *testing.T) {
 // goOffline cuts the link and waits until the Service says it is offline.
 func (d *offlineDevice) goOffline(t *testing.T) {
 	t.Helper()
-	d.proxy.cut()
+	d.proxy.Cut()
 	d.v.Get(context.Background(), meta.RootIno, "no such name") // fails: the Service finds it offline
 	if _, off := d.s.Offline(); !off {
 		t.Fatal("device B not offline after its link was cut")
@@ -156,7 +84,7 @@ func (d *offlineDevice) goOffline(t *testing.T) {
 
 func (d *offlineDevice) goOnline(t *testing.T) {
 	t.Helper()
-	d.proxy.restore()
+	d.proxy.Restore()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if _, off := d.s.Offline(); !off {

@@ -319,7 +319,7 @@ func (v *Vol) CreateLocked(ctx context.Context, parent *Entry, e Entry) (*Entry,
 
 func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (*Entry, *Lock, error) {
 	if lc, l := v.offWriting(ctx); l != nil {
-		return v.offCreate(ctx, lc, l, parent, e, locked)
+		return v.offCreate(ctx, lc, l, parent, e, locked, false)
 	}
 	if err := v.offlineWrite("create", e.Name); err != nil {
 		return nil, nil, err
