@@ -72,6 +72,9 @@ type OfflineRecord struct {
 	DstPath      string `json:"dst_path,omitempty"`
 	DstIno       uint64 `json:"dst_ino,omitempty"`
 	DstBase      string `json:"dst_base,omitempty"`
+	// Pending: a rename of a file whose content was still to be
+	// committed (Vol.RenamePending): it takes the replaced file's history.
+	Pending bool `json:"pending,omitempty"`
 }
 
 // DecodeOfflineRecord reads one record of the offline log.
@@ -509,7 +512,7 @@ func (v *Vol) offRename(ctx context.Context, lc *LocalCopy, l *OfflineLog, srcPa
 	n.Rev = lc.rev + 1
 	rec := &OfflineRecord{Op: OffRename, At: now, Parent: srcParent.Ino, DirParent: sp, DirName: sn, Name: srcName,
 		Path: joinPath(spath, srcName), Ino: src.Ino, Type: src.Type, Base: curBase(src),
-		DstParent: dstParent.Ino, DstDirParent: dp, DstDirName: dn, DstName: dstName, DstPath: joinPath(dpath, dstName)}
+		DstParent: dstParent.Ino, DstDirParent: dp, DstDirName: dn, DstName: dstName, DstPath: joinPath(dpath, dstName), Pending: o.pending}
 	if dst != nil {
 		rec.DstIno, rec.DstBase = dst.Ino, curBase(dst)
 	}
@@ -584,7 +587,7 @@ func (c *LocalCopy) redoLocked(r *OfflineRecord) {
 		}
 		n := *cloneEntry(cur)
 		n.Parent, n.Name, n.Rev = r.DstParent, r.DstName, now
-		if d := c.ents[r.DstParent][r.DstName]; d != nil && FollowsPath(cur, d, false) {
+		if d := c.ents[r.DstParent][r.DstName]; d != nil && FollowsPath(cur, d, r.Pending) {
 			n.Versions = appendHistory(d.Versions, cur.Versions, c.vol.KeepVersions)
 		}
 		c.delLocked(r.Parent, r.Name)

@@ -531,7 +531,12 @@ func (r *replayer) applyOnce(ctx context.Context, seq uint64, rec *OfflineRecord
 				dst = nil
 			}
 		}
-		_, err = v.RenameKnown(r.withMark(ctx, seq, c), dir, rec.Name, src, ddir, name, rec.DstPath, KnownEntry(dst))
+		mctx := r.withMark(ctx, seq, c)
+		if rec.Pending {
+			_, err = v.RenamePending(mctx, dir, rec.Name, src, ddir, name, rec.DstPath, KnownEntry(dst))
+		} else {
+			_, err = v.RenameKnown(mctx, dir, rec.Name, src, ddir, name, rec.DstPath, KnownEntry(dst))
+		}
 		return c, false, err
 	}
 	return nil, false, cairn.E("replay", cairn.Corrupt, rec.Path, fmt.Errorf("unknown operation %q", rec.Op))

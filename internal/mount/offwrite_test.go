@@ -70,6 +70,12 @@ func waitUntil(t *testing.T, what string, d time.Duration, ok func() bool) {
 // in the realm, and the file edited on both sides keeps A's version at
 // its name and B's beside it (NAME.conflict-laptopB-...).
 func TestOfflineWritesMount(t *testing.T) {
+	for _, mode := range []mount.Mode{mount.Blocking, mount.WriteBack} {
+		t.Run(mode.String(), func(t *testing.T) { testOfflineWritesMount(t, mode) })
+	}
+}
+
+func testOfflineWritesMount(t *testing.T, mode mount.Mode) {
 	f := newFixture(t, mount.Options{Mode: mount.Blocking})
 	for _, n := range []string{"a", "doc", "gone", "keep", "trunc"} {
 		f.put(n, []byte("first "+n+"\n"))
@@ -77,7 +83,7 @@ func TestOfflineWritesMount(t *testing.T) {
 	if err := os.Mkdir(f.path("emptydir"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	b, proxy := f.offlineDevice(mount.Options{Mode: mount.Blocking})
+	b, proxy := f.offlineDevice(mount.Options{Mode: mode})
 	if got := b.readMount("a"); string(got) != "first a\n" {
 		t.Fatalf("b reads a: %q", got)
 	}
@@ -204,4 +210,3 @@ func TestOfflineWritesMount(t *testing.T) {
 		t.Fatalf("the conflict copy holds %q", got)
 	}
 }
-
