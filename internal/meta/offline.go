@@ -18,12 +18,13 @@ import (
 // the gateway in front of it) cannot be reached, a Service is offline: a
 // volume with a usable local copy (Vol.UseLocalCopy) answers its reads
 // from it at once, without trying etcd again, and refuses writes at once
-// (ErrOfflineWrites); a probe asks etcd every probeEvery and turns the
-// Service online again when it answers.
+// (ErrOfflineWrites) unless it has an offline log (offwrite.go); a probe
+// asks etcd every probeEvery and turns the Service online again when it
+// answers.
 
 // ErrOfflineWrites is the cause of the error a write gets while the
 // Service is offline (Kind Unavailable).
-var ErrOfflineWrites = errors.New("offline: writes need the metadata service (offline writes: not yet)")
+var ErrOfflineWrites = errors.New("offline: writes need the metadata service (a mount takes them offline, into its offline log)")
 
 // errOfflineXattrs is why an extended attribute cannot be read offline.
 var errOfflineXattrs = errors.New("offline: extended attributes are not in the local copy")

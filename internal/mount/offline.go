@@ -16,7 +16,9 @@ import (
 // and saves the copy every copySaveEvery while it changes (and at the
 // unmount). While the metadata service cannot be reached, the volume's
 // reads answer from the copy (meta.Vol), reads of data not on this device
-// fail at once (director.Options.Offline), and writes are refused (EROFS).
+// fail at once (director.Options.Offline), and changes go to the volume's
+// offline log (meta.OfflineLog; refused with EROFS without one), replayed
+// once the service is back.
 
 // copySaveEvery is the least time between two saves of the local copy;
 // a save that took long waits copySaveFactor times as long before the
