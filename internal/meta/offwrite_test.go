@@ -1,10 +1,15 @@
 package meta_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -418,4 +423,123 @@ func FuzzDecodeConflict(f *testing.F) {
 			t.Fatalf("decoded %+v", c)
 		}
 	})
+}
+
+// TestOfflineReplayKillChild is the replay a kill loop kills: run by
+// TestOfflineReplayKilled in a process of its own.
+func TestOfflineReplayKillChild(t *testing.T) {
+	arg := os.Getenv("CAIRN_TEST_REPLAY_CHILD")
+	if arg == "" {
+		t.Skip("run by TestOfflineReplayKilled")
+	}
+	endpoint, dir, _ := strings.Cut(arg, " ")
+	cli, err := etcdtest.NewClient(endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := meta.New(cli, meta.Options{LockTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.Open(context.Background(), "home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := meta.OpenOfflineLog(context.Background(), dir, meta.OfflineLogOptions{Device: "laptopB"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Replay(context.Background(), v, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOfflineReplayKilled: a replay SIGKILLed at random points, again and
+// again, then let finish, applies every change once: each file has
+// exactly the versions made offline, each rename is made, no conflict.
+// CAIRN_TEST_REPLAY_KILLS sets the number of kills (default 4; the
+// issue's long form: 100).
+func TestOfflineReplayKilled(t *testing.T) {
+	if os.Getenv("CAIRN_TEST_REPLAY_CHILD") != "" {
+		t.Skip("the child")
+	}
+	kills := 4
+	if n, err := strconv.Atoi(os.Getenv("CAIRN_TEST_REPLAY_KILLS")); err == nil && n > 0 {
+		kills = n
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	sa, va, _ := newVolRoot(t, 0)
+	b := newOfflineDevice(t, sa)
+	b.goOffline(t)
+	const files, edits = 30, 4
+	for i := 0; i < files; i++ {
+		name := fmt.Sprintf("f%02d", i)
+		for j := 0; j <= edits; j++ {
+			offCommit(t, b.v, b.root, name, byte(1+j))
+		}
+		if i%2 == 0 {
+			if err := b.v.Rename(ctx, b.root, name, b.root, name+"-moved", "/"+name+"-moved"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	total := b.log.Len()
+	b.goOnline(t)
+	b.log.Close()
+	logDir := meta.OfflineLogDir(b.dir, b.v.V.ID)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	killed := 0
+	for k := 0; k < kills; k++ {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestOfflineReplayKillChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "CAIRN_TEST_REPLAY_CHILD="+sa.Client().Endpoints()[0]+" "+logDir)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(rng.IntN(1200)) * time.Millisecond)
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+		}
+		err := cmd.Wait()
+		if err == nil {
+			break // it finished first
+		}
+		if strings.Contains(out.String(), "--- FAIL") {
+			t.Fatalf("replay child failed:\n%s", out.String())
+		}
+		killed++
+	}
+	l, err := meta.OpenOfflineLog(ctx, logDir, meta.OfflineLogOptions{Device: "laptopB"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	left := l.Len()
+	res, err := l.Replay(ctx, va, nil)
+	if err != nil || l.Len() != 0 {
+		t.Fatalf("final replay: %+v, %v; %d left", res, err, l.Len())
+	}
+	t.Logf("%d changes, %d kills, %d left for the last replay (%d skipped by the mark)", total, killed, left, res.Skipped)
+	ents, err := va.ReadDir(ctx, meta.RootIno)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != files {
+		t.Fatalf("%d entries in the root, want %d: %+v", len(ents), files, ents)
+	}
+	for i := 0; i < files; i++ {
+		name := fmt.Sprintf("f%02d", i)
+		if i%2 == 0 {
+			name += "-moved"
+		}
+		e := mustGet(t, va, meta.RootIno, name)
+		if len(e.Versions) != edits+1 || curManifest(e) != edits+1 {
+			t.Fatalf("%s: %d versions, current %d; want %d, %d", name, len(e.Versions), curManifest(e), edits+1, edits+1)
+		}
+	}
+	if cs, _ := va.Conflicts(ctx); len(cs) != 0 {
+		t.Fatalf("conflicts: %+v", cs)
+	}
 }
