@@ -141,7 +141,7 @@ func TestOfflineMount(t *testing.T) {
 	// device's store; replayed once the service is back (below).
 	offline := []byte("written offline\n")
 	if err := os.WriteFile(filepath.Join(mnt, "s", "new"), offline, 0o644); err != nil {
-		t.Fatalf("write offline: %v", err)
+		t.Fatalf("write offline: %v\nmount log:\n%s", err, out.String())
 	}
 	if got, err := os.ReadFile(filepath.Join(mnt, "s", "new")); err != nil || string(got) != string(offline) {
 		t.Fatalf("read back offline: %q, %v", got, err)

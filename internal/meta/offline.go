@@ -174,9 +174,12 @@ func (s *Service) offlineEpisode() uint64 {
 // volLocal is a Vol's local copy and whether it has said, in this
 // offline episode, that it serves it.
 type volLocal struct {
-	lc     atomic.Pointer[LocalCopy]
-	log    atomic.Pointer[OfflineLog]
-	logged atomic.Uint64 // the episode it last logged
+	lc  atomic.Pointer[LocalCopy]
+	log atomic.Pointer[OfflineLog]
+	// policies are the placement policies last read (Vol.Policies
+	// answers with them offline).
+	policies atomic.Pointer[[]PolicyRecord]
+	logged   atomic.Uint64 // the episode it last logged
 }
 
 // Service returns the Service v belongs to.

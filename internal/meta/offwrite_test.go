@@ -472,7 +472,8 @@ func TestOfflineReplayKilled(t *testing.T) {
 	sa, va, _ := newVolRoot(t, 0)
 	b := newOfflineDevice(t, sa)
 	b.goOffline(t)
-	const files, edits = 30, 4
+	const edits = 4
+	files := max(60, 15*kills) // enough changes for the replays to be killed midway
 	for i := 0; i < files; i++ {
 		name := fmt.Sprintf("f%02d", i)
 		for j := 0; j <= edits; j++ {
@@ -498,7 +499,7 @@ func TestOfflineReplayKilled(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(rng.IntN(1200)) * time.Millisecond)
+		time.Sleep(time.Duration(100+rng.IntN(500)) * time.Millisecond)
 		if cmd.ProcessState == nil {
 			cmd.Process.Kill()
 		}

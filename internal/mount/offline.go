@@ -112,7 +112,9 @@ func (m *Mount) replayOffline(stop <-chan struct{}) {
 	if err != nil {
 		m.log.Warn("offline changes not all replayed; the rest waits for the next time the service is back", "applied", res.Applied, "left", m.offLog.Len(), "err", err)
 	} else {
-		m.log.Info("offline changes replayed", "applied", res.Applied, "dropped", res.Dropped, "skipped", res.Skipped, "took", time.Since(t0))
+		// At the level of the offline and online messages: the end of
+		// the episode.
+		m.log.Warn("offline changes replayed", "applied", res.Applied, "dropped", res.Dropped, "skipped", res.Skipped, "took", time.Since(t0))
 	}
 	if len(res.Conflicts) > 0 {
 		m.log.Warn("the replay of offline changes made conflicts: see 'cairn conflicts'", "conflicts", len(res.Conflicts))
