@@ -233,6 +233,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 	root.AddCommand(e.metaCmd())
 	root.AddCommand(e.manCmd())
 	root.AddCommand(e.offloadCmd())
+	root.AddCommand(e.conflictsCmd())
 	return root
 }
 

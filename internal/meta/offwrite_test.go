@@ -324,6 +324,32 @@ func TestOfflineWritesReplay(t *testing.T) {
 			t.Errorf("g moved into a removed directory: %+v", e)
 		}
 	}
+	// Resolving: mine takes the name (theirs stays in the history),
+	// theirs sends the copy to the trash, both keeps both.
+	if _, err := va.ResolveConflict(ctx, "/a", meta.KeepMine); err != nil {
+		t.Fatal(err)
+	}
+	if e := get(meta.RootIno, "a"); curManifest(e) != 100 || e.Versions[len(e.Versions)-2].Manifest[0] != 200 {
+		t.Fatalf("a kept mine: %+v", e)
+	}
+	sameCopy := kinds[meta.ConflictCreate+" /same"].CopyName
+	if _, err := va.ResolveConflict(ctx, "/"+sameCopy, meta.KeepTheirs); err != nil {
+		t.Fatal(err)
+	}
+	absent(t, va, meta.RootIno, sameCopy)
+	if _, err := va.ResolveConflict(ctx, "/dirRR", meta.KeepMine); cairn.KindOf(err) != cairn.Invalid {
+		t.Fatalf("mine of a rename not made: %v", err)
+	}
+	if _, err := va.ResolveConflict(ctx, "/c", meta.KeepBoth); err != nil {
+		t.Fatal(err)
+	}
+	get(meta.RootIno, "c")
+	if _, err := va.ResolveConflict(ctx, "/c", meta.KeepBoth); !errors.Is(err, cairn.ErrNotFound) {
+		t.Fatalf("resolved twice: %v", err)
+	}
+	if cs, err := va.Conflicts(ctx); err != nil || len(cs) != len(want)-3 {
+		t.Fatalf("after three resolutions: %d conflicts, %v", len(cs), err)
+	}
 	// Nothing left to do: a second replay changes nothing.
 	res2, err := b.log.Replay(ctx, vb, nil)
 	if err != nil || res2.Applied != 0 || len(res2.Conflicts) != 0 {

@@ -580,3 +580,86 @@ func (v *Vol) DropConflict(ctx context.Context, id string) error {
 	_, err := v.s.cli.Delete(cctx, v.conflictKey(id))
 	return etcdErr("resolve conflict", id, err)
 }
+
+// The sides ResolveConflict keeps.
+const (
+	KeepMine   = "mine"   // this device's side: its copy takes the name (the other's version stays in the history), or its removal is made
+	KeepTheirs = "theirs" // the other side: this device's copy goes to the trash, or the removal made elsewhere is made
+	KeepBoth   = "both"   // both as they are: the record alone goes
+)
+
+// ResolveConflict settles the conflict recorded for path (its Path or its
+// Copy, "/a/b"): keeps the side keep says and drops the record. It
+// returns the conflict settled; NotFound if none is recorded for path,
+// Invalid for a keep that does not apply (mine of a rename not made).
+func (v *Vol) ResolveConflict(ctx context.Context, path, keep string) (*Conflict, error) {
+	const op = "resolve conflict"
+	cs, err := v.Conflicts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var c *Conflict
+	for i := range cs {
+		if cs[i].Path == path || (cs[i].Copy != "" && cs[i].Copy == path) {
+			c = &cs[i]
+			break
+		}
+	}
+	if c == nil {
+		return nil, cairn.E(op, cairn.NotFound, path, errors.New("no conflict is recorded for this path"))
+	}
+	lookupDir := func(p string) (*Entry, error) {
+		dir := p[:strings.LastIndex(p, "/")]
+		var parts []string
+		if dir != "" {
+			parts = strings.Split(strings.TrimPrefix(dir, "/"), "/")
+		}
+		return v.Lookup(ctx, parts)
+	}
+	base := func(p string) string { return p[strings.LastIndex(p, "/")+1:] }
+	remove := func(p string, recursive bool) error {
+		d, err := lookupDir(p)
+		if err != nil {
+			return err
+		}
+		_, err = v.Remove(ctx, d, base(p), p, recursive)
+		if errors.Is(err, cairn.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	switch keep {
+	case KeepBoth:
+	case KeepTheirs:
+		switch {
+		case c.Copy != "":
+			err = remove(c.Copy, true)
+		case c.Kind == ConflictEditDelete:
+			err = remove(c.Path, false) // theirs: the removal
+		}
+	case KeepMine:
+		switch {
+		case c.Copy != "":
+			var from, to *Entry
+			if from, err = lookupDir(c.Copy); err == nil {
+				if to, err = lookupDir(c.Path); err == nil {
+					err = v.Rename(ctx, from, base(c.Copy), to, base(c.Path), c.Path)
+				}
+			}
+		case c.Kind == ConflictDeleteEdit:
+			err = remove(c.Path, false)
+		case c.Kind == ConflictDeleteDir:
+			err = remove(c.Path, true)
+		case c.Kind == ConflictEditDelete:
+			// Mine is the edit, which was kept.
+		default:
+			return c, cairn.E(op, cairn.Invalid, path, fmt.Errorf("a %s conflict has no side of this device's to keep: keep theirs or both", c.Kind))
+		}
+	default:
+		return c, cairn.E(op, cairn.Invalid, path, fmt.Errorf("keep %q: mine, theirs or both", keep))
+	}
+	if err != nil {
+		return c, err
+	}
+	return c, v.DropConflict(ctx, c.ID)
+}
