@@ -570,3 +570,34 @@ func TestOfflineReplayKilled(t *testing.T) {
 		t.Fatalf("conflicts: %+v", cs)
 	}
 }
+
+// TestOfflineReplayTime measures (CAIRN_TEST_REPLAY_BENCH=N changes; not
+// run otherwise) the time to take N offline changes (commits of new
+// files, fsynced each) and to replay them once the link is back.
+func TestOfflineReplayTime(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("CAIRN_TEST_REPLAY_BENCH"))
+	if n <= 0 {
+		t.Skip("set CAIRN_TEST_REPLAY_BENCH=N to measure")
+	}
+	ctx := context.Background()
+	sa, va, _ := newVolRoot(t, 0)
+	b := newOfflineDevice(t, sa)
+	b.goOffline(t)
+	t0 := time.Now()
+	for i := 0; i < n; i++ {
+		offCommit(t, b.v, b.root, fmt.Sprintf("f%05d", i), byte(1+i%200))
+	}
+	took := time.Since(t0)
+	b.goOnline(t)
+	t1 := time.Now()
+	res, err := b.log.Replay(ctx, b.v, nil)
+	if err != nil || res.Applied != n {
+		t.Fatalf("replay: %+v, %v", res, err)
+	}
+	replay := time.Since(t1)
+	ents, err := va.ReadDir(ctx, meta.RootIno)
+	if err != nil || len(ents) != n {
+		t.Fatalf("%d entries, %v", len(ents), err)
+	}
+	t.Logf("%d offline changes: taken in %v (%v each, fsynced), replayed in %v (%.0f/s)", n, took, took/time.Duration(n), replay, float64(n)/replay.Seconds())
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -208,5 +209,79 @@ func testOfflineWritesMount(t *testing.T, mode mount.Mode) {
 	}
 	if got := f.cat(cs[0].CopyName); string(got) != "b's a\n" {
 		t.Fatalf("the conflict copy holds %q", got)
+	}
+}
+
+// TestOfflineGit: git works on a mount whose link to etcd is cut: status,
+// add and commit (git's objects: a temporary file, then a link or a
+// rename: the link is refused offline, git renames), and once the link
+// is back the other device's mount sees the commit and a clean tree.
+func TestOfflineGit(t *testing.T) {
+	gitBin, err := exec.LookPath("git")
+	if err != nil {
+		t.Skip("no git")
+	}
+	f := newFixture(t, mount.Options{Mode: mount.Blocking})
+	git := func(dir string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command(gitBin, append([]string{"-C", dir, "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "gc.auto=0", "-c", "core.fsmonitor=false"}, args...)...)
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "HOME="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v in %s: %v\n%s", args, dir, err, out)
+		}
+		return string(out)
+	}
+	repo := f.path("repo")
+	if err := os.Mkdir(repo, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	git(repo, "init", "-q")
+	if err := os.WriteFile(filepath.Join(repo, "README"), []byte("one\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git(repo, "add", "README")
+	git(repo, "commit", "-q", "-m", "first")
+	b, proxy := f.offlineDevice(mount.Options{Mode: mount.Blocking})
+	brepo := b.path("repo")
+	if got := git(brepo, "status", "--porcelain"); got != "" {
+		t.Fatalf("git status online on b: %q", got)
+	}
+	copyFile := filepath.Join(b.cache, "offline", b.vol.Meta.V.ID)
+	waitUntil(t, "b's local copy saved", 20*time.Second, func() bool {
+		c, err := os.ReadFile(copyFile)
+		return err == nil && bytes.Contains(c, []byte(`"name":"README"`))
+	})
+	proxy.Cut()
+	b.vol.Meta.Get(context.Background(), meta.RootIno, "not-there")
+	waitUntil(t, "b offline", 20*time.Second, func() bool {
+		_, off := b.vol.Meta.Service().Offline()
+		return off
+	})
+	if err := os.WriteFile(filepath.Join(brepo, "README"), []byte("two\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := git(brepo, "status", "--porcelain"); got != " M README\n" {
+		t.Fatalf("git status offline: %q", got)
+	}
+	git(brepo, "commit", "-q", "-a", "-m", "second, offline")
+	if got := git(brepo, "status", "--porcelain"); got != "" {
+		t.Fatalf("git status offline after the commit: %q", got)
+	}
+	proxy.Restore()
+	waitUntil(t, "b's replay", 30*time.Second, func() bool {
+		return strings.Contains(b.logs.String(), "offline changes replayed")
+	})
+	if strings.Contains(b.logs.String(), "made conflicts") {
+		t.Fatalf("the replay made conflicts")
+	}
+	waitUntil(t, "a sees b's commit", 30*time.Second, func() bool {
+		cmd := exec.Command(gitBin, "-C", repo, "log", "--format=%s")
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "HOME="+t.TempDir())
+		out, _ := cmd.CombinedOutput()
+		return string(out) == "second, offline\nfirst\n"
+	})
+	if got := git(repo, "status", "--porcelain"); got != "" {
+		t.Fatalf("git status on a after the replay: %q", got)
 	}
 }
