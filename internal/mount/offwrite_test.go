@@ -3,9 +3,11 @@ package mount_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -284,4 +286,45 @@ func TestOfflineGit(t *testing.T) {
 	if got := git(repo, "status", "--porcelain"); got != "" {
 		t.Fatalf("git status on a after the replay: %q", got)
 	}
+}
+
+// TestOfflineWriteLatency measures (CAIRN_TEST_OFFLINE_LATENCY=N files;
+// not run otherwise) the time to write and close N small files on a
+// blocking mount, online and then with its link to etcd cut.
+func TestOfflineWriteLatency(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("CAIRN_TEST_OFFLINE_LATENCY"))
+	if n <= 0 {
+		t.Skip("set CAIRN_TEST_OFFLINE_LATENCY=N to measure")
+	}
+	f := newFixture(t, mount.Options{Mode: mount.Blocking})
+	b, proxy := f.offlineDevice(mount.Options{Mode: mount.Blocking})
+	if err := os.Mkdir(b.path("on"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(b.path("off"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile := filepath.Join(b.cache, "offline", b.vol.Meta.V.ID)
+	waitUntil(t, "b's local copy saved", 20*time.Second, func() bool {
+		c, err := os.ReadFile(copyFile)
+		return err == nil && bytes.Contains(c, []byte(`"name":"off"`))
+	})
+	run := func(dir string) time.Duration {
+		t0 := time.Now()
+		for i := 0; i < n; i++ {
+			if err := os.WriteFile(b.path(fmt.Sprintf("%s/f%04d", dir, i)), []byte("some content\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return time.Since(t0) / time.Duration(n)
+	}
+	on := run("on")
+	proxy.Cut()
+	b.vol.Meta.Get(context.Background(), meta.RootIno, "not-there")
+	waitUntil(t, "b offline", 20*time.Second, func() bool {
+		_, off := b.vol.Meta.Service().Offline()
+		return off
+	})
+	off := run("off")
+	t.Logf("%d files of 13 bytes, create+write+close each, blocking mode: online %v, offline %v", n, on, off)
 }
