@@ -103,7 +103,7 @@ func DecodeOfflineRecord(b []byte) (*OfflineRecord, error) {
 	default:
 		return nil, cairn.E("offline record", cairn.Corrupt, r.Name, fmt.Errorf("unknown operation %q", r.Op))
 	}
-	if r.Name == "" || r.Ino == 0 {
+	if (r.Name == "" && !(r.Op == OffUpdate && r.Parent == 0 && r.Ino == RootIno)) || r.Ino == 0 {
 		return nil, cairn.E("offline record", cairn.Corrupt, r.Name, errors.New("no name or inode"))
 	}
 	return &r, nil

@@ -185,6 +185,14 @@ func TestOfflineWritesReplay(t *testing.T) {
 	if _, err := vb.Update(ctx, be); err != nil {
 		t.Fatal(err)
 	}
+	rootB, err := vb.Root(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootB.Mode = 0o700
+	if _, err := vb.Update(ctx, rootB); err != nil {
+		t.Fatal(err)
+	}
 	if err := vb.Rename(ctx, rb, "dirRR", rb, "dirRR-B", "/dirRR-B"); err != nil {
 		t.Fatal(err) // A renames it too: A's is kept
 	}
@@ -220,8 +228,8 @@ func TestOfflineWritesReplay(t *testing.T) {
 	if _, err := vb.Create(ctx, rb, meta.Entry{Name: "n", Type: meta.TypeDir, Mode: 0o755}); !errors.Is(err, cairn.ErrExist) {
 		t.Fatalf("offline create of a taken name: %v", err)
 	}
-	if n := b.log.Len(); n != 14 {
-		t.Fatalf("offline log holds %d changes, want 14", n)
+	if n := b.log.Len(); n != 15 {
+		t.Fatalf("offline log holds %d changes, want 15", n)
 	}
 
 	// A, meanwhile.
@@ -260,6 +268,9 @@ func TestOfflineWritesReplay(t *testing.T) {
 	}
 	if e := get(meta.RootIno, "d"); curManifest(e) != 103 {
 		t.Fatalf("d: delete vs edit keeps the edit: %+v", e)
+	}
+	if e, err := va.Root(ctx); err != nil || e.Mode&0o777 != 0o700 {
+		t.Fatalf("the root's chmod: %+v, %v", e, err)
 	}
 	if e := get(meta.RootIno, "n"); curManifest(e) != 104 {
 		t.Fatalf("n: %+v", e)
@@ -434,7 +445,7 @@ func FuzzDecodeOfflineRecord(f *testing.F) {
 	f.Add([]byte(`{"v":2}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := meta.DecodeOfflineRecord(b)
-		if err == nil && (r.Name == "" || r.Ino == 0) {
+		if err == nil && ((r.Name == "" && r.Ino != meta.RootIno) || r.Ino == 0) {
 			t.Fatalf("decoded %+v", r)
 		}
 	})

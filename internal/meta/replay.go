@@ -277,6 +277,9 @@ func (r *replayer) get(ctx context.Context, parent uint64, name string) (*Entry,
 // (a directory removed elsewhere keeps its entries in the trash). nil:
 // gone.
 func (r *replayer) dir(ctx context.Context, ino, dirParent uint64, name string) (*Entry, error) {
+	if ino == 0 {
+		return &Entry{Type: TypeDir}, nil // where the root's own record is
+	}
 	if e, ok := r.alive[ino]; ok {
 		return e, nil
 	}
