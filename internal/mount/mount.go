@@ -248,8 +248,6 @@ type Mount struct {
 	offLog     *meta.OfflineLog
 	replayMu   sync.Mutex
 	replayStop chan struct{}
-	replays    atomic.Int64 // replays run
-	conflicts  atomic.Int64 // conflicts they made
 	// refusedOnce is set once a write was refused offline (logged once).
 	refusedOnce atomic.Bool
 	// releaseHold, for tests, holds each RELEASE request until closed

@@ -119,8 +119,6 @@ func (m *Mount) replayOffline(stop <-chan struct{}) {
 	if len(res.Conflicts) > 0 {
 		m.log.Warn("the replay of offline changes made conflicts: see 'cairn conflicts'", "conflicts", len(res.Conflicts))
 	}
-	m.replays.Add(1)
-	m.conflicts.Add(int64(len(res.Conflicts)))
 }
 
 // stopOfflineLog waits for a running replay and closes the log.
