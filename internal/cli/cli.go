@@ -235,6 +235,7 @@ the upload queue of 'put --background'; only 'cairn queue run' drains it).`,
 	root.AddCommand(e.offloadCmd(), e.moveCmd())
 	root.AddCommand(e.surrogateCmd())
 	root.AddCommand(e.pinCmd(), e.unpinCmd())
+	root.AddCommand(e.conflictsCmd())
 	return root
 }
 

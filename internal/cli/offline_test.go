@@ -31,9 +31,9 @@ func (r *realmT) mountStatus() []apitypes.MountStatus {
 // goes offline and says so (its log, 'cairn status'): it lists the
 // volume and reads the file it read before and the file it wrote itself,
 // a read of A's other file fails at once (EIO, well under 2 s) instead of
-// hanging, and a write is refused (EROFS). A writes a file meanwhile;
+// hanging, a write is taken (and read back), a hard link refused (EROFS). A writes a file meanwhile;
 // once A's node runs again, B is online again and its mount shows A's
-// new file.
+// new file, and A's realm holds the file B wrote offline.
 func TestOfflineMount(t *testing.T) {
 	skipWithoutFUSE(t)
 	began := time.Now()
@@ -137,11 +137,20 @@ func TestOfflineMount(t *testing.T) {
 		t.Fatalf("read of data not on this device took %v offline", took)
 	}
 	t.Logf("offline read of data not on this device failed in %v", took)
-	if err := os.WriteFile(filepath.Join(mnt, "s", "new"), []byte("x"), 0o644); !errors.Is(err, syscall.EROFS) {
-		t.Fatalf("write offline: %v", err)
+	// A write offline is taken: into the offline log, its data into this
+	// device's store; replayed once the service is back (below).
+	offline := []byte("written offline\n")
+	if err := os.WriteFile(filepath.Join(mnt, "s", "new"), offline, 0o644); err != nil {
+		t.Fatalf("write offline: %v\nmount log:\n%s", err, out.String())
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "s", "new")); err != nil || string(got) != string(offline) {
+		t.Fatalf("read back offline: %q, %v", got, err)
+	}
+	if err := os.Link(filepath.Join(mnt, "s", "new"), filepath.Join(mnt, "s", "link")); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("hard link offline: %v", err)
 	}
 	// The read-only commands too, from the same copy and this device's data.
-	if got := b.ok("ls", "home:/s"); got != "mine\none\ntwo\n" {
+	if got := b.ok("ls", "home:/s"); got != "mine\nnew\none\ntwo\n" {
 		t.Fatalf("ls offline: %q", got)
 	}
 	if got := b.ok("cat", "home:/s/one"); got != string(one) {
@@ -163,7 +172,7 @@ func TestOfflineMount(t *testing.T) {
 	waitExit(t, exited, out)
 	_, exited, out = b.foregroundWith(mnt, nil, "--mode", "blocking")
 	t.Logf("%v after the stop: mounted again offline", time.Since(stoppedAt))
-	if ents, err := os.ReadDir(filepath.Join(mnt, "s")); err != nil || len(ents) != 3 {
+	if ents, err := os.ReadDir(filepath.Join(mnt, "s")); err != nil || len(ents) != 4 {
 		t.Fatalf("list after the restart offline: %v %v", ents, err)
 	}
 	if got, err := os.ReadFile(filepath.Join(mnt, "s", "one")); err != nil || string(got) != string(one) {
@@ -197,8 +206,18 @@ func TestOfflineMount(t *testing.T) {
 		t.Fatalf("mount log says nothing of being online again:\n%s", out.String())
 	}
 	// Online again, the commands ask the service (a copy lies on disk).
-	if got := b.ok("ls", "home:/s"); got != "mine\none\nthree\ntwo\n" {
+	if got := b.ok("ls", "home:/s"); got != "mine\nnew\none\nthree\ntwo\n" {
 		t.Fatalf("ls online again: %q", got)
+	}
+	// The offline write was replayed: A sees it.
+	waitFor(t, "the offline write in the realm", 30*time.Second, func() bool {
+		return a.ok("ls", "home:/s") == "mine\nnew\none\nthree\ntwo\n"
+	})
+	if got := b.ok("cat", "home:/s/new"); got != string(offline) {
+		t.Fatalf("cat of the offline write online: %q", got)
+	}
+	if !strings.Contains(out.String(), "offline changes replayed") {
+		t.Fatalf("mount log says nothing of the replay:\n%s", out.String())
 	}
 	if got := b.ok("cat", "home:/s/two"); got != string(two) {
 		t.Fatal("cat online again: wrong content")

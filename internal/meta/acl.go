@@ -376,13 +376,6 @@ func (v *Vol) ACLView(ctx context.Context) (*ACLView, error) {
 
 // ---- paths of inodes ----
 
-func joinPath(dir, name string) string {
-	if dir == "/" {
-		return "/" + name
-	}
-	return dir + "/" + name
-}
-
 // dirPath returns the path this Vol last saw inode ino at.
 func (v *Vol) dirPath(ino uint64) (string, bool) {
 	st := v.aclst()
@@ -543,12 +536,12 @@ func (v *Vol) readSnap(ctx context.Context) (*aclSnap, *Principal, error) {
 		// (Offline, the last snapshot decides, however old.)
 		return sn, p, nil
 	}
-	if v.offlineCopy(nil) != nil {
+	if v.offlineCopy(ctx, nil) != nil {
 		return nil, nil, nil // offline before any snapshot: see threat model
 	}
 	nsn, err := v.loadACL(ctx, p)
 	if err != nil {
-		if v.offlineCopy(err) != nil {
+		if v.offlineCopy(ctx, err) != nil {
 			return sn, p, nil
 		}
 		return nil, nil, err

@@ -76,6 +76,9 @@ func (v *Vol) PutBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 
 func (v *Vol) putBatch(ctx context.Context, puts []BatchPut) (BatchResult, error) {
 	var res BatchResult
+	if lc, l := v.offWriting(ctx); l != nil {
+		return v.offPutBatch(ctx, lc, l, puts)
+	}
 	if err := v.offlineWrite("put batch", v.V.Name); err != nil {
 		return res, err
 	}
@@ -324,6 +327,10 @@ func (v *Vol) CommitVersions(ctx context.Context, cs []BatchCommit) []CommitResu
 	res := make([]CommitResult, len(cs))
 	if v.s.isOffline() {
 		for i := range cs {
+			if lc, l := v.offWriting(ctx); l != nil {
+				res[i].Entry, _, res[i].Err = v.offCommit(ctx, lc, l, cs[i].Parent, cs[i].Name, cs[i].Commit)
+				continue
+			}
 			res[i].Err = v.offlineWrite("commit", cs[i].Name)
 		}
 		return res

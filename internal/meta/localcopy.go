@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +46,12 @@ type LocalCopy struct {
 	ents     map[uint64]map[string]*Entry
 	n        int
 	dirty    bool
+	// dirs is where each directory's record is (offline writes name a
+	// change's directory by its place and path: offwrite.go).
+	dirs map[uint64]dirPlace
+	// overlay, if set, makes the offline changes not replayed yet again
+	// after a Replace (Vol.UseOfflineLog).
+	overlay func(c *LocalCopy)
 
 	// scanning collects the changes applied while a full listing is being
 	// read (BeginReplace .. Replace), to be applied again on top of it.
@@ -85,7 +92,7 @@ func OpenLocalCopy(path string, vol Volume, log *slog.Logger) *LocalCopy {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	c := &LocalCopy{path: path, log: log, vol: vol, ents: map[uint64]map[string]*Entry{}}
+	c := &LocalCopy{path: path, log: log, vol: vol, ents: map[uint64]map[string]*Entry{}, dirs: map[uint64]dirPlace{}}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
@@ -195,16 +202,73 @@ func (c *LocalCopy) setLocked(parent uint64, name string, e *Entry) {
 		d = map[string]*Entry{}
 		c.ents[parent] = d
 	}
-	if _, ok := d[name]; !ok {
+	old, ok := d[name]
+	if !ok {
 		c.n++
+	} else if old.IsDir() && (!e.IsDir() || old.Ino != e.Ino) {
+		c.undirLocked(old, parent, name)
 	}
 	d[name] = e
+	if e.IsDir() {
+		c.dirs[e.Ino] = dirPlace{parent: parent, name: name}
+	}
+}
+
+// dirPlace is where a directory's record is: name in directory parent.
+type dirPlace struct {
+	parent uint64
+	name   string
+}
+
+func (c *LocalCopy) undirLocked(old *Entry, parent uint64, name string) {
+	if p, ok := c.dirs[old.Ino]; ok && p.parent == parent && p.name == name {
+		delete(c.dirs, old.Ino)
+	}
+}
+
+// pathLocked is the path of directory ino ("/" for the root; a directory
+// the copy cannot place gets what it can, from "?").
+func (c *LocalCopy) pathLocked(ino uint64) string {
+	var parts []string
+	for i := 0; ino != RootIno && ino != 0 && i < 4096; i++ {
+		p, ok := c.dirs[ino]
+		if !ok {
+			parts = append(parts, "?")
+			break
+		}
+		parts = append(parts, p.name)
+		ino = p.parent
+	}
+	if len(parts) == 0 {
+		return "/"
+	}
+	var b strings.Builder
+	for i := len(parts) - 1; i >= 0; i-- {
+		b.WriteString("/")
+		b.WriteString(parts[i])
+	}
+	return b.String()
+}
+
+// setOverlay sets the function that makes the offline changes not
+// replayed yet again in the copy, and calls it now.
+func (c *LocalCopy) setOverlay(f func(c *LocalCopy)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.overlay = f
+	if c.complete {
+		f(c)
+	}
 }
 
 func (c *LocalCopy) delLocked(parent uint64, name string) {
 	d := c.ents[parent]
-	if _, ok := d[name]; !ok {
+	old, ok := d[name]
+	if !ok {
 		return
+	}
+	if old.IsDir() {
+		c.undirLocked(old, parent, name)
 	}
 	delete(d, name)
 	c.n--
@@ -289,7 +353,7 @@ func (c *LocalCopy) AbortReplace() {
 func (c *LocalCopy) Replace(ents []Entry, rev int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.ents, c.n = map[uint64]map[string]*Entry{}, 0
+	c.ents, c.n, c.dirs = map[uint64]map[string]*Entry{}, 0, map[uint64]dirPlace{}
 	for i := range ents {
 		e := ents[i]
 		c.setLocked(e.Parent, e.Name, &e)
@@ -298,6 +362,9 @@ func (c *LocalCopy) Replace(ents []Entry, rev int64) {
 	pending := c.pending
 	c.scanning, c.pending = false, nil
 	c.applyLocked(EntryEvents{Changes: pending}, rev)
+	if c.overlay != nil {
+		c.overlay(c)
+	}
 }
 
 // Apply takes in one response of a watch on the volume (which must have

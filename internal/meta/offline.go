@@ -18,12 +18,13 @@ import (
 // the gateway in front of it) cannot be reached, a Service is offline: a
 // volume with a usable local copy (Vol.UseLocalCopy) answers its reads
 // from it at once, without trying etcd again, and refuses writes at once
-// (ErrOfflineWrites); a probe asks etcd every probeEvery and turns the
-// Service online again when it answers.
+// (ErrOfflineWrites) unless it has an offline log (offwrite.go); a probe
+// asks etcd every probeEvery and turns the Service online again when it
+// answers.
 
 // ErrOfflineWrites is the cause of the error a write gets while the
 // Service is offline (Kind Unavailable).
-var ErrOfflineWrites = errors.New("offline: writes need the metadata service (offline writes: not yet)")
+var ErrOfflineWrites = errors.New("offline: writes need the metadata service (a mount takes them offline, into its offline log)")
 
 // errOfflineXattrs is why an extended attribute cannot be read offline.
 var errOfflineXattrs = errors.New("offline: extended attributes are not in the local copy")
@@ -43,6 +44,7 @@ type offlineState struct {
 	probing bool
 	stop    chan struct{} // closed by Close: no new probe, the running one ends
 	online  []func()      // called (in their own goroutines) when the service is back
+	gen     atomic.Int64  // the last GC generation WriteGen read (given offline)
 }
 
 // OfflineInfo says since when the Service has been offline, and why.
@@ -172,8 +174,12 @@ func (s *Service) offlineEpisode() uint64 {
 // volLocal is a Vol's local copy and whether it has said, in this
 // offline episode, that it serves it.
 type volLocal struct {
-	lc     atomic.Pointer[LocalCopy]
-	logged atomic.Uint64 // the episode it last logged
+	lc  atomic.Pointer[LocalCopy]
+	log atomic.Pointer[OfflineLog]
+	// policies are the placement policies last read (Vol.Policies
+	// answers with them offline).
+	policies atomic.Pointer[[]PolicyRecord]
+	logged   atomic.Uint64 // the episode it last logged
 }
 
 // Service returns the Service v belongs to.
@@ -194,7 +200,10 @@ func (v *Vol) loc() *volLocal {
 // Service is offline, or when err (from etcd) says it cannot be reached,
 // and v has a usable copy. The first answer from it in an offline episode
 // is logged.
-func (v *Vol) offlineCopy(err error) *LocalCopy {
+func (v *Vol) offlineCopy(ctx context.Context, err error) *LocalCopy {
+	if replaying(ctx) {
+		return nil // a replay reads etcd or nothing
+	}
 	lc := v.LocalCopy()
 	if lc == nil || !lc.Usable() {
 		return nil

@@ -243,13 +243,25 @@ func (v *Vol) DeletePolicy(ctx context.Context, path string) error {
 }
 
 // Policies returns every policy set in the volume, by path (one range read).
+// Offline, with an offline log, it returns the policies it last read (none
+// read: none, so that an offline write goes to this device's store).
 func (v *Vol) Policies(ctx context.Context) ([]PolicyRecord, error) {
+	if _, l := v.offWriting(ctx); l != nil {
+		if p := v.loc().policies.Load(); p != nil {
+			return append([]PolicyRecord(nil), (*p)...), nil
+		}
+		return nil, nil
+	}
 	ctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
 	pre := v.policyPrefix()
 	resp, err := v.s.cli.Get(ctx, pre, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
 	if err != nil {
-		return nil, etcdErr("policies", v.V.Name, err)
+		err = etcdErr("policies", v.V.Name, err)
+		if _, l := v.offWriting(ctx); l != nil && cairn.KindOf(err) == cairn.Unavailable {
+			return v.Policies(ctx)
+		}
+		return nil, err
 	}
 	out := make([]PolicyRecord, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
@@ -260,6 +272,8 @@ func (v *Vol) Policies(ctx context.Context) ([]PolicyRecord, error) {
 		rec.Path = strings.TrimPrefix(string(kv.Key), pre)
 		out = append(out, rec)
 	}
+	keep := append([]PolicyRecord(nil), out...)
+	v.loc().policies.Store(&keep)
 	return out, nil
 }
 

@@ -214,7 +214,7 @@ func (v *Vol) Get(ctx context.Context, parent uint64, name string) (*Entry, erro
 }
 
 func (v *Vol) get(ctx context.Context, parent uint64, name string) (*Entry, error) {
-	if lc := v.offlineCopy(nil); lc != nil {
+	if lc := v.offlineCopy(ctx, nil); lc != nil {
 		return lc.Get(parent, name)
 	}
 	ctx, cancel := v.s.opCtx(ctx)
@@ -223,7 +223,7 @@ func (v *Vol) get(ctx context.Context, parent uint64, name string) (*Entry, erro
 	resp, err := v.s.cli.Get(ctx, k)
 	if err != nil {
 		err = etcdErr("lookup", name, err)
-		if lc := v.offlineCopy(err); lc != nil {
+		if lc := v.offlineCopy(ctx, err); lc != nil {
 			return lc.Get(parent, name)
 		}
 		return nil, err
@@ -279,13 +279,13 @@ func (v *Vol) ReadDirSkip(ctx context.Context, ino uint64, bad func(error)) ([]E
 }
 
 func (v *Vol) readDir(ctx context.Context, ino uint64, bad func(error)) ([]Entry, int64, error) {
-	if lc := v.offlineCopy(nil); lc != nil {
+	if lc := v.offlineCopy(ctx, nil); lc != nil {
 		out, err := v.filterRead(ctx, ino, lc.ReadDir(ino))
 		return out, lc.State().Rev, err
 	}
 	out, at, err := v.readDirEtcd(ctx, ino, bad)
 	if err != nil {
-		if lc := v.offlineCopy(err); lc != nil {
+		if lc := v.offlineCopy(ctx, err); lc != nil {
 			out, err := v.filterRead(ctx, ino, lc.ReadDir(ino))
 			return out, lc.State().Rev, err
 		}
@@ -324,7 +324,7 @@ func (v *Vol) readDirEtcd(ctx context.Context, ino uint64, bad func(error)) ([]E
 // Offline, the revisions come from the volume's local copy, and the
 // cluster ID is 0.
 func (v *Vol) EntryRevs(ctx context.Context, ino uint64) (map[string]int64, uint64, error) {
-	if lc := v.offlineCopy(nil); lc != nil {
+	if lc := v.offlineCopy(ctx, nil); lc != nil {
 		return entryRevs(lc.ReadDir(ino)), 0, nil
 	}
 	prefix := v.dirPrefix(ino)
@@ -334,7 +334,7 @@ func (v *Vol) EntryRevs(ctx context.Context, ino uint64) (map[string]int64, uint
 		return nil
 	}, clientv3.WithKeysOnly())
 	if err != nil {
-		if lc := v.offlineCopy(err); lc != nil {
+		if lc := v.offlineCopy(ctx, err); lc != nil {
 			return entryRevs(lc.ReadDir(ino)), 0, nil
 		}
 		return nil, 0, err
@@ -356,7 +356,7 @@ const (
 // each.
 func (v *Vol) EntryRevsOf(ctx context.Context, inos []uint64) (map[uint64]map[string]int64, uint64, error) {
 	out := make(map[uint64]map[string]int64, len(inos))
-	if v.offlineCopy(nil) != nil {
+	if v.offlineCopy(ctx, nil) != nil {
 		for _, ino := range inos {
 			revs, _, err := v.EntryRevs(ctx, ino)
 			if err != nil {
@@ -434,6 +434,9 @@ func (v *Vol) CreateLocked(ctx context.Context, parent *Entry, e Entry) (*Entry,
 }
 
 func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (*Entry, *Lock, error) {
+	if lc, l := v.offWriting(ctx); l != nil {
+		return v.offCreate(ctx, lc, l, parent, e, locked, false)
+	}
 	if err := v.offlineWrite("create", e.Name); err != nil {
 		return nil, nil, err
 	}
@@ -451,7 +454,9 @@ func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (
 	if e.Mtime == 0 {
 		e.Mtime = now
 	}
-	e.Ino = randomIno()
+	if e.Ino == 0 || !replaying(ctx) {
+		e.Ino = randomIno()
+	}
 	b, _ := json.Marshal(e)
 	k := v.keyOf(&e)
 	pk := v.keyOf(parent)
@@ -483,6 +488,7 @@ func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (
 			ops = append(ops, clientv3.OpPut(lk, lockHolder(), clientv3.WithLease(sess.Lease())))
 		}
 	}
+	ops = append(ops, replayOps(ctx)...)
 	cctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
 	resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).
@@ -625,8 +631,16 @@ var ErrFenced = errors.New("a garbage collection ran during the write")
 // on the file's record). It keeps the newest KeepVersions versions and
 // returns the ones it dropped. Directories and symlinks are refused.
 func (v *Vol) CommitVersion(ctx context.Context, parent *Entry, name string, c Commit) (*Entry, []Version, error) {
+	if lc, l := v.offWriting(ctx); l != nil {
+		return v.offCommit(ctx, lc, l, parent, name, c)
+	}
 	if err := v.offlineWrite("commit", name); err != nil {
 		return nil, nil, err
+	}
+	if c.Lock != nil && c.Lock.offline {
+		// Taken offline: this process's alone, nothing in etcd to release.
+		c.Lock.markReleased()
+		c.Lock = nil
 	}
 	t0 := time.Now()
 	e, dropped, err := v.commitVersion(ctx, parent, name, c)
@@ -696,6 +710,7 @@ func (v *Vol) commitVersion(ctx context.Context, parent *Entry, name string, c C
 		} else if c.Unlocked {
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(v.lockKey(parent.Ino, name)), "=", 0))
 		}
+		ops = append(ops, replayOps(ctx)...)
 		cctx, cancel := v.s.opCtx(ctx)
 		resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
 		cancel()
@@ -808,6 +823,9 @@ func (v *Vol) nextVersion(parent *Entry, name string, cur *Entry, c *Commit) (En
 // Update replaces an entry's attributes (mode, uid, gid, mtime, target)
 // with a compare-and-swap on the revision it was read at.
 func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
+	if lc, l := v.offWriting(ctx); l != nil {
+		return v.offUpdate(ctx, lc, l, e)
+	}
 	if err := v.offlineWrite("update", e.Name); err != nil {
 		return nil, err
 	}
@@ -838,6 +856,7 @@ func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
 		ccmps, cops := v.copyOps(&n, others)
 		cmps, ops = append(cmps, ccmps...), append(ops, cops...)
 	}
+	ops = append(ops, replayOps(ctx)...)
 	ctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
 	resp, err := v.s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
@@ -865,6 +884,9 @@ func (v *Vol) Remove(ctx context.Context, parent *Entry, name, path string, recu
 // cache kept current by a watch), saving its read; nil: read it. A stale
 // one fails the remove with Conflict, and the caller tries again without.
 func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string, recursive bool, e *Entry) (*TrashItem, error) {
+	if lc, l := v.offWriting(ctx); l != nil {
+		return v.offRemove(ctx, lc, l, parent, name, path, recursive)
+	}
 	if err := v.offlineWrite("remove", path); err != nil {
 		return nil, err
 	}
@@ -893,6 +915,7 @@ func (v *Vol) RemoveKnown(ctx context.Context, parent *Entry, name, path string,
 	defer cancel()
 	tops, touched := v.touchOps(now, map[string]bool{k: true}, parent)
 	ops := append([]clientv3.Op{clientv3.OpDelete(k), clientv3.OpPut(v.base+"trash/"+item.ID, string(b))}, tops...)
+	ops = append(ops, replayOps(ctx)...)
 	resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
 		return nil, etcdErr("remove", path, err)
@@ -1196,6 +1219,9 @@ func appendHistory(older, newer []Version, keep int) []Version {
 }
 
 func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src *Entry, dstParent *Entry, dstName, dstPath string, known *Known, o renameOpts) (*Entry, error) {
+	if lc, l := v.offWriting(ctx); l != nil {
+		return v.offRename(ctx, lc, l, srcParent, srcName, dstParent, dstName, known, o)
+	}
 	if err := v.offlineWrite("rename", dstPath); err != nil {
 		return nil, err
 	}
@@ -1311,6 +1337,7 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	at := len(ops)
 	tops, touched := v.touchOps(now, map[string]bool{sk: true, dk: true}, srcParent, dstParent)
 	ops = append(ops, tops...)
+	ops = append(ops, replayOps(ctx)...)
 	cctx, cancel := v.s.opCtx(ctx)
 	defer cancel()
 	resp, err := v.s.cli.Txn(cctx).If(cmps...).Then(ops...).Commit()
@@ -1387,6 +1414,7 @@ type Lock struct {
 	release  func()
 	mu       sync.Mutex
 	released bool
+	offline  bool // taken offline (Vol.offLock): this process's alone
 }
 
 // owned is the compare that holds only while this lock is ours.
@@ -1396,6 +1424,9 @@ func (l *Lock) owned() clientv3.Cmp {
 
 // Lost reports whether the lease behind the lock has expired.
 func (l *Lock) Lost() bool {
+	if l.offline {
+		return false
+	}
 	select {
 	case <-l.sess.Done():
 		return true
@@ -1427,6 +1458,9 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	l.released = true
 	l.mu.Unlock()
 	defer l.release()
+	if l.offline {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_, err := l.s.cli.Txn(ctx).If(l.owned()).Then(clientv3.OpDelete(l.key)).Commit()
@@ -1438,6 +1472,9 @@ func (l *Lock) Unlock(ctx context.Context) error {
 // lease, so they first queue on an in-process lock for the same key; the
 // etcd key then serializes processes.
 func (v *Vol) Lock(ctx context.Context, parent uint64, name string) (*Lock, error) {
+	if _, l := v.offWriting(ctx); l != nil {
+		return v.offLock(parent, name), nil
+	}
 	if err := v.offlineWrite("lock", name); err != nil {
 		return nil, err
 	}

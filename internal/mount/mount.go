@@ -119,6 +119,10 @@ type Options struct {
 	// what the mount serves while the metadata service cannot be
 	// reached. Default: CacheDir's "offline" subdirectory.
 	LocalCopyDir string
+	// Device names this device in the names of conflict copies its
+	// offline changes make (NAME.conflict-DEVICE-...). Default: the
+	// host name.
+	Device string
 }
 
 // FuseConf is the configuration file fusermount3 reads.
@@ -239,6 +243,11 @@ type Mount struct {
 	copyStop chan struct{}
 	copyDone chan struct{}
 	copyKick chan struct{}
+	// offLog is the volume's offline log (nil: none, offline writes are
+	// refused); replayMu serializes its replays, replayStop ends them.
+	offLog     *meta.OfflineLog
+	replayMu   sync.Mutex
+	replayStop chan struct{}
 	// refusedOnce is set once a write was refused offline (logged once).
 	refusedOnce atomic.Bool
 	// releaseHold, for tests, holds each RELEASE request until closed
@@ -482,6 +491,7 @@ func (m *Mount) shutdown() {
 	m.unlockAll(context.Background())
 	m.stopWatch()
 	<-m.watchDone
+	m.stopOfflineLog()
 	m.stopCopy()
 	m.cache.close()
 }

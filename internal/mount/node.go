@@ -870,7 +870,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fu
 // files (cairn keeps hard links of regular files only); an inode with
 // meta.MaxLinks names is EMLINK.
 func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.m.offlineWrite() {
+	if n.m.offlineLinkOrXattr() {
 		return nil, syscall.EROFS
 	}
 	ctx = bg(ctx)

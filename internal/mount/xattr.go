@@ -84,7 +84,7 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 // Setxattr sets a value: XATTR_CREATE fails with EEXIST on an existing
 // attribute, XATTR_REPLACE with ENODATA on a missing one.
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	if n.m.offlineWrite() {
+	if n.m.offlineLinkOrXattr() {
 		return syscall.EROFS
 	}
 	if errno := xattrName(attr); errno != 0 {
@@ -111,7 +111,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 }
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	if n.m.offlineWrite() {
+	if n.m.offlineLinkOrXattr() {
 		return syscall.EROFS
 	}
 	if errno := xattrName(attr); errno != 0 {
