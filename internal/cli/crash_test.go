@@ -38,8 +38,8 @@ func TestCrashDuringPut(t *testing.T) {
 		return b
 	}
 	sum := func(b []byte) [32]byte { return sha256.Sum256(b) }
-	current := map[int][32]byte{} // what cairn must hold now (or absent)
-	iterations := 25
+	current := map[int][32]byte{}  // what cairn must hold now (or absent)
+	iterations := raceShort(25, 5) // CAIRN_CRASH_ITERATIONS=N: N; 5 under -race (race_test.go)
 	if os.Getenv("CAIRN_CRASH_ITERATIONS") != "" {
 		fmt.Sscan(os.Getenv("CAIRN_CRASH_ITERATIONS"), &iterations)
 	}
