@@ -189,8 +189,8 @@ func TestRecordEncodingsAgree(t *testing.T) {
 
 // FuzzDecodeRecords: any bytes, decoded as each kind of record the way
 // this package decodes it, either fail with an error or give a record
-// whose encoding decodes and encodes to the same bytes; never a panic
-// (goccy/go-json panicked on a truncated primary record).
+// whose encoding decodes, and is stable after a round trip; never a
+// panic (goccy/go-json panicked on a truncated primary record).
 func FuzzDecodeRecords(f *testing.F) {
 	for _, r := range records() {
 		v := r.new()
@@ -210,12 +210,20 @@ func FuzzDecodeRecords(f *testing.F) {
 			if err != nil {
 				t.Fatalf("%s decoded from %q does not encode: %v", r.name, b, err)
 			}
-			w := r.new()
-			if err := r.decode(enc, w); err != nil {
-				t.Fatalf("%s: its own encoding %s does not decode: %v", r.name, enc, err)
+			// Stable from the second round: goccy/go-json keeps invalid
+			// UTF-8 in a string it decodes and writes it as \ufffd, which
+			// decodes to U+FFFD, written as itself.
+			stable := false
+			for i := 0; i < 2 && !stable; i++ {
+				w := r.new()
+				if err := r.decode(enc, w); err != nil {
+					t.Fatalf("%s: its own encoding %s does not decode: %v", r.name, enc, err)
+				}
+				again, _ := r.encode(w)
+				stable, enc = bytes.Equal(again, enc), again
 			}
-			if again, _ := r.encode(w); !bytes.Equal(again, enc) {
-				t.Fatalf("%s: %s decodes and encodes to %s", r.name, enc, again)
+			if !stable {
+				t.Fatalf("%s: %q decodes and encodes differently each time (last: %s)", r.name, b, enc)
 			}
 		}
 	})
