@@ -17,7 +17,8 @@ import (
 )
 
 // documentWritesEnv sets how many writes TestDocumentWorkload makes (the
-// acceptance run: 1000); the CI form makes 60.
+// acceptance run: 1000); the CI form makes 60, 36 under -race
+// (race_test.go): still more than docFiles times the 10 kept versions.
 const documentWritesEnv = "CAIRN_DOCUMENT_WRITES"
 
 // docFiles is how many files the document workload writes in turn: with
@@ -36,7 +37,7 @@ const docFiles = 3
 // process, timed from the test: no write waits for the desktop's resume.
 func TestDocumentWorkload(t *testing.T) {
 	ctx := context.Background()
-	writes := 60
+	writes := raceShort(60, 36)
 	if v := os.Getenv(documentWritesEnv); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 3 {

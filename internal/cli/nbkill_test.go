@@ -31,12 +31,13 @@ import (
 // each file has at most as many versions as writes it was given).
 // 'cairn fsck' is clean after the last round.
 //
-// CI runs a short form (3 kills); CAIRN_TEST_NB_KILLS=N runs N, by hand:
+// CI runs a short form (3 kills; 1 under -race: race_test.go);
+// CAIRN_TEST_NB_KILLS=N runs N, by hand:
 //
 //	CAIRN_TEST_NB_KILLS=100 go test -count=1 -timeout 3h -run TestMountNonBlockingKilledLoop ./internal/cli/
 func TestMountNonBlockingKilledLoop(t *testing.T) {
 	skipWithoutFUSE(t)
-	kills := 3
+	kills := raceShort(3, 1)
 	if s := os.Getenv("CAIRN_TEST_NB_KILLS"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {

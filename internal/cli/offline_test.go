@@ -51,7 +51,9 @@ func TestOfflineMount(t *testing.T) {
 	tok := strings.TrimSpace(a.ok("invite", "--role", "device", "--name", "laptop"))
 	b := joiner(t)
 	b.ok("join", tok, "--no-passphrase")
-	mnt := t.TempDir()
+	// mountPoint: should the test fail, its cleanup unmounts what the
+	// killed mount process leaves (after foregroundWith's kills it).
+	mnt := mountPoint(t)
 	_, exited, out := b.foregroundWith(mnt, nil, "--mode", "blocking")
 	if got, err := os.ReadFile(filepath.Join(mnt, "s", "one")); err != nil || string(got) != string(one) {
 		t.Fatalf("read one online: %v", err)
@@ -85,7 +87,9 @@ func TestOfflineMount(t *testing.T) {
 			syscall.Kill(pid, syscall.SIGCONT)
 		}
 	}
-	defer resume()
+	// Before any cleanup that needs A (the mount's, the realm's), whatever
+	// way the test ends.
+	t.Cleanup(resume)
 
 	var st []apitypes.MountStatus
 	waitFor(t, "b's mount offline", 60*time.Second, func() bool {

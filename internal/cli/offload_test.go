@@ -186,7 +186,8 @@ func TestOffloadReclaim(t *testing.T) {
 
 // offloadKills is how many times TestOffloadReclaimKills kills a reclaim:
 // CAIRN_OFFLOAD_KILLS (the long run: 200, about 15 minutes on a loaded
-// machine: give go test -timeout 40m), else a short form for CI.
+// machine: give go test -timeout 40m), else a short form for CI (8; 2
+// under -race: race_test.go).
 func offloadKills(t *testing.T) int {
 	if s := os.Getenv("CAIRN_OFFLOAD_KILLS"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -195,7 +196,7 @@ func offloadKills(t *testing.T) int {
 		}
 		return n
 	}
-	return 8
+	return raceShort(8, 2)
 }
 
 // SIGKILL of `offload reclaim` at random points, again and again, with

@@ -25,13 +25,14 @@ import (
 // with a WARN or ERROR line of the log naming it: a queued commit is
 // never dropped.
 //
-// CI runs a short form (3 kills). CAIRN_TEST_WB_KILLS=N runs N rounds
+// CI runs a short form (3 kills; 1 under -race: race_test.go).
+// CAIRN_TEST_WB_KILLS=N runs N rounds
 // (the full form: 30), by hand:
 //
 //	CAIRN_TEST_WB_KILLS=30 go test -count=1 -run TestMountWriteBackKilledLoop ./internal/cli/
 func TestMountWriteBackKilledLoop(t *testing.T) {
 	skipWithoutFUSE(t)
-	rounds := 3
+	rounds := raceShort(3, 1)
 	if s := os.Getenv("CAIRN_TEST_WB_KILLS"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {

@@ -39,7 +39,8 @@ import (
 // and its close has an empty entry (the fsync made it, doc/durability.md)
 // and its content in unsaved/.
 //
-// CI runs a short form (3 kills); CAIRN_TEST_WB_TAR_KILLS=N runs N (the
+// CI runs a short form (3 kills; 1 under -race: race_test.go);
+// CAIRN_TEST_WB_TAR_KILLS=N runs N (the
 // issue's full form: 200), by hand:
 //
 //	CAIRN_TEST_WB_TAR_KILLS=200 go test -count=1 -timeout 3h -run TestMountWriteBackKilledTarGit ./internal/cli/
@@ -48,7 +49,7 @@ func TestMountWriteBackKilledTarGit(t *testing.T) {
 	if _, err := exec.LookPath("git"); err != nil {
 		t.Skip("no git")
 	}
-	kills := 3
+	kills := raceShort(3, 1)
 	if s := os.Getenv("CAIRN_TEST_WB_TAR_KILLS"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 {

@@ -142,7 +142,7 @@ func DecodeLocalCopy(b []byte) (*LocalCopyFile, error) {
 		return nil, cairn.E(op, cairn.Corrupt, "", errors.New("checksum mismatch"))
 	}
 	var f LocalCopyFile
-	if err := json.Unmarshal(b[head:head+n], &f); err != nil {
+	if err := unmarshalFast(b[head:head+n], &f); err != nil {
 		return nil, cairn.E(op, cairn.Corrupt, "", err)
 	}
 	if f.Volume.ID == "" || f.Rev < 0 {

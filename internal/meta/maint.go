@@ -8,11 +8,11 @@ package meta
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
-	json "github.com/goccy/go-json"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"cairn.dev/cairn/internal/cairn"

@@ -12,13 +12,14 @@ package meta
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"time"
 
-	json "github.com/goccy/go-json"
+	goccy "github.com/goccy/go-json"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"cairn.dev/cairn/internal/cairn"
@@ -213,7 +214,7 @@ func (s *Service) PutNode(ctx context.Context, rec NodeRecord) error {
 	if len(rec.Serials) > 0 {
 		rec.Format = NodeRecordFormat
 	}
-	b, _ := json.Marshal(rec)
+	b, _ := goccy.Marshal(rec)
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
 	if _, err := s.cli.Put(ctx, s.nodeKey(rec.Name), string(b)); err != nil {
@@ -239,7 +240,7 @@ func (s *Service) ClaimNode(ctx context.Context, rec NodeRecord) (func(context.C
 		rec.Registered = time.Now().UnixNano()
 	}
 	rec.Format = NodeRecordFormat
-	b, _ := json.Marshal(rec)
+	b, _ := goccy.Marshal(rec)
 	k := s.nodeKey(rec.Name)
 	octx, cancel := s.opCtx(ctx)
 	defer cancel()
@@ -381,8 +382,8 @@ func (s *Service) RemoveNode(ctx context.Context, name string, at time.Time) err
 			return cairn.E("remove node", cairn.Corrupt, name, jerr)
 		}
 		rec.Removed = at.UnixNano()
-		b, _ := json.Marshal(rec)
-		rb, _ := json.Marshal(revocation{At: at.UTC()})
+		b, _ := goccy.Marshal(rec)
+		rb, _ := goccy.Marshal(revocation{At: at.UTC()})
 		k := s.nodeKey(name)
 		ops := []clientv3.Op{clientv3.OpPut(k, string(b)), clientv3.OpDelete(s.aliveKey(name))}
 		for _, serial := range rec.Serials {
@@ -481,8 +482,8 @@ func (s *Service) Register(ctx context.Context, rec NodeRecord, ttl time.Duratio
 			rec.Registered = now
 		}
 		rec.LastSeen, rec.Lease = now, int64(ttl)
-		b, _ := json.Marshal(rec)
-		ab, _ := json.Marshal(map[string]any{"addr": rec.Addr, "since": now})
+		b, _ := goccy.Marshal(rec)
+		ab, _ := goccy.Marshal(map[string]any{"addr": rec.Addr, "since": now})
 		tr, terr := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", modRev)).
 			Then(clientv3.OpPut(k, string(b)), clientv3.OpPut(s.aliveKey(rec.Name), string(ab), clientv3.WithLease(lg.ID))).Commit()
 		if terr != nil {
@@ -542,7 +543,7 @@ func (r *Registration) Update(ctx context.Context, rec NodeRecord) error {
 		}
 		rec.keep(&old)
 		rec.Name, rec.LastSeen, rec.Lease = r.name, time.Now().UnixNano(), int64(r.ttl)
-		b, _ := json.Marshal(rec)
+		b, _ := goccy.Marshal(rec)
 		k := s.nodeKey(r.name)
 		tr, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
 			Then(clientv3.OpPut(k, string(b))).Commit()
@@ -654,7 +655,7 @@ func (s *Service) updateNode(ctx context.Context, op, name, missing string, fn f
 		if !fn(&rec) {
 			return nil
 		}
-		b, _ := json.Marshal(rec)
+		b, _ := goccy.Marshal(rec)
 		tr, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.ModRevision(k), "=", resp.Kvs[0].ModRevision)).
 			Then(append([]clientv3.Op{clientv3.OpPut(k, string(b))}, extra...)...).Commit()
 		if err != nil {
@@ -695,7 +696,7 @@ func (s *Service) SetCA(ctx context.Context, rec CARecord) error {
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
 	k := s.key("pki", "ca")
-	b, _ := json.Marshal(rec)
+	b, _ := goccy.Marshal(rec)
 	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 		Then(clientv3.OpPut(k, string(b))).Else(clientv3.OpGet(k)).Commit()
 	if err != nil {

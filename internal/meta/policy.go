@@ -12,13 +12,13 @@ package meta
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 
-	json "github.com/goccy/go-json"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"cairn.dev/cairn/internal/cairn"

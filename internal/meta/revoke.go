@@ -3,13 +3,13 @@ package meta
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"math/big"
 	"strings"
 	"sync"
 	"time"
 
-	json "github.com/goccy/go-json"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"cairn.dev/cairn/internal/cairn"

@@ -8,6 +8,7 @@ package meta
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -15,7 +16,6 @@ import (
 	"strings"
 	"time"
 
-	json "github.com/goccy/go-json"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"cairn.dev/cairn/internal/cairn"

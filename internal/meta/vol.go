@@ -125,7 +125,7 @@ func touchedDirs(resp *clientv3.TxnResponse, at int, ts []touch) {
 // treats "../x" or "a/f" as a name.
 func (v *Vol) decode(op string, k, val []byte, rev int64) (*Entry, error) {
 	var e Entry
-	if err := json.Unmarshal(val, &e); err != nil {
+	if err := unmarshalFast(val, &e); err != nil {
 		return nil, cairn.E(op, cairn.Corrupt, strings.TrimPrefix(string(k), v.s.opts.Prefix), err)
 	}
 	if err := v.checkKey(string(k), &e); err != nil {
@@ -969,7 +969,7 @@ func (v *Vol) Trash(ctx context.Context) ([]TrashItem, error) {
 	var out []TrashItem
 	err := v.s.scan(ctx, "list trash", v.base+"trash/", func(k, val []byte, _ int64) error {
 		var t TrashItem
-		if err := json.Unmarshal(val, &t); err != nil {
+		if err := unmarshalFast(val, &t); err != nil {
 			return cairn.E("list trash", cairn.Corrupt, string(k), err)
 		}
 		out = append(out, t)

@@ -67,6 +67,11 @@ type entryCache struct {
 	// change is not kept after it.
 	reads int
 	tombs map[ekey]int64
+	// gone are names this mount renamed away, with the rename's
+	// revision, until the watch has reported it: the watch's late report
+	// of an older creation of such a name (a lock file git made and
+	// renamed over its target) must not make it exist again (apply).
+	gone map[ekey]int64
 
 	etcdReads atomic.Int64 // reads that went to etcd (for tests)
 
@@ -78,7 +83,7 @@ type entryCache struct {
 
 func newEntryCache(v *meta.Vol) *entryCache {
 	return &entryCache{vol: v, trust: watchTrust, progress: watchProgress, ents: map[ekey]*meta.Entry{},
-		complete: map[uint64]int64{}, subdirs: map[uint64]map[string]struct{}{}, tombs: map[ekey]int64{}}
+		complete: map[uint64]int64{}, subdirs: map[uint64]map[string]struct{}{}, tombs: map[ekey]int64{}, gone: map[ekey]int64{}}
 }
 
 // setLocked caches e under k, keeping subdirs.
@@ -414,6 +419,9 @@ func (c *entryCache) renamed(epoch uint64, srcParent uint64, srcName string, dst
 		c.delLocked(sk)
 	}
 	c.tombs[sk] = max(c.tombs[sk], e.Rev)
+	if sk != dk && e.Rev > c.rev {
+		c.gone[sk] = max(c.gone[sk], e.Rev)
+	}
 	c.keepWrittenLocked(epoch, e, false)
 	if c.ents[dk] == nil {
 		// Not kept (a change of the name seen since, or one of this
@@ -425,6 +433,7 @@ func (c *entryCache) renamed(epoch uint64, srcParent uint64, srcName string, dst
 
 func (c *entryCache) resetLocked() {
 	c.ents = map[ekey]*meta.Entry{}
+	c.gone = map[ekey]int64{}
 	c.complete = map[uint64]int64{}
 	c.subdirs = map[uint64]map[string]struct{}{}
 	c.epoch++
@@ -455,10 +464,11 @@ func (c *entryCache) broken() {
 // older than the entry held is ignored (a removal too: the name was made
 // again since), and so is a creation, in a complete directory, at or
 // before the revision the directory was listed at (the listing has the
-// name, or it was gone by then). Without that, a name git created and
-// renamed away (index.lock) before a listing came back for a moment when
-// the watch reported its creation, and git's next create of it failed
-// with EEXIST.
+// name, or it was gone by then), and so is a creation of a name this
+// mount renamed away since (gone). Without that, a name git created and
+// renamed away (index.lock, config.lock) came back for a moment when the
+// watch reported its creation, and git's next create of it failed with
+// EEXIST.
 func (c *entryCache) apply(ev meta.EntryEvents) []meta.EntryChange {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -470,6 +480,9 @@ func (c *entryCache) apply(ev meta.EntryEvents) []meta.EntryChange {
 		}
 		old, ok := c.ents[k]
 		if !ok {
+			if g, renamed := c.gone[k]; renamed && ch.Rev < g {
+				continue // made before this mount renamed it away
+			}
 			if at, complete := c.complete[ch.Parent]; ch.Entry != nil && complete && ch.Rev > at {
 				if len(c.ents) >= maxCachedEntries {
 					c.resetLocked()
@@ -491,6 +504,11 @@ func (c *entryCache) apply(ev meta.EntryEvents) []meta.EntryChange {
 	}
 	c.heard = time.Now()
 	c.rev = max(c.rev, ev.Rev)
+	for k, g := range c.gone {
+		if g <= c.rev {
+			delete(c.gone, k) // reported: nothing older comes any more
+		}
+	}
 	return known
 }
 

@@ -138,3 +138,45 @@ func TestEntryCacheRemovedThenMadeAgain(t *testing.T) {
 		t.Fatalf("y: %+v", e)
 	}
 }
+
+// TestEntryCacheLateEventsAfterOwnRename: git writes .git/config through
+// config.lock: made (revision 11), renamed over config (12) by this
+// mount. When the watch reports the creation at 11 only after the rename
+// (slow under -race), config.lock must not exist again: git's next
+// create of it failed with "could not lock config file .git/config: File
+// exists", once, in TestProgramGit/write-back under -race.
+func TestEntryCacheLateEventsAfterOwnRename(t *testing.T) {
+	const dir = 7
+	c := newEntryCache(nil)
+	c.established(9)
+	c.listed(dir, []meta.Entry{*fileEnt(dir, "config", 100, 10)}, 10)
+	absent := func(when, name string) {
+		t.Helper()
+		if e, known := c.known(dir, name); !known || e != nil {
+			t.Fatalf("%s: %s known %v, entry %+v; want known absent", when, name, known, e)
+		}
+	}
+	lock := fileEnt(dir, "config.lock", 101, 11)
+	epoch := c.writing()
+	c.wrote(epoch, lock, false)
+	epoch = c.writing()
+	c.renamed(epoch, dir, "config.lock", dir, "config", fileEnt(dir, "config", 101, 12))
+	absent("after the rename", "config.lock")
+
+	c.apply(meta.EntryEvents{Changes: []meta.EntryChange{evPut(lock)}, Rev: 11})
+	absent("after the watch reported the lock's creation late", "config.lock")
+	c.apply(meta.EntryEvents{Changes: []meta.EntryChange{evDel(dir, "config.lock", 12), evPut(fileEnt(dir, "config", 101, 12))}, Rev: 12})
+	absent("once the watch caught up", "config.lock")
+	if e, _ := c.known(dir, "config"); e == nil || e.Ino != 101 {
+		t.Fatalf("config after the rename: %+v", e)
+	}
+	if len(c.gone) != 0 {
+		t.Fatalf("names renamed away still remembered once the watch passed the rename: %v", c.gone)
+	}
+	// Made again later, and reported: there.
+	again := fileEnt(dir, "config.lock", 102, 13)
+	c.apply(meta.EntryEvents{Changes: []meta.EntryChange{evPut(again)}, Rev: 13})
+	if e, _ := c.known(dir, "config.lock"); e == nil || e.Ino != 102 {
+		t.Fatalf("config.lock made again at 13: %+v", e)
+	}
+}

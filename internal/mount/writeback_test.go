@@ -422,7 +422,13 @@ func TestWriteBackWaitsForQuiet(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
+	var stopOnce sync.Once
+	stopBusy := func() { stopOnce.Do(func() { close(stop) }) }
 	done := busy(stop)
+	// Should the test end early, its cleanup stops the busy loop and
+	// waits for it before the fixture's unmount (cleanups run last
+	// registered first).
+	t.Cleanup(func() { stopBusy(); <-done })
 	start := time.Now()
 	if err := os.WriteFile(f.path("w/a"), []byte("while busy"), 0o644); err != nil {
 		t.Fatal(err)
@@ -449,7 +455,7 @@ func TestWriteBackWaitsForQuiet(t *testing.T) {
 	if absent("w/d") || time.Since(t0) > time.Second {
 		t.Errorf("an fsync while busy: written %v, after %v", !absent("w/d"), time.Since(t0))
 	}
-	close(stop)
+	stopBusy()
 	<-done
 	// Quiet: written within a moment.
 	if err := os.Mkdir(f.path("w/q"), 0o755); err != nil {

@@ -9,6 +9,7 @@ package realm
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,8 +21,6 @@ import (
 	"strconv"
 	"sync"
 	"time"
-
-	json "github.com/goccy/go-json"
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/logind"
