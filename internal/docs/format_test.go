@@ -61,6 +61,7 @@ func TestFormatVersionTable(t *testing.T) {
 		"mount status socket":                             fmt.Sprint(mount.StatusVersion),
 		"local copy of a volume's namespace":              fmt.Sprint(meta.LocalCopyVersion),
 		"pins (subtrees kept on this device)":             fmt.Sprint(realm.PinsVersion),
+		"offline log (changes made offline)":              fmt.Sprint(meta.OfflineRecordVersion),
 		"keyring":                                         fmt.Sprint(keyring.FormatVersion),
 		"realm config":                                    one(t, "realm config", realm.ConfigVersion, realm.DevicePayloadFormat),
 		"WebDAV app passwords":                            fmt.Sprint(dav.UsersFormat),

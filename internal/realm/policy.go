@@ -424,9 +424,18 @@ func (r *Realm) Placement(name string) fs.Placement {
 			if err != nil {
 				return nil, err
 			}
-			ms, err := r.volumeMoves(ctx, name)
-			if err != nil {
-				return nil, err
+			// Offline, the moves last read stand, as the policies do
+			// (doc/offline.md): a write is never refused for want of
+			// the offload entries.
+			ms := moves
+			if _, off := r.Meta.Offline(); !off {
+				var err error
+				if ms, err = r.volumeMoves(ctx, name); err != nil {
+					if cairn.KindOf(err) != cairn.Unavailable {
+						return nil, err
+					}
+					ms = moves
+				}
 			}
 			recs, moves, read = rs, ms, time.Now()
 			// Ask the director again too: a member that went to
