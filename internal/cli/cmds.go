@@ -720,6 +720,17 @@ func (e *env) restoreVersion(ctx context.Context, mv *meta.Vol, p vpath.Path, n 
 	return ne.Current().N, nil
 }
 
+// volumeArg opens the volume a command's optional VOLUME argument names
+// ("home", "home:" and "home:/" alike), else the default volume.
+func (e *env) volumeArg(ctx context.Context, args []string) (*meta.Vol, error) {
+	name := realm.DefaultVolume
+	if len(args) == 1 {
+		name = strings.TrimSuffix(strings.TrimSuffix(args[0], "/"), ":")
+	}
+	mv, _, err := e.metaVol(ctx, name+":/")
+	return mv, err
+}
+
 func (e *env) trashCmd() *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
@@ -727,11 +738,7 @@ func (e *env) trashCmd() *cobra.Command {
 		Short: "List removed files and directories that can still be restored",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			name := realm.DefaultVolume
-			if len(args) == 1 {
-				name = strings.TrimSuffix(strings.TrimSuffix(args[0], "/"), ":")
-			}
-			mv, _, err := e.metaVol(cmd.Context(), name+":/")
+			mv, err := e.volumeArg(cmd.Context(), args)
 			if err != nil {
 				return err
 			}

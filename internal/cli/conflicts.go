@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 
 	"cairn.dev/cairn/internal/cairn"
 	"cairn.dev/cairn/internal/meta"
-	"cairn.dev/cairn/internal/realm"
 )
 
 // conflictsCmd is 'cairn conflicts': the conflicts replays of offline
@@ -27,11 +25,7 @@ this device's side landed (NAME.conflict-DEVICE-YYYYMMDD-HHMMSS), with each side
 device, time and size. 'cairn conflicts resolve' settles one.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			name := realm.DefaultVolume
-			if len(args) == 1 {
-				name = strings.TrimSuffix(strings.TrimSuffix(args[0], "/"), ":")
-			}
-			mv, _, err := e.metaVol(cmd.Context(), name+":/")
+			mv, err := e.volumeArg(cmd.Context(), args)
 			if err != nil {
 				return err
 			}

@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -494,18 +493,7 @@ func newHeartbeat(home string, creds *pki.Credentials, rev *learnedRevocations, 
 	if err != nil {
 		return nil, err
 	}
-	var protos http.Protocols
-	protos.SetHTTP2(true)
-	tr := &http.Transport{
-		TLSClientConfig:        tlsConf,
-		Protocols:              &protos,
-		DialContext:            (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout:    5 * time.Second,
-		MaxResponseHeaderBytes: 64 << 10,
-		DisableCompression:     true,
-		IdleConnTimeout:        5 * time.Minute,
-		HTTP2:                  &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 10 * time.Second},
-	}
+	tr := wire.NewTransport(tlsConf)
 	return &heartbeat{
 		home: home, rev: rev, leaf: creds.Leaf, tr: tr, client: &http.Client{Transport: tr},
 		timeout: max(lease/2, 2*time.Second), configured: configured, log: log,

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -44,18 +43,7 @@ func NewClient(addr string, tlsConf *tls.Config) (*Client, error) {
 	if tlsConf == nil {
 		return nil, cairn.E("surrogate client", cairn.Invalid, addr, errors.New("no TLS configuration"))
 	}
-	var protos http.Protocols
-	protos.SetHTTP2(true)
-	tr := &http.Transport{
-		TLSClientConfig:        tlsConf,
-		Protocols:              &protos,
-		DialContext:            (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout:    5 * time.Second,
-		MaxResponseHeaderBytes: 64 << 10,
-		DisableCompression:     true,
-		IdleConnTimeout:        5 * time.Minute,
-		HTTP2:                  &http.HTTP2Config{SendPingTimeout: 30 * time.Second, PingTimeout: 10 * time.Second},
-	}
+	tr := wire.NewTransport(tlsConf)
 	return &Client{addr: addr, hc: &http.Client{Transport: tr}, tr: tr}, nil
 }
 
