@@ -237,10 +237,15 @@ func (d *Drainer) drain(ctx context.Context, j *Journal, kick, stop <-chan struc
 			}
 			continue
 		}
+		if ctx.Err() != nil {
+			// Apply failed because, or while, ctx ended: the drain was
+			// canceled (TestDrainerServeCancel, once under -race).
+			return canceled()
+		}
 		if failing.IsZero() {
 			failing = time.Now()
 		}
-		if final || ctx.Err() != nil || d.Retry == nil || !d.Retry(err) || d.RetryFor == 0 ||
+		if final || d.Retry == nil || !d.Retry(err) || d.RetryFor == 0 ||
 			(d.RetryFor > 0 && time.Since(failing) >= d.RetryFor) {
 			return err
 		}
