@@ -69,19 +69,19 @@ func (e *env) statusReport(ctx context.Context, mounts []apitypes.MountStatus) *
 	}
 	st.Metadata.Reachable = true
 	if st.Device == "" {
-		if c, err := r.Credentials(ctx); err == nil {
+		if c, errIn := r.Credentials(ctx); errIn == nil {
 			st.Device, st.Role, st.Realm = c.Identity.Name, string(c.Identity.Role), c.Identity.Realm
 		}
 	}
-	if ms, err := r.MetaStatus(ctx); err == nil {
+	if ms, errIn := r.MetaStatus(ctx); errIn == nil {
 		st.Metadata.Members = ms
 		for _, m := range ms {
 			if m.Health != "leader" && m.Health != "follower" {
 				problem("metadata member "+m.Node, "%s", m.Health)
 			}
 		}
-	} else if !errors.Is(err, cairn.ErrNotFound) {
-		problem("metadata", "where it lives: %v", err)
+	} else if !errors.Is(errIn, cairn.ErrNotFound) {
+		problem("metadata", "where it lives: %v", errIn)
 	}
 
 	sum := &apitypes.RealmSummary{Nodes: map[string]int{}}
@@ -105,10 +105,10 @@ func (e *env) statusReport(ctx context.Context, mounts []apitypes.MountStatus) *
 		}
 	}
 	st.Summary = sum
-	if vols, err := r.Meta.Volumes(ctx); err == nil {
+	if vols, errIn := r.Meta.Volumes(ctx); errIn == nil {
 		sum.Volumes = len(vols)
 	} else {
-		problem("volumes", "%v", err)
+		problem("volumes", "%v", errIn)
 	}
 	recs, err := r.Meta.Stores(ctx)
 	if err != nil {

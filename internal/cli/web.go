@@ -243,9 +243,9 @@ func (s *webSource) Restore(ctx context.Context, req apitypes.RestoreRequest) (*
 				return nil, err
 			}
 		}
-		removed, err := restoreFromTrash(ctx, mv, p, dst)
-		if err != nil {
-			return nil, err
+		removed, errIn := restoreFromTrash(ctx, mv, p, dst)
+		if errIn != nil {
+			return nil, errIn
 		}
 		return &apitypes.RestoreResult{Path: dst.String(), Removed: &removed}, nil
 	}

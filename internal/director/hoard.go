@@ -111,18 +111,18 @@ func (d *Director) GetHere(ctx context.Context, id cairn.ID) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if data, err := local.Get(ctx, id); err == nil || !errors.Is(err, cairn.ErrNotFound) {
-		return data, err
+	if data, errIn := local.Get(ctx, id); errIn == nil || !errors.Is(errIn, cairn.ErrNotFound) {
+		return data, errIn
 	}
-	if ps, err := d.pinStore(ctx, false); err != nil {
-		return nil, err
+	if ps, errIn := d.pinStore(ctx, false); errIn != nil {
+		return nil, errIn
 	} else if ps != nil {
-		if data, err := ps.Get(ctx, id); err == nil || !errors.Is(err, cairn.ErrNotFound) {
-			return data, err
+		if data, errIn2 := ps.Get(ctx, id); errIn2 == nil || !errors.Is(errIn2, cairn.ErrNotFound) {
+			return data, errIn2
 		}
 	}
-	if _, err := d.chunkCache(ctx); err != nil {
-		return nil, err
+	if _, errIn := d.chunkCache(ctx); errIn != nil {
+		return nil, errIn
 	}
 	d.mu.Lock()
 	cst := d.cacheStore

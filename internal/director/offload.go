@@ -205,8 +205,8 @@ func (d *Director) ForMove(ctx context.Context, home string) (Write, error) {
 	if err != nil {
 		return Write{}, err
 	}
-	if self, err := d.env.Self(ctx); err != nil {
-		return Write{}, err
+	if self, errIn := d.env.Self(ctx); errIn != nil {
+		return Write{}, errIn
 	} else if self == home {
 		return Write{Store: &deviceStore{local: local, target: local, d: d}, Name: self, Default: true}, nil
 	}

@@ -144,9 +144,9 @@ func (d *Director) Policy(ctx context.Context, s string) (*PolicyStore, error) {
 		return ps, nil
 	}
 	if pol.Kind == meta.PolicyStripe {
-		ps, err := d.newStripe(ctx, pol)
-		if err != nil {
-			return nil, err
+		ps, errIn := d.newStripe(ctx, pol)
+		if errIn != nil {
+			return nil, errIn
 		}
 		if d.pol == nil {
 			d.pol = map[string]*PolicyStore{}

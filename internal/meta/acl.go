@@ -669,8 +669,8 @@ func (v *Vol) changeACL(ctx context.Context, op, path string, fn func(*ACLRecord
 			}
 			rev = resp.Kvs[0].ModRevision
 		}
-		if _, err := fn(rec); err != nil {
-			return err
+		if _, errIn := fn(rec); errIn != nil {
+			return errIn
 		}
 		var put clientv3.Op
 		if len(rec.Entries) == 0 {

@@ -126,7 +126,7 @@ func (v *Vol) putBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 	if err != nil {
 		return res, err
 	}
-	if err := errors.Join(aerrs...); err != nil {
+	if errIn := errors.Join(aerrs...); errIn != nil {
 		for _, e := range aerrs {
 			if e != nil {
 				return res, e
@@ -142,8 +142,8 @@ func (v *Vol) putBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 			return res, cairn.E("put batch", cairn.Invalid, e.Name, errors.New("one name twice in a batch"))
 		}
 		seen[k] = true
-		if err := v.checkNew(ctx, "put batch", &e); err != nil {
-			return res, err
+		if errIn := v.checkNew(ctx, "put batch", &e); errIn != nil {
+			return res, errIn
 		}
 		if e.Rev == 0 {
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k), "=", 0))
@@ -159,9 +159,9 @@ func (v *Vol) putBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 			if rel, ok := v.s.local.tryLock(lk); ok {
 				releases = append(releases, rel)
 				if sess == nil {
-					var err error
-					if sess, err = v.s.sess(ctx); err != nil {
-						return res, err
+					var errIn error
+					if sess, errIn = v.s.sess(ctx); errIn != nil {
+						return res, errIn
 					}
 				}
 				lockKeys[i] = lk
@@ -195,9 +195,9 @@ func (v *Vol) putBatch(ctx context.Context, puts []BatchPut) (BatchResult, error
 	// (unless the batch writes that name itself).
 	for _, i := range linked {
 		e := puts[i].Entry
-		others, err := v.copies(ctx, "put batch", &e)
-		if err != nil {
-			return res, err
+		others, errIn := v.copies(ctx, "put batch", &e)
+		if errIn != nil {
+			return res, errIn
 		}
 		var rest []*Entry
 		for _, o := range others {

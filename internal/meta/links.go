@@ -176,7 +176,7 @@ func (v *Vol) Link(ctx context.Context, src *Entry, dstParent *Entry, name strin
 	if err != nil {
 		return nil, err
 	}
-	if err := errors.Join(errs...); err != nil {
+	if errIn := errors.Join(errs...); errIn != nil {
 		return nil, errs[0]
 	}
 	cmps = append(cmps, acmps...)

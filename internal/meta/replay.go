@@ -156,9 +156,9 @@ func (l *OfflineLog) Replay(ctx context.Context, v *Vol, log *slog.Logger) (Repl
 				if len(done) == 0 {
 					return nil
 				}
-				err := ack(done...)
+				errIn := ack(done...)
 				done = done[:0]
-				return err
+				return errIn
 			}
 			for _, jr := range recs {
 				if jr.Seq <= mark {
@@ -166,20 +166,20 @@ func (l *OfflineLog) Replay(ctx context.Context, v *Vol, log *slog.Logger) (Repl
 					done = append(done, jr.Seq)
 					continue
 				}
-				rec, err := DecodeOfflineRecord(jr.Payload)
-				if err != nil {
+				rec, errIn := DecodeOfflineRecord(jr.Payload)
+				if errIn != nil {
 					res.Bad++
-					log.Error("an offline change cannot be read; it is left in the log", "seq", jr.Seq, "err", err)
+					log.Error("an offline change cannot be read; it is left in the log", "seq", jr.Seq, "err", errIn)
 					continue
 				}
 				if v.s.isOffline() {
 					flush()
 					return cairn.E("replay", cairn.Unavailable, rec.Path, errors.New("the metadata service is unreachable again"))
 				}
-				c, dropped, err := r.apply(ctx, jr.Seq, rec)
-				if err != nil {
+				c, dropped, errIn := r.apply(ctx, jr.Seq, rec)
+				if errIn != nil {
 					flush()
-					return err
+					return errIn
 				}
 				mark = jr.Seq
 				if dropped {
@@ -193,8 +193,8 @@ func (l *OfflineLog) Replay(ctx context.Context, v *Vol, log *slog.Logger) (Repl
 				}
 				done = append(done, jr.Seq)
 				if len(done) >= 64 {
-					if err := flush(); err != nil {
-						return err
+					if errIn2 := flush(); errIn2 != nil {
+						return errIn2
 					}
 				}
 			}
@@ -293,9 +293,9 @@ func (r *replayer) dir(ctx context.Context, ino, dirParent uint64, name string) 
 		}
 		if e == nil || e.Ino != ino {
 			e = nil
-			kids, err := r.v.ReadDir(ctx, dirParent)
-			if err != nil {
-				return nil, err
+			kids, errIn := r.v.ReadDir(ctx, dirParent)
+			if errIn != nil {
+				return nil, errIn
 			}
 			for i := range kids {
 				if kids[i].Ino == ino {
@@ -309,8 +309,8 @@ func (r *replayer) dir(ctx context.Context, ino, dirParent uint64, name string) 
 			up := r.placeOf(e.Parent)
 			if up == nil {
 				e = nil
-			} else if p, err := r.dir(ctx, e.Parent, up.parent, up.name); err != nil {
-				return nil, err
+			} else if p, errIn := r.dir(ctx, e.Parent, up.parent, up.name); errIn != nil {
+				return nil, errIn
 			} else if p == nil {
 				e = nil
 			}
@@ -395,8 +395,8 @@ func (r *replayer) applyOnce(ctx context.Context, seq uint64, rec *OfflineRecord
 		}
 		e := *rec.Entry
 		e.Name, e.Rev = name, 0
-		_, _, err := v.create(r.withMark(ctx, seq, c), dir, e, false)
-		return c, false, err
+		_, _, errIn := v.create(r.withMark(ctx, seq, c), dir, e, false)
+		return c, false, errIn
 
 	case OffCommit:
 		var cur *Entry
@@ -441,8 +441,8 @@ func (r *replayer) applyOnce(ctx context.Context, seq uint64, rec *OfflineRecord
 		if cur != nil && cm.Mode == 0 {
 			cm.Mode, cm.UID, cm.GID = cur.Mode, cur.UID, cur.GID
 		}
-		if ex, err := r.get(ctx, dir.Ino, cn); err != nil {
-			return nil, false, err
+		if ex, errIn := r.get(ctx, dir.Ino, cn); errIn != nil {
+			return nil, false, errIn
 		} else if ex != nil {
 			// An earlier change of this file made the copy: this one is
 			// its next version.
@@ -454,9 +454,9 @@ func (r *replayer) applyOnce(ctx context.Context, seq uint64, rec *OfflineRecord
 		if dir == nil {
 			return nil, true, r.markOnly(ctx, seq, nil)
 		}
-		cur, err := r.get(ctx, dir.Ino, rec.Name)
-		if err != nil {
-			return nil, false, err
+		cur, errIn := r.get(ctx, dir.Ino, rec.Name)
+		if errIn != nil {
+			return nil, false, errIn
 		}
 		if cur == nil || cur.Ino != rec.Ino {
 			r.log.Info("an offline attribute change found its entry gone: dropped", "path", rec.Path)
@@ -464,16 +464,16 @@ func (r *replayer) applyOnce(ctx context.Context, seq uint64, rec *OfflineRecord
 		}
 		n := *cur
 		n.Mode, n.UID, n.GID, n.Mtime, n.Target = rec.Entry.Mode, rec.Entry.UID, rec.Entry.GID, rec.Entry.Mtime, rec.Entry.Target
-		_, err = v.Update(r.withMark(ctx, seq, nil), &n)
-		return nil, false, err
+		_, errIn = v.Update(r.withMark(ctx, seq, nil), &n)
+		return nil, false, errIn
 
 	case OffRemove:
 		if dir == nil {
 			return nil, true, r.markOnly(ctx, seq, nil)
 		}
-		cur, err := r.get(ctx, dir.Ino, rec.Name)
-		if err != nil {
-			return nil, false, err
+		cur, errIn := r.get(ctx, dir.Ino, rec.Name)
+		if errIn != nil {
+			return nil, false, errIn
 		}
 		if cur == nil || cur.Ino != rec.Ino {
 			return nil, true, r.markOnly(ctx, seq, nil) // gone, or the name holds another's now
@@ -482,12 +482,12 @@ func (r *replayer) applyOnce(ctx context.Context, seq uint64, rec *OfflineRecord
 			c := r.conflict(rec, ConflictDeleteEdit, cur, rec.Parent, 0, "", "", "edited elsewhere; the edit is kept, this device's removal is not made")
 			return c, true, r.markOnly(ctx, seq, c)
 		}
-		_, err = v.RemoveKnown(r.withMark(ctx, seq, nil), dir, rec.Name, rec.Path, false, cur)
-		if cairn.KindOf(err) == cairn.NotEmpty {
+		_, errIn = v.RemoveKnown(r.withMark(ctx, seq, nil), dir, rec.Name, rec.Path, false, cur)
+		if cairn.KindOf(errIn) == cairn.NotEmpty {
 			c := r.conflict(rec, ConflictDeleteDir, cur, rec.Parent, 0, "", "", "entries were added elsewhere; the directory is kept with them")
 			return c, true, r.markOnly(ctx, seq, c)
 		}
-		return nil, false, err
+		return nil, false, errIn
 
 	case OffRename:
 		var src *Entry
@@ -621,15 +621,15 @@ func (v *Vol) ResolveConflict(ctx context.Context, path, keep string) (*Conflict
 	}
 	base := func(p string) string { return p[strings.LastIndex(p, "/")+1:] }
 	remove := func(p string, recursive bool) error {
-		d, err := lookupDir(p)
-		if err != nil {
-			return err
+		d, errIn := lookupDir(p)
+		if errIn != nil {
+			return errIn
 		}
-		_, err = v.Remove(ctx, d, base(p), p, recursive)
-		if errors.Is(err, cairn.ErrNotFound) {
+		_, errIn = v.Remove(ctx, d, base(p), p, recursive)
+		if errors.Is(errIn, cairn.ErrNotFound) {
 			return nil
 		}
-		return err
+		return errIn
 	}
 	switch keep {
 	case KeepBoth:

@@ -286,8 +286,8 @@ func (v *Vol) readDir(ctx context.Context, ino uint64, bad func(error)) ([]Entry
 	out, at, err := v.readDirEtcd(ctx, ino, bad)
 	if err != nil {
 		if lc := v.offlineCopy(ctx, err); lc != nil {
-			out, err := v.filterRead(ctx, ino, lc.ReadDir(ino))
-			return out, lc.State().Rev, err
+			outIn, errIn := v.filterRead(ctx, ino, lc.ReadDir(ino))
+			return outIn, lc.State().Rev, errIn
 		}
 		return out, at, err
 	}
@@ -478,10 +478,10 @@ func (v *Vol) create(ctx context.Context, parent *Entry, e Entry, locked bool) (
 	if locked {
 		lk = v.lockKey(parent.Ino, e.Name)
 		if rel, ok := v.s.local.tryLock(lk); ok {
-			var err error
-			if sess, err = v.s.sess(ctx); err != nil {
+			var errIn error
+			if sess, errIn = v.s.sess(ctx); errIn != nil {
 				rel()
-				return nil, nil, err
+				return nil, nil, errIn
 			}
 			release = rel
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lk), "=", 0))
@@ -849,9 +849,9 @@ func (v *Vol) Update(ctx context.Context, e *Entry) (*Entry, error) {
 	ops := []clientv3.Op{clientv3.OpPut(k, string(b))}
 	if len(e.Links) > 1 {
 		// Attributes belong to the inode: every name's copy gets them.
-		others, err := v.copies(ctx, "update", e)
-		if err != nil {
-			return nil, err
+		others, errIn := v.copies(ctx, "update", e)
+		if errIn != nil {
+			return nil, errIn
 		}
 		ccmps, cops := v.copyOps(&n, others)
 		cmps, ops = append(cmps, ccmps...), append(ops, cops...)
@@ -1001,8 +1001,8 @@ func (v *Vol) trashPath(t *TrashItem) string {
 	if !ok {
 		return ""
 	}
-	if p, err := CleanACLPath(p); err == nil {
-		return p
+	if pIn, err := CleanACLPath(p); err == nil {
+		return pIn
 	}
 	return ""
 }
@@ -1028,8 +1028,8 @@ func (v *Vol) RestoreTrash(ctx context.Context, id string, parent *Entry, name s
 	// Restoring needs rw where it was (its ACLs and those below) and
 	// where it goes: else a removed file of a denied path could be put
 	// back in a readable one.
-	if _, err := v.authWrite(ctx, "restore", v.trashPath(&item), e.IsDir()); err != nil {
-		return nil, err
+	if _, errIn := v.authWrite(ctx, "restore", v.trashPath(&item), e.IsDir()); errIn != nil {
+		return nil, errIn
 	}
 	acmps, err := v.authWrite(ctx, "restore", v.childPath(parent.Ino, name), e.IsDir())
 	if err != nil {
@@ -1296,8 +1296,8 @@ func (v *Vol) rename(ctx context.Context, srcParent *Entry, srcName string, src 
 	if err != nil {
 		return nil, err
 	}
-	if _, err := v.authWrite(ctx, "rename", newPath, true); err != nil {
-		return nil, err
+	if _, errIn := v.authWrite(ctx, "rename", newPath, true); errIn != nil {
+		return nil, errIn
 	}
 	cmps = append(cmps, acmps...)
 	ops := []clientv3.Op{clientv3.OpDelete(sk), clientv3.OpPut(dk, string(b))}

@@ -165,8 +165,8 @@ func (r *Realm) reclaimOne(ctx context.Context, e *meta.Offload, rep *ReclaimRep
 			// version held there references it (a version dropped by
 			// keep-versions while it waited: gc would find it, but
 			// only a gc of that store).
-			if ids, verr := versionObjects(ctx, v, &meta.Version{N: e.N, Manifest: e.Manifest, Size: e.Bytes, Stores: []string{e.Now}}); verr == nil {
-				drop[e.Now] = append(drop[e.Now], ids...)
+			if idsIn, verr := versionObjects(ctx, v, &meta.Version{N: e.N, Manifest: e.Manifest, Size: e.Bytes, Stores: []string{e.Now}}); verr == nil {
+				drop[e.Now] = append(drop[e.Now], idsIn...)
 			}
 			return "dropped: the version no longer exists there", nil
 		}

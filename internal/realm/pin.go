@@ -116,8 +116,8 @@ func editPins(home string, edit func([]Pin) ([]Pin, error)) error {
 		return cairn.E(op, cairn.IO, home, err)
 	}
 	defer lf.Close()
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
-		return cairn.E(op, cairn.IO, home, err)
+	if errIn := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); errIn != nil {
+		return cairn.E(op, cairn.IO, home, errIn)
 	}
 	pins, err := LoadPins(home)
 	if err != nil {
@@ -146,8 +146,8 @@ func (r *Realm) Pin(ctx context.Context, p vpath.Path, prio *int) (pin Pin, upda
 	if err != nil {
 		return Pin{}, false, err
 	}
-	if _, err := mv.Lookup(ctx, p.Parts); err != nil {
-		return Pin{}, false, err
+	if _, errIn := mv.Lookup(ctx, p.Parts); errIn != nil {
+		return Pin{}, false, errIn
 	}
 	pin = Pin{Path: p.String(), VolumeID: mv.V.ID, Added: time.Now().UnixNano()}
 	if prio != nil {
@@ -310,9 +310,9 @@ func (r *Realm) syncPins(ctx context.Context, memo *pinMemo, progress func(PinPr
 			files, volOf = append(files, nil), append(volOf, nil)
 			continue
 		}
-		fl, err := pinnedFiles(ctx, top, vp.Slash(), func(ino uint64) ([]meta.Entry, error) { return vs.kids[ino], nil })
-		if err != nil {
-			return pass, err
+		fl, errIn := pinnedFiles(ctx, top, vp.Slash(), func(ino uint64) ([]meta.Entry, error) { return vs.kids[ino], nil })
+		if errIn != nil {
+			return pass, errIn
 		}
 		files, volOf = append(files, fl), append(volOf, vs)
 		pass.Files += len(fl)
@@ -402,8 +402,8 @@ func (r *Realm) pinVolume(ctx context.Context, name, id string) (*pinVol, error)
 	if lc.State().Rev < rev {
 		lc.BeginReplace()
 		lc.Replace(ents, rev)
-		if err := lc.Save(ctx); err != nil {
-			r.log.Warn("pins: saving the local copy of the namespace", "volume", name, "err", err)
+		if errIn := lc.Save(ctx); errIn != nil {
+			r.log.Warn("pins: saving the local copy of the namespace", "volume", name, "err", errIn)
 		}
 	}
 	pv := &pinVol{mv: mv, kids: map[uint64][]meta.Entry{}}

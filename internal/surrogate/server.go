@@ -374,12 +374,12 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &client{chunks: map[cairn.ID]int64{}, nonces: map[Nonce]time.Time{}}
-	if _, err := rand.Read(c.id[:]); err != nil {
-		s.fail(w, 0, cairn.E(op, cairn.Other, "", err))
+	if _, errIn := rand.Read(c.id[:]); errIn != nil {
+		s.fail(w, 0, cairn.E(op, cairn.Other, "", errIn))
 		return
 	}
-	if _, err := rand.Read(c.key[:]); err != nil {
-		s.fail(w, 0, cairn.E(op, cairn.Other, "", err))
+	if _, errIn := rand.Read(c.key[:]); errIn != nil {
+		s.fail(w, 0, cairn.E(op, cairn.Other, "", errIn))
 		return
 	}
 	var pub [KeySize]byte
@@ -390,8 +390,8 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.dir = filepath.Join(s.cfg.Dir, c.id.String())
-	if err := os.Mkdir(c.dir, 0o700); err != nil {
-		s.fail(w, 0, cairn.E(op, cairn.IO, c.dir, err))
+	if errIn := os.Mkdir(c.dir, 0o700); errIn != nil {
+		s.fail(w, 0, cairn.E(op, cairn.IO, c.dir, errIn))
 		return
 	}
 	now := s.cfg.Now()
